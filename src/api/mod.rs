@@ -1,0 +1,273 @@
+//! The `VersionPolicy` custom resource (`crdlifecycle.io/v1alpha1`).
+//!
+//! Doc comments on these types become the CRD's OpenAPI descriptions, and so the
+//! text of `kubectl explain versionpolicy.spec`.
+
+mod status;
+
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+pub use status::*;
+
+/// API group of every resource this operator defines.
+pub const GROUP: &str = "crdlifecycle.io";
+
+/// Field manager used for every write this operator makes.
+pub const FIELD_MANAGER: &str = "crd-lifecycle";
+
+/// Longest `deprecationWarning` the apiserver accepts on a CRD version.
+pub const MAX_WARNING_LEN: usize = 256;
+
+/// Longest list of governed versions (also bounds the cost of the CEL rules).
+pub const MAX_VERSIONS: usize = 64;
+
+/// Schedules the life of one CustomResourceDefinition's versions: when each version is
+/// introduced (served), becomes the storage version, is deprecated, stops being served
+/// and is removed.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "crdlifecycle.io",
+    version = "v1alpha1",
+    kind = "VersionPolicy",
+    doc = "Schedules the life of one CustomResourceDefinition's versions.",
+    plural = "versionpolicies",
+    shortname = "vp",
+    status = "VersionPolicyStatus",
+    printcolumn = r#"{"name":"CRD","type":"string","jsonPath":".spec.crdName"}"#,
+    printcolumn = r#"{"name":"Storage","type":"string","jsonPath":".status.storageVersion"}"#,
+    printcolumn = r#"{"name":"Next","type":"string","jsonPath":".status.nextTransition.summary"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Blocked","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Blocked\")].reason"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionPolicySpec {
+    /// Name of the CustomResourceDefinition this policy governs, e.g. `widgets.example.com`.
+    /// Immutable: create a new VersionPolicy to govern another CRD.
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")
+    )]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("crdName is immutable; create a new VersionPolicy instead"))]
+    pub crd_name: String,
+
+    /// While true the controller changes nothing and reports the policy as Suspended.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub suspend: bool,
+
+    /// While true the controller computes and reports what it would change (in
+    /// `status.dryRunPatch`) but never patches the CRD.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub dry_run: bool,
+
+    /// The versions this policy governs, each with its milestones. Versions of the CRD not
+    /// listed here keep their `served`, `deprecated` and `deprecationWarning` flags; their
+    /// `storage` flag is cleared when a governed version becomes the storage version.
+    #[schemars(length(min = 1, max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[x_kube(validation = Rule::new("size(self) > 0").message("at least one version must be listed"))]
+    #[x_kube(validation = Rule::new("self.all(v, self.exists_one(w, w.name == v.name))").message("version names must be unique"))]
+    pub versions: Vec<VersionSchedule>,
+
+    /// How objects are rewritten into a new storage version after a `store` transition.
+    #[serde(default)]
+    pub migration: MigrationSettings,
+}
+
+/// The milestones of one version. Every milestone is optional; those given must be in the
+/// order introduce, store, deprecate, unserve, remove (equal instants are allowed).
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionSchedule {
+    /// The version's name as in the CRD's `spec.versions[].name`, e.g. `v1beta1`.
+    #[schemars(length(min = 1, max = 63), pattern(r"^[a-z]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+
+    /// When the version starts being served. Before it the version has `served: false`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub introduce: Option<Milestone>,
+
+    /// When the version becomes the storage version (the one objects are written in).
+    /// Stored objects are then migrated into it, if migration is enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<Milestone>,
+
+    /// When the version is marked deprecated; clients then get a warning on every request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deprecate: Option<DeprecateMilestone>,
+
+    /// When the version stops being served (`served: false`). Requires an earlier or
+    /// equal `deprecate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unserve: Option<Milestone>,
+
+    /// When the version is deleted from the CRD's `spec.versions`. Requires an earlier or
+    /// equal `unserve`, and is held back while the version is listed in the CRD's
+    /// `status.storedVersions`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remove: Option<Milestone>,
+}
+
+/// When a milestone happens: exactly one of `at` or `after`.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.at) != has(self.after)").message("exactly one of at or after must be set"))]
+pub struct Milestone {
+    /// An RFC 3339 instant, e.g. `2026-03-01T00:00:00Z`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "date-time"))]
+    pub at: Option<String>,
+
+    /// A duration after the scheduled instant of this version's previous milestone that
+    /// has one (order: introduce, store, deprecate, unserve, remove), e.g. `90d`, `1d12h`,
+    /// `30m`. Units: d, h, m, s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^([0-9]+[dhms])+$"))]
+    pub after: Option<String>,
+}
+
+/// When a version is deprecated, and the warning clients get.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.at) != has(self.after)").message("exactly one of at or after must be set"))]
+pub struct DeprecateMilestone {
+    /// An RFC 3339 instant, e.g. `2026-03-01T00:00:00Z`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "date-time"))]
+    pub at: Option<String>,
+
+    /// A duration after the scheduled instant of this version's previous milestone that
+    /// has one, e.g. `30d`. Units: d, h, m, s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^([0-9]+[dhms])+$"))]
+    pub after: Option<String>,
+
+    /// The `deprecationWarning` set on the version (at most 256 characters). When unset the
+    /// apiserver's default warning is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    #[x_kube(validation = Rule::new("size(self) <= 256").message("warning must be at most 256 characters"))]
+    pub warning: Option<String>,
+}
+
+/// Settings of the storage-version migration that follows a `store` transition.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationSettings {
+    /// Rewrite every stored object into the new storage version and then trim the CRD's
+    /// `status.storedVersions`. Without it, removals wait until someone runs
+    /// `crd-lifecycle migrate`.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+
+    /// How many rewrite requests may be in flight at once.
+    #[serde(default = "default_concurrency")]
+    #[schemars(range(min = 1, max = 256))]
+    pub concurrency: u32,
+
+    /// How many objects each list request returns.
+    #[serde(default = "default_page_size")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub page_size: u32,
+
+    /// Client-side limit on requests per second; 0 means no limit.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 10000))]
+    pub qps: u32,
+}
+
+impl Default for MigrationSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            concurrency: default_concurrency(),
+            page_size: default_page_size(),
+            qps: 0,
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_concurrency() -> u32 {
+    16
+}
+
+fn default_page_size() -> u32 {
+    500
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+/// The kinds of milestone, in the order they must happen for one version.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum MilestoneKind {
+    /// The version starts being served.
+    Introduce,
+    /// The version becomes the storage version.
+    Store,
+    /// The version is marked deprecated.
+    Deprecate,
+    /// The version stops being served.
+    Unserve,
+    /// The version is deleted from the CRD.
+    Remove,
+}
+
+impl MilestoneKind {
+    /// Every kind, in lifecycle order.
+    pub const ALL: [MilestoneKind; 5] = [
+        MilestoneKind::Introduce,
+        MilestoneKind::Store,
+        MilestoneKind::Deprecate,
+        MilestoneKind::Unserve,
+        MilestoneKind::Remove,
+    ];
+
+    /// The field name used in the policy (`introduce`, `store`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MilestoneKind::Introduce => "introduce",
+            MilestoneKind::Store => "store",
+            MilestoneKind::Deprecate => "deprecate",
+            MilestoneKind::Unserve => "unserve",
+            MilestoneKind::Remove => "remove",
+        }
+    }
+}
+
+impl std::fmt::Display for MilestoneKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl VersionSchedule {
+    /// The `at` / `after` of the milestone of the given kind, if the policy sets it.
+    pub fn timing(&self, kind: MilestoneKind) -> Option<(Option<&str>, Option<&str>)> {
+        fn pair<'a>(at: &'a Option<String>, after: &'a Option<String>) -> (Option<&'a str>, Option<&'a str>) {
+            (at.as_deref(), after.as_deref())
+        }
+        match kind {
+            MilestoneKind::Introduce => self.introduce.as_ref().map(|m| pair(&m.at, &m.after)),
+            MilestoneKind::Store => self.store.as_ref().map(|m| pair(&m.at, &m.after)),
+            MilestoneKind::Deprecate => self.deprecate.as_ref().map(|m| pair(&m.at, &m.after)),
+            MilestoneKind::Unserve => self.unserve.as_ref().map(|m| pair(&m.at, &m.after)),
+            MilestoneKind::Remove => self.remove.as_ref().map(|m| pair(&m.at, &m.after)),
+        }
+    }
+}
+
+/// The VersionPolicy CRD, as `crd-lifecycle crd` prints it.
+pub fn versionpolicy_crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
+    use kube::CustomResourceExt;
+    serde_saphyr::to_string(&VersionPolicy::crd())
+}

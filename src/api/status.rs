@@ -1,0 +1,168 @@
+//! `VersionPolicy.status`: written by the controller with server-side apply.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::MilestoneKind;
+
+/// What the controller last observed and did for this policy.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionPolicyStatus {
+    /// The `metadata.generation` of the policy this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// `Ready` (the CRD is as the policy says it must be now), `Progressing` (a transition
+    /// or migration is under way) and `Blocked` (something holds the policy back; the
+    /// reason says what).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+
+    /// The CRD's storage version as last observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_version: Option<String>,
+
+    /// The state of each version of the CRD.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub versions: Vec<VersionStatus>,
+
+    /// The next scheduled transition, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_transition: Option<NextTransition>,
+
+    /// Transitions applied to the CRD, newest last (bounded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<HistoryEntry>,
+
+    /// With `spec.dryRun`, the JSON Patch that would have been applied to the CRD.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry_run_patch: Option<String>,
+
+    /// Progress of the storage-version migration of the CRD's objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<MigrationStatus>,
+}
+
+/// Where a version is in its life.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum VersionPhase {
+    /// Not yet introduced: present in the CRD but not served.
+    Pending,
+    /// Served, not the storage version, not deprecated.
+    Served,
+    /// The storage version.
+    Stored,
+    /// Served and deprecated.
+    Deprecated,
+    /// Present in the CRD but no longer served.
+    Unserved,
+    /// Gone from the CRD.
+    Removed,
+}
+
+impl std::fmt::Display for VersionPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
+}
+
+/// The state of one version of the CRD.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionStatus {
+    /// The version's name.
+    pub name: String,
+    /// Where the version is in its life.
+    pub phase: VersionPhase,
+    /// Whether the version is served.
+    pub served: bool,
+    /// Whether the version is the storage version.
+    pub storage: bool,
+    /// Whether the version is deprecated.
+    pub deprecated: bool,
+    /// When the policy last changed this version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
+}
+
+/// A scheduled transition.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NextTransition {
+    /// The version the transition applies to.
+    pub version: String,
+    /// The milestone.
+    pub milestone: MilestoneKind,
+    /// When it is scheduled.
+    pub at: Time,
+    /// One line for `kubectl get`, e.g. `v1alpha1 unserve 2026-05-30T00:00:00Z`.
+    pub summary: String,
+}
+
+/// A transition the controller applied to the CRD.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryEntry {
+    /// The version the transition applied to.
+    pub version: String,
+    /// The milestone.
+    pub milestone: MilestoneKind,
+    /// When it was scheduled.
+    pub scheduled_at: Time,
+    /// When the CRD was patched.
+    pub applied_at: Time,
+}
+
+/// Where a storage-version migration is.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum MigrationPhase {
+    /// Objects are being rewritten.
+    Running,
+    /// Every object was rewritten and `status.storedVersions` was trimmed.
+    Succeeded,
+    /// Some objects could not be rewritten; `status.storedVersions` was left as it was.
+    Failed,
+}
+
+/// Progress of the storage-version migration.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationStatus {
+    /// Running, Succeeded or Failed.
+    pub phase: MigrationPhase,
+    /// The storage version objects are rewritten into.
+    pub storage_version: String,
+    /// The CRD generation the run started with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crd_generation: Option<i64>,
+    /// When the run started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    /// When the run ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+    /// Objects listed so far.
+    #[serde(default)]
+    pub listed: u64,
+    /// Objects rewritten so far.
+    #[serde(default)]
+    pub rewritten: u64,
+    /// Objects that needed no rewrite (changed or deleted since they were listed).
+    #[serde(default)]
+    pub skipped: u64,
+    /// Objects that could not be rewritten.
+    #[serde(default)]
+    pub failed: u64,
+    /// List continue token after the last completed page, so a restarted controller resumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continue_token: Option<String>,
+    /// The first failures, as `namespace/name: message`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<String>,
+    /// A human-readable summary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}

@@ -1,0 +1,1 @@
+//! The controller that applies VersionPolicies to live CRDs (see the controller issue).

@@ -1,0 +1,9 @@
+//! crd-lifecycle: runs the life of CustomResourceDefinition versions as code.
+
+pub mod api;
+pub mod cli;
+pub mod controller;
+pub mod lifecycle;
+pub mod manifest;
+pub mod migrate;
+pub mod plan;

@@ -1,0 +1,80 @@
+//! The parts of a CustomResourceDefinition the engine reads and writes, as plain data.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+/// The lifecycle flags of one entry of a CRD's `spec.versions`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CrdVersion {
+    pub name: String,
+    pub served: bool,
+    pub storage: bool,
+    pub deprecated: bool,
+    pub deprecation_warning: Option<String>,
+}
+
+/// A CRD as the engine sees it: its versions in order and `status.storedVersions`.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct CrdState {
+    pub name: String,
+    pub versions: Vec<CrdVersion>,
+    pub stored_versions: Vec<String>,
+}
+
+impl CrdState {
+    /// Reads the flags and stored versions of a CRD.
+    pub fn from_crd(crd: &CustomResourceDefinition) -> Self {
+        Self {
+            name: crd.metadata.name.clone().unwrap_or_default(),
+            versions: crd
+                .spec
+                .versions
+                .iter()
+                .map(|v| CrdVersion {
+                    name: v.name.clone(),
+                    served: v.served,
+                    storage: v.storage,
+                    deprecated: v.deprecated.unwrap_or(false),
+                    deprecation_warning: v.deprecation_warning.clone(),
+                })
+                .collect(),
+            stored_versions: crd
+                .status
+                .as_ref()
+                .and_then(|s| s.stored_versions.clone())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The version marked `storage: true`, if exactly one is.
+    pub fn storage_version(&self) -> Option<&str> {
+        let mut stored = self.versions.iter().filter(|v| v.storage);
+        match (stored.next(), stored.next()) {
+            (Some(v), None) => Some(&v.name),
+            _ => None,
+        }
+    }
+
+    pub fn version(&self, name: &str) -> Option<&CrdVersion> {
+        self.versions.iter().find(|v| v.name == name)
+    }
+
+    /// `status.storedVersions`, or the storage version when the status has none yet (as for
+    /// a CRD manifest that was never applied).
+    pub fn effective_stored_versions(&self) -> Vec<String> {
+        if self.stored_versions.is_empty() {
+            self.storage_version()
+                .map(|s| vec![s.to_owned()])
+                .unwrap_or_default()
+        } else {
+            self.stored_versions.clone()
+        }
+    }
+
+    pub fn version_names(&self) -> String {
+        self.versions
+            .iter()
+            .map(|v| v.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}

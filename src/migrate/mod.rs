@@ -1,0 +1,1 @@
+//! The storage-version migrator (see the migrator issue).
