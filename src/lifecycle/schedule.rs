@@ -320,36 +320,12 @@ fn resolve(spec: &VersionPolicySpec, errors: &mut FieldErrors) -> (Schedule, boo
             let Some((at, after)) = entry.timing(kind) else {
                 continue;
             };
-            let path = format!("{base}.{kind}");
-            let resolved = match (at, after) {
-                (Some(at), None) => at.parse::<Timestamp>().map_err(|e| {
-                    errors.push(
-                        format!("{path}.at"),
-                        format!("invalid RFC 3339 instant {at:?} (e.g. 2026-03-01T00:00:00Z): {e}"),
-                    )
-                }),
-                (None, Some(after)) => match (parse_duration(after), anchor) {
-                    (Err(message), _) => Err(errors.push(format!("{path}.after"), message)),
-                    (Ok(_), None) => Err(errors.push(
-                        format!("{path}.after"),
-                        format!(
-                            "`after` counts from this version's previous milestone, but {kind} is its first; \
-                             use `at` instead"
-                        ),
-                    )),
-                    (Ok(_), Some(Err(()))) => Err(()),
-                    (Ok(duration), Some(Ok(from))) => from.checked_add(duration).map_err(|e| {
-                        errors.push(
-                            format!("{path}.after"),
-                            format!("{after} after {from} is out of range: {e}"),
-                        )
-                    }),
-                },
-                (Some(_), Some(_)) => {
-                    Err(errors.push(path, "exactly one of `at` or `after` must be set, not both"))
+            let resolved = resolve_milestone(kind, at, after, anchor).map_err(|problem| {
+                if let Some((field, message)) = problem {
+                    let path = format!("{base}.{kind}{field}");
+                    errors.push(path, message);
                 }
-                (None, None) => Err(errors.push(path, "exactly one of `at` or `after` must be set")),
-            };
+            });
             complete &= resolved.is_ok();
             instants[kind as usize] = resolved.ok();
             anchor = Some(resolved);
@@ -387,6 +363,47 @@ fn resolve(spec: &VersionPolicySpec, errors: &mut FieldErrors) -> (Schedule, boo
         migration: spec.migration.clone(),
     };
     (schedule, complete)
+}
+
+/// The instant of one milestone. On failure: the problem as (field suffix, message), or
+/// `None` when it only follows from an earlier milestone's problem.
+fn resolve_milestone(
+    kind: MilestoneKind,
+    at: Option<&str>,
+    after: Option<&str>,
+    anchor: Option<Result<Timestamp, ()>>,
+) -> Result<Timestamp, Option<(&'static str, String)>> {
+    match (at, after) {
+        (Some(at), None) => at.parse::<Timestamp>().map_err(|e| {
+            Some((
+                ".at",
+                format!("invalid RFC 3339 instant {at:?} (e.g. 2026-03-01T00:00:00Z): {e}"),
+            ))
+        }),
+        (None, Some(after)) => {
+            let duration = parse_duration(after).map_err(|message| Some((".after", message)))?;
+            match anchor {
+                None => Err(Some((
+                    ".after",
+                    format!(
+                        "`after` counts from this version's previous milestone, but {kind} is its first; use `at` instead"
+                    ),
+                ))),
+                Some(Err(())) => Err(None),
+                Some(Ok(from)) => from
+                    .checked_add(duration)
+                    .map_err(|e| Some((".after", format!("{after} after {from} is out of range: {e}")))),
+            }
+        }
+        (Some(_), Some(_)) => Err(Some((
+            "",
+            "exactly one of `at` or `after` must be set, not both".to_owned(),
+        ))),
+        (None, None) => Err(Some((
+            "",
+            "exactly one of `at` or `after` must be set".to_owned(),
+        ))),
+    }
 }
 
 fn check_prerequisite(

@@ -1,0 +1,237 @@
+//! The `crd-lifecycle` binary: outputs, exit codes and messages.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+const EXAMPLE_POLICY: &str = "examples/widgets/policy.yaml";
+const EXAMPLE_CRD: &str = "examples/widgets/crd.yaml";
+
+fn run(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    let mut input = child.stdin.take().expect("stdin");
+    input
+        .write_all(stdin.unwrap_or("").as_bytes())
+        .expect("write stdin");
+    drop(input);
+    child.wait_with_output().expect("the binary finishes")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn plan(extra: &[&str]) -> Output {
+    let mut args = vec!["plan", "--policy", EXAMPLE_POLICY, "--crd", EXAMPLE_CRD];
+    args.extend_from_slice(extra);
+    run(&args, None)
+}
+
+#[test]
+fn plan_yaml_is_the_crd_at_the_instant() {
+    let output = plan(&["--at", "2026-07-01T00:00:00Z"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let yaml = text(&output.stdout);
+    let (crd, _) = crd_lifecycle::manifest::parse_crd(&yaml, "stdout").expect("a CRD manifest");
+    let names: Vec<&str> = crd.spec.versions.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(names, ["v1beta1", "v1"]);
+    assert!(crd.status.is_none());
+}
+
+#[test]
+fn plan_json_and_stdin() {
+    let policy = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/widgets/policy.yaml"
+    ))
+    .expect("example policy");
+    let output = run(
+        &[
+            "plan",
+            "--policy",
+            "-",
+            "--crd",
+            EXAMPLE_CRD,
+            "--at",
+            "2026-02-01T00:00:00Z",
+            "-o",
+            "json",
+        ],
+        Some(&policy),
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(json["spec"]["versions"][2]["name"], "v1");
+    assert_eq!(json["spec"]["versions"][2]["storage"], true);
+    assert_eq!(json["spec"]["versions"][0]["storage"], false);
+}
+
+#[test]
+fn plan_table_shows_timeline_and_versions() {
+    let output = plan(&["--at", "2026-04-15T00:00:00Z", "-o", "table"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let table = text(&output.stdout);
+    for expected in [
+        "VersionPolicy widgets for CRD widgets.example.com, evaluated at 2026-04-15T00:00:00Z",
+        "2026-04-01T00:00:00Z  v1beta1   deprecate  done",
+        "2026-05-30T00:00:00Z  v1alpha1  unserve    next, in 45d  90d after deprecate",
+        "2026-06-29T00:00:00Z  v1alpha1  remove     upcoming      30d after unserve",
+        "v1alpha1  Deprecated  yes     no       yes         example.com/v1alpha1 Widget is deprecated; use example.com/v1",
+        "v1        Stored      yes     yes      no",
+    ] {
+        assert!(table.contains(expected), "missing {expected:?} in\n{table}");
+    }
+}
+
+#[test]
+fn plan_table_shows_held_removals() {
+    let output = plan(&[
+        "--at",
+        "2026-07-01T00:00:00Z",
+        "-o",
+        "table",
+        "--stored-versions",
+        "v1alpha1,v1",
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let table = text(&output.stdout);
+    assert!(table.contains("v1alpha1  remove     held"), "{table}");
+    assert!(
+        table.contains("BLOCKED\n  v1alpha1 remove (AwaitingMigration): removal of v1alpha1 is held"),
+        "{table}"
+    );
+    assert!(
+        table.contains("status.storedVersions (given): v1alpha1, v1"),
+        "{table}"
+    );
+}
+
+#[test]
+fn invalid_policy_exits_2_naming_every_field() {
+    let bad = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/widgets/policy.yaml"
+    ))
+    .expect("example policy")
+    .replace("unserve: {after: 90d}", "unserve: {after: 90x}")
+    .replace(
+        "introduce: {at: \"2026-01-15T00:00:00Z\"}",
+        "introduce: {at: \"2026-02-15T00:00:00Z\"}",
+    );
+    let output = run(&["plan", "--policy", "-", "--crd", EXAMPLE_CRD], Some(&bad));
+    assert_eq!(output.status.code(), Some(2));
+    assert!(output.stdout.is_empty(), "no output on invalid input");
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.starts_with("error: <stdin>: invalid policy (2 problems):"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("spec.versions[0].unserve.after: invalid duration \"90x\""),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("spec.versions[2].store: store (2026-02-01T00:00:00Z) is before introduce"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn unknown_fields_exit_2() {
+    let bad = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/widgets/policy.yaml"
+    ))
+    .expect("example policy")
+    .replace("remove: {after: 30d}", "remove: {after: 30d, when: later}");
+    let output = run(&["plan", "--policy", "-", "--crd", EXAMPLE_CRD], Some(&bad));
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("spec.versions[0].remove.when: unknown field"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("spec.versions[1].remove.when: unknown field"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn other_bad_input_exits_2() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["plan", "--policy", "missing.yaml", "--crd", EXAMPLE_CRD],
+            "missing.yaml: cannot read",
+        ),
+        (
+            &["plan", "--policy", EXAMPLE_POLICY, "--crd", EXAMPLE_POLICY],
+            "kind: expected \"CustomResourceDefinition\"",
+        ),
+        (
+            &[
+                "plan",
+                "--policy",
+                EXAMPLE_POLICY,
+                "--crd",
+                EXAMPLE_CRD,
+                "--at",
+                "soon",
+            ],
+            "not an RFC 3339 instant",
+        ),
+        (
+            &[
+                "plan",
+                "--policy",
+                EXAMPLE_POLICY,
+                "--crd",
+                EXAMPLE_CRD,
+                "-o",
+                "xml",
+            ],
+            "invalid value 'xml'",
+        ),
+        (
+            &["plan", "--policy", "-", "--crd", "-"],
+            "cannot both be read from stdin",
+        ),
+        (
+            &[
+                "plan",
+                "--policy",
+                EXAMPLE_POLICY,
+                "--crd",
+                EXAMPLE_CRD,
+                "--stored-versions",
+                "v7",
+            ],
+            "--stored-versions: \"v7\" is not a version of widgets.example.com",
+        ),
+    ];
+    for (args, expected) in cases {
+        let output = run(args, None);
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = text(&output.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn crd_subcommand_prints_the_checked_in_crd() {
+    let output = run(&["crd"], None);
+    assert!(output.status.success());
+    let checked_in = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/crds/versionpolicy.yaml"))
+        .expect("crds/versionpolicy.yaml");
+    assert_eq!(
+        text(&output.stdout),
+        checked_in,
+        "run `cargo run -- crd > crds/versionpolicy.yaml`"
+    );
+}

@@ -1,0 +1,305 @@
+//! Property tests: generated valid policies and instants keep every engine invariant.
+
+use crd_lifecycle::api::{
+    DeprecateMilestone, MigrationSettings, Milestone, VersionPolicySpec, VersionSchedule,
+};
+use crd_lifecycle::lifecycle::{self, BlockReason, CrdState, CrdVersion, Evaluation, Schedule};
+use jiff::{SignedDuration, Timestamp};
+use proptest::prelude::*;
+use proptest::test_runner::Config;
+
+const DAY: i64 = 86_400;
+const START: i64 = 1_767_225_600; // 2026-01-01T00:00:00Z
+
+/// Random choices for one version; `build` turns them into a schedule that is valid by
+/// construction.
+#[derive(Clone, Debug)]
+struct VersionChoice {
+    stored: bool,
+    introduce: bool,
+    deprecate: bool,
+    unserve: bool,
+    remove: bool,
+    served_in_crd: bool,
+    warning: bool,
+    gaps: [i64; 6],
+    use_after: [bool; 5],
+}
+
+fn version_choice() -> impl Strategy<Value = VersionChoice> {
+    (
+        any::<[bool; 7]>(),
+        proptest::array::uniform6(0i64..60),
+        any::<[bool; 5]>(),
+    )
+        .prop_map(|(b, gaps, use_after)| VersionChoice {
+            stored: b[0],
+            introduce: b[1],
+            deprecate: b[2],
+            unserve: b[3],
+            remove: b[4],
+            served_in_crd: b[5],
+            warning: b[6],
+            gaps: gaps.map(|g| g * DAY / 2 + g),
+            use_after,
+        })
+}
+
+/// A generated case: the policy, the CRD it governs, and the instants of the schedule.
+#[derive(Clone, Debug)]
+struct Case {
+    spec: VersionPolicySpec,
+    crd: CrdState,
+}
+
+/// Builds a valid policy: stores happen in version order at distinct instants; a version
+/// is only unserved once a later version has taken over storage from it; every milestone
+/// of a version follows the previous one.
+fn build(choices: &[VersionChoice]) -> Case {
+    let names: Vec<String> = (0..choices.len()).map(|i| format!("v{}", i + 1)).collect();
+    // Storage instants: version 0 is the CRD's storage version from the start.
+    let mut store_at: Vec<Option<i64>> = vec![None; choices.len()];
+    let mut clock = START;
+    for (i, choice) in choices.iter().enumerate().skip(1) {
+        if choice.stored {
+            clock += choice.gaps[0] + DAY;
+            store_at[i] = Some(clock);
+        }
+    }
+    let mut versions = Vec::new();
+    for (i, choice) in choices.iter().enumerate() {
+        let ever_storage = i == 0 || store_at[i].is_some();
+        // Storage ends when the next stored version takes over.
+        let storage_ends = if ever_storage {
+            store_at.iter().skip(i + 1).flatten().next().copied()
+        } else {
+            Some(START)
+        };
+        let mut instants: [Option<i64>; 5] = [None; 5];
+        // Version 0 is the CRD's storage version: it cannot wait for an introduction.
+        if choice.introduce && i != 0 {
+            let base = store_at[i].unwrap_or(START + choice.gaps[1]);
+            instants[0] = Some(base - choice.gaps[1]);
+        }
+        instants[1] = store_at[i];
+        let mut last = instants[0].max(instants[1]).unwrap_or(START);
+        if choice.deprecate {
+            last += choice.gaps[2];
+            instants[2] = Some(last);
+        }
+        // Unserving needs a deprecation and, for a storage version, a successor.
+        if choice.deprecate
+            && choice.unserve
+            && let Some(ends) = storage_ends
+        {
+            last = last.max(ends) + choice.gaps[3];
+            instants[3] = Some(last);
+            if choice.remove {
+                last += choice.gaps[4];
+                instants[4] = Some(last);
+            }
+        }
+        versions.push(schedule_entry(&names[i], choice, instants));
+    }
+    let crd = CrdState {
+        name: "widgets.example.com".into(),
+        versions: names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| CrdVersion {
+                name: name.clone(),
+                served: i == 0 || choices[i].served_in_crd,
+                storage: i == 0,
+                deprecated: false,
+                deprecation_warning: None,
+            })
+            .collect(),
+        stored_versions: vec![names[0].clone()],
+    };
+    let spec = VersionPolicySpec {
+        crd_name: "widgets.example.com".into(),
+        suspend: false,
+        dry_run: false,
+        versions,
+        migration: MigrationSettings::default(),
+    };
+    Case { spec, crd }
+}
+
+/// Writes each instant as `at`, or as `after` the previous milestone when chosen.
+fn schedule_entry(name: &str, choice: &VersionChoice, instants: [Option<i64>; 5]) -> VersionSchedule {
+    let mut timings: [Option<(Option<String>, Option<String>)>; 5] = Default::default();
+    let mut previous: Option<i64> = None;
+    for (k, instant) in instants.iter().enumerate() {
+        let Some(at) = *instant else { continue };
+        timings[k] = Some(match previous {
+            Some(from) if choice.use_after[k] => (None, Some(format!("{}s", at - from))),
+            _ => (
+                Some(Timestamp::from_second(at).expect("in range").to_string()),
+                None,
+            ),
+        });
+        previous = Some(at);
+    }
+    let milestone =
+        |t: &Option<(Option<String>, Option<String>)>| t.clone().map(|(at, after)| Milestone { at, after });
+    VersionSchedule {
+        name: name.to_owned(),
+        introduce: milestone(&timings[0]),
+        store: milestone(&timings[1]),
+        deprecate: timings[2].clone().map(|(at, after)| DeprecateMilestone {
+            at,
+            after,
+            warning: choice.warning.then(|| format!("{name} is deprecated")),
+        }),
+        unserve: milestone(&timings[3]),
+        remove: milestone(&timings[4]),
+    }
+}
+
+/// A case, instants to evaluate it at (around every milestone and at random), and which
+/// versions `status.storedVersions` lists.
+fn case_with_instants() -> impl Strategy<Value = (Case, Vec<Timestamp>, Vec<bool>)> {
+    proptest::collection::vec(version_choice(), 1..=4).prop_flat_map(|choices| {
+        let case = build(&choices);
+        let count = choices.len();
+        (
+            Just(case),
+            proptest::collection::vec(-10 * DAY..400 * DAY, 1..8),
+            proptest::collection::vec(any::<bool>(), count),
+        )
+            .prop_map(|(case, offsets, stored)| {
+                let schedule = Schedule::new(&case.spec, &case.crd, Timestamp::MIN).ok();
+                let mut instants: Vec<Timestamp> = offsets
+                    .iter()
+                    .map(|o| Timestamp::from_second(START + o).expect("in range"))
+                    .collect();
+                for transition in schedule.iter().flat_map(Schedule::transitions) {
+                    for delta in [-1, 0, 1] {
+                        instants.push(transition.at + SignedDuration::from_secs(delta));
+                    }
+                }
+                instants.sort();
+                instants.dedup();
+                (case, instants, stored)
+            })
+    })
+}
+
+fn stored_versions(case: &Case, evaluation_storage: Option<&str>, pick: &[bool]) -> Vec<String> {
+    let mut stored: Vec<String> = case
+        .crd
+        .versions
+        .iter()
+        .zip(pick)
+        .filter(|(_, p)| **p)
+        .map(|(v, _)| v.name.clone())
+        .collect();
+    // The apiserver always lists the current storage version.
+    if let Some(storage) = evaluation_storage
+        && !stored.iter().any(|s| s == storage)
+    {
+        stored.push(storage.to_owned());
+    }
+    stored
+}
+
+fn evaluate(schedule: &Schedule, crd: &CrdState, at: Timestamp) -> Evaluation {
+    schedule.evaluate(crd, &[], at)
+}
+
+proptest! {
+    #![proptest_config(Config { cases: 256, ..Config::default() })]
+
+    #[test]
+    fn generated_policies_are_valid((case, _, _) in case_with_instants()) {
+        let result = Schedule::new(&case.spec, &case.crd, Timestamp::MIN);
+        prop_assert!(result.is_ok(), "{:?}\n{:#?}", result.err(), case.spec);
+    }
+
+    #[test]
+    fn invariants_hold_at_every_instant((case, instants, pick) in case_with_instants()) {
+        let schedule = Schedule::new(&case.spec, &case.crd, Timestamp::MIN).expect("valid by construction");
+        let mut was_served = vec![false; case.crd.versions.len()];
+        let mut was_removed = vec![false; case.crd.versions.len()];
+        for at in instants {
+            // The CRD as it was just before: stored versions include the storage version of
+            // the previous state, as the apiserver keeps them.
+            let probe = evaluate(&schedule, &case.crd, at);
+            let crd = CrdState { stored_versions: stored_versions(&case, probe.storage_version(), &pick), ..case.crd.clone() };
+            let evaluation = evaluate(&schedule, &crd, at);
+
+            // Exactly one storage version, and it is served.
+            let storage: Vec<_> = evaluation.versions.iter().filter(|v| v.present && v.storage).collect();
+            prop_assert_eq!(storage.len(), 1, "at {}: {:?}", at, evaluation.versions);
+            prop_assert!(storage[0].served, "storage not served at {}: {:?}", at, evaluation.versions);
+            // Some version is served.
+            prop_assert!(evaluation.versions.iter().any(|v| v.present && v.served));
+            // Nothing in storedVersions is removed.
+            for name in &crd.stored_versions {
+                prop_assert!(evaluation.version(name).is_some_and(|v| v.present), "{} removed while stored at {}", name, at);
+            }
+            // A valid policy never needs the unsafe-state brake.
+            prop_assert!(!evaluation.blocked.iter().any(|b| b.reason == BlockReason::UnsafeState), "{:?}", evaluation.blocked);
+            for (i, version) in evaluation.versions.iter().enumerate() {
+                // Unserve never precedes deprecate: a version that was served and is not any
+                // more is deprecated.
+                if was_served[i] && !version.served && version.governed && version.present {
+                    prop_assert!(version.deprecated, "{} unserved before deprecated at {}", version.name, at);
+                }
+                // Removal follows unserving, and is final.
+                if !version.present {
+                    let scheduled = schedule.version(&version.name).expect("only governed versions are removed");
+                    prop_assert!(scheduled.reached(crd_lifecycle::api::MilestoneKind::Unserve, at));
+                    was_removed[i] = true;
+                } else {
+                    prop_assert!(!was_removed[i], "{} came back at {}", version.name, at);
+                }
+                was_served[i] |= version.served;
+            }
+            // Deterministic: the same input gives the same output.
+            prop_assert_eq!(&evaluate(&schedule, &crd, at), &evaluation);
+        }
+    }
+
+    #[test]
+    fn rendering_is_deterministic_and_idempotent((case, instants, _) in case_with_instants()) {
+        let schedule = Schedule::new(&case.spec, &case.crd, Timestamp::MIN).expect("valid by construction");
+        let manifest = crd_manifest(&case.crd);
+        for at in instants {
+            let evaluation = evaluate(&schedule, &case.crd, at);
+            let rendered = lifecycle::render_crd(&manifest, &evaluation);
+            prop_assert_eq!(&lifecycle::render_crd(&manifest, &evaluation), &rendered);
+            prop_assert_eq!(&lifecycle::render_crd(&rendered, &evaluation), &rendered);
+            // What was rendered reads back as exactly the desired flags.
+            let (typed, _) = crd_lifecycle::manifest::parse_crd(&rendered.to_string(), "rendered").expect("a valid CRD");
+            let reread = CrdState::from_crd(&typed);
+            let present: Vec<_> = evaluation.versions.iter().filter(|v| v.present).collect();
+            prop_assert_eq!(reread.versions.len(), present.len());
+            for desired in present {
+                let current = reread.version(&desired.name).expect("rendered");
+                prop_assert!(desired.matches(current), "{:?} vs {:?}", desired, current);
+            }
+        }
+    }
+}
+
+fn crd_manifest(crd: &CrdState) -> serde_json::Value {
+    let versions: Vec<serde_json::Value> = crd
+        .versions
+        .iter()
+        .map(|v| {
+            serde_json::json!({
+                "name": v.name, "served": v.served, "storage": v.storage,
+                "schema": {"openAPIV3Schema": {"type": "object"}}
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": crd.name},
+        "spec": {"group": "example.com", "names": {"kind": "Widget", "plural": "widgets"}, "scope": "Namespaced", "versions": versions},
+        "status": {"storedVersions": crd.stored_versions},
+    })
+}
