@@ -1,7 +1,12 @@
 //! Command-line interface. `main.rs` only dispatches on these.
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use jiff::Timestamp;
+
+use crate::kubeclient::ClusterArgs;
 
 /// Runs the life of CustomResourceDefinition versions as code.
 #[derive(Parser, Debug)]
@@ -9,6 +14,16 @@ use jiff::Timestamp;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+
+    /// Log format of `run` and `migrate` (logs go to stderr; filter with RUST_LOG).
+    #[arg(long, value_enum, env = "CRD_LIFECYCLE_LOG_FORMAT", default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -17,6 +32,55 @@ pub enum Command {
     Plan(PlanArgs),
     /// Print the VersionPolicy CustomResourceDefinition (YAML).
     Crd,
+    /// Run the controller against the current cluster.
+    Run(RunArgs),
+}
+
+/// Arguments of `crd-lifecycle run`.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+
+    /// Address of the /healthz, /readyz and /metrics endpoints.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        env = "CRD_LIFECYCLE_METRICS_ADDR",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub metrics_addr: SocketAddr,
+
+    /// Elect a leader with a Lease so that only one replica acts (turn off for a single
+    /// local process).
+    #[arg(long, env = "CRD_LIFECYCLE_LEADER_ELECTION", default_value_t = true, action = ArgAction::Set)]
+    pub leader_election: bool,
+
+    /// Namespace of the leader-election Lease.
+    #[arg(
+        long,
+        value_name = "NAMESPACE",
+        env = "POD_NAMESPACE",
+        default_value = "default"
+    )]
+    pub lease_namespace: String,
+
+    /// Name of the leader-election Lease.
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "CRD_LIFECYCLE_LEASE_NAME",
+        default_value = "crd-lifecycle"
+    )]
+    pub lease_name: String,
+
+    /// This replica's identity in the Lease and in Events (default: host name and process id).
+    #[arg(long, value_name = "NAME", env = "POD_NAME")]
+    pub identity: Option<String>,
+
+    /// Reconcile every policy at least this often, even with nothing scheduled (1s to 10m).
+    #[arg(long, value_name = "DURATION", env = "CRD_LIFECYCLE_RESYNC", default_value = "10m", value_parser = parse_resync)]
+    pub resync: Duration,
 }
 
 /// Arguments of `crd-lifecycle plan`.
@@ -60,6 +124,16 @@ pub fn parse_instant(text: &str) -> Result<Timestamp, String> {
         .map_err(|e| format!("{text:?} is not an RFC 3339 instant such as 2026-03-15T00:00:00Z: {e}"))
 }
 
+/// Parses a resync period: a milestone-style duration between 1s and 10m.
+pub fn parse_resync(text: &str) -> Result<Duration, String> {
+    let duration = crate::lifecycle::parse_duration(text)?;
+    let seconds = u64::try_from(duration.as_secs()).unwrap_or(0);
+    if !(1..=600).contains(&seconds) {
+        return Err(format!("{text:?} is outside 1s..10m"));
+    }
+    Ok(Duration::from_secs(seconds))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +173,26 @@ mod tests {
             args.stored_versions,
             Some(vec!["v1alpha1".to_owned(), "v1".to_owned()])
         );
+    }
+
+    #[test]
+    fn run_has_defaults_and_flags() {
+        let cli = Cli::try_parse_from([
+            "crd-lifecycle",
+            "run",
+            "--leader-election",
+            "false",
+            "--resync",
+            "30s",
+        ])
+        .expect("valid arguments");
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert!(!args.leader_election);
+        assert_eq!(args.resync, Duration::from_secs(30));
+        assert_eq!(args.metrics_addr.port(), 8080);
+        assert!(Cli::try_parse_from(["crd-lifecycle", "run", "--resync", "1h"]).is_err());
     }
 
     #[test]

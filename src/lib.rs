@@ -3,6 +3,7 @@
 pub mod api;
 pub mod cli;
 pub mod controller;
+pub mod kubeclient;
 pub mod lifecycle;
 pub mod manifest;
 pub mod migrate;

@@ -1,1 +1,217 @@
-//! The controller that applies VersionPolicies to live CRDs (see the controller issue).
+//! The controller: applies VersionPolicies to live CRDs on schedule, with status, events,
+//! metrics, leader election and graceful shutdown.
+
+mod error;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod patch;
+mod reconcile;
+pub mod status;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::Api;
+use kube::core::DeserializeGuard;
+use kube::core::PartialObjectMeta;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{Controller, watcher};
+use kube::{Client, ResourceExt};
+use tracing::{error, info, warn};
+
+pub use error::{Error, status_code};
+pub use reconcile::{Clock, Context, competing_owner, error_policy, reconcile, requeue_after};
+
+use crate::api::VersionPolicy;
+use http::Health;
+use leader::{LeaderElector, LeaseSettings};
+use metrics::Metrics;
+
+/// Settings of `crd-lifecycle run`.
+#[derive(Clone, Debug)]
+pub struct RunSettings {
+    pub metrics_address: SocketAddr,
+    /// `None` disables leader election (a single replica, or a local run).
+    pub lease: Option<LeaseSettings>,
+    pub resync: Duration,
+    /// Name reported as the events' reporting instance.
+    pub identity: String,
+}
+
+/// Why `run` stopped other than by a shutdown signal.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot reach the apiserver: {0}")]
+    Unreachable(#[source] kube::Error),
+    #[error("cannot serve metrics and probes: {0}")]
+    Http(#[source] std::io::Error),
+    #[error(transparent)]
+    LeaseLost(#[from] leader::LeaseError),
+}
+
+/// Runs the controller until SIGTERM / SIGINT (or until leadership is lost).
+pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> {
+    let metrics = Arc::new(Metrics::default());
+    let health = Arc::new(Health::default());
+    health.alive.store(true, Ordering::Relaxed);
+    let shutdown = shutdown_signal().shared();
+
+    let version = client.apiserver_version().await.map_err(RunError::Unreachable)?;
+    info!(apiserver = %version.git_version, "connected");
+
+    let server = http::serve(
+        settings.metrics_address,
+        metrics.clone(),
+        health.clone(),
+        shutdown.clone(),
+    );
+    let server = tokio::spawn(server);
+
+    let elector = settings
+        .lease
+        .clone()
+        .map(|lease| Arc::new(LeaderElector::new(client.clone(), lease)));
+    if let Some(elector) = &elector {
+        // A standby replica is healthy and ready; it just does not reconcile.
+        health.ready.store(true, Ordering::Relaxed);
+        tokio::select! {
+            () = elector.acquire() => {}
+            () = shutdown.clone() => return Ok(()),
+        }
+        metrics.leader.set(1);
+    }
+
+    let controller = controller(
+        client,
+        settings,
+        metrics.clone(),
+        health.clone(),
+        shutdown.clone(),
+    );
+    let result = match &elector {
+        Some(elector) => tokio::select! {
+            () = controller => Ok(()),
+            lost = elector.hold() => {
+                error!(error = %lost, "lost leadership; exiting so that another replica takes over");
+                health.alive.store(false, Ordering::Relaxed);
+                Err(RunError::LeaseLost(lost))
+            }
+        },
+        None => {
+            controller.await;
+            Ok(())
+        }
+    };
+    metrics.leader.set(0);
+    if let Some(elector) = &elector {
+        elector.release().await;
+    }
+    server.abort();
+    result
+}
+
+async fn controller(
+    client: Client,
+    settings: RunSettings,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let policies: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
+    // Metadata is enough to know which CRD changed (and costs far less than the schemas).
+    let crds: Api<PartialObjectMeta<CustomResourceDefinition>> = Api::all(client.clone());
+    let controller = Controller::new(policies.clone(), watcher::Config::default().any_semantic());
+    let store = controller.store();
+
+    // A CRD event (including the migrator trimming status.storedVersions) reconciles the
+    // policies that target it.
+    let by_crd = store.clone();
+    // A policy event reconciles the other policies for the same CRD (the loser of a
+    // conflict takes over when the winner is deleted).
+    let by_competitor = store.clone();
+
+    let reporter = Reporter {
+        controller: "crd-lifecycle".into(),
+        instance: Some(settings.identity.clone()),
+    };
+    let context = Arc::new(Context {
+        client: client.clone(),
+        recorder: Recorder::new(client, reporter),
+        metrics,
+        policies: store,
+        clock: Arc::new(jiff::Timestamp::now),
+        resync: settings.resync,
+    });
+    health.ready.store(true, Ordering::Relaxed);
+    info!("controller started");
+    controller
+        .watches(crds, watcher::Config::default().any_semantic(), move |crd| {
+            policies_for_crd(&by_crd, &crd.name_any(), None)
+        })
+        .watches(
+            policies,
+            watcher::Config::default().any_semantic(),
+            move |policy| {
+                let crd_name = policy
+                    .0
+                    .as_ref()
+                    .map(|p| p.spec.crd_name.clone())
+                    .unwrap_or_default();
+                policies_for_crd(&by_competitor, &crd_name, Some(&policy.name_any()))
+            },
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                warn!(error = %error, "controller error");
+            }
+        })
+        .await;
+    info!("controller stopped");
+}
+
+/// The policies in the cache that target `crd_name`, except `except`.
+fn policies_for_crd(
+    store: &Store<DeserializeGuard<VersionPolicy>>,
+    crd_name: &str,
+    except: Option<&str>,
+) -> Vec<ObjectRef<DeserializeGuard<VersionPolicy>>> {
+    store
+        .state()
+        .iter()
+        .filter(|guard| guard.0.as_ref().is_ok_and(|p| p.spec.crd_name == crd_name))
+        .filter(|guard| Some(guard.name_any().as_str()) != except)
+        .map(|guard| ObjectRef::from_obj(guard.as_ref()))
+        .collect()
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+    info!("shutdown signal received");
+}

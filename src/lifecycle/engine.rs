@@ -287,7 +287,9 @@ fn unchanged(current: &CrdVersion, governed: bool) -> DesiredVersion {
     }
 }
 
-fn phase_of_flags(served: bool, storage: bool, deprecated: bool) -> VersionPhase {
+/// The phase a version's flags alone show (without its schedule, a version that is not
+/// served reads as Unserved).
+pub fn phase_of_flags(served: bool, storage: bool, deprecated: bool) -> VersionPhase {
     if served {
         phase_of_served(storage, deprecated)
     } else {

@@ -13,6 +13,7 @@ pub use crd::{CrdState, CrdVersion};
 pub use duration::parse_duration;
 pub use engine::{
     BlockReason, Blocked, CompletedMigration, DesiredVersion, Evaluation, MigrationNeed, evaluate,
+    phase_of_flags,
 };
 pub use error::{Error, FieldError, FieldErrors};
 pub use render::{as_manifest, render_crd};

@@ -1,0 +1,214 @@
+//! Prometheus metrics, served on `/metrics`.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub error: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    pub crd: String,
+    pub version: String,
+    pub milestone: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabels {
+    pub policy: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BlockedLabels {
+    pub policy: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CrdLabels {
+    pub crd: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MigrationResultLabels {
+    pub crd: String,
+    pub result: String,
+}
+
+/// Every metric the operator exports, prefixed `crd_lifecycle_`.
+pub struct Metrics {
+    pub registry: Registry,
+    pub reconciles: Counter,
+    pub reconcile_failures: Family<ErrorLabels, Counter>,
+    pub reconcile_duration: Histogram,
+    pub transitions_applied: Family<TransitionLabels, Counter>,
+    pub next_transition: Family<PolicyLabels, Gauge<f64, AtomicU64>>,
+    pub blocked: Family<BlockedLabels, Gauge>,
+    pub leader: Gauge,
+    pub objects_migrated: Family<CrdLabels, Counter>,
+    pub objects_failed: Family<CrdLabels, Counter>,
+    pub objects_remaining: Family<CrdLabels, Gauge>,
+    pub migrations: Family<MigrationResultLabels, Counter>,
+    pub migration_duration: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("crd_lifecycle");
+        let reconciles = Counter::default();
+        registry.register("reconciles", "Reconciles of VersionPolicies", reconciles.clone());
+        let reconcile_failures = Family::<ErrorLabels, Counter>::default();
+        registry.register(
+            "reconcile_failures",
+            "Reconciles that failed and will be retried, by error",
+            reconcile_failures.clone(),
+        );
+        let reconcile_duration = Histogram::new(exponential_buckets(0.005, 2.0, 12));
+        registry.register_with_unit(
+            "reconcile_duration",
+            "Time a reconcile takes",
+            Unit::Seconds,
+            reconcile_duration.clone(),
+        );
+        let transitions_applied = Family::<TransitionLabels, Counter>::default();
+        registry.register(
+            "transitions_applied",
+            "Transitions applied to CRDs, by crd, version and milestone",
+            transitions_applied.clone(),
+        );
+        let next_transition = Family::<PolicyLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "next_transition_timestamp_seconds",
+            "When each policy's next transition is scheduled (Unix time)",
+            next_transition.clone(),
+        );
+        let blocked = Family::<BlockedLabels, Gauge>::default();
+        registry.register(
+            "blocked",
+            "1 while a policy is blocked, by reason",
+            blocked.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader lease",
+            leader.clone(),
+        );
+        let objects_migrated = Family::<CrdLabels, Counter>::default();
+        registry.register(
+            "migration_objects_migrated",
+            "Objects rewritten into the storage version (or found already rewritten)",
+            objects_migrated.clone(),
+        );
+        let objects_failed = Family::<CrdLabels, Counter>::default();
+        registry.register(
+            "migration_objects_failed",
+            "Objects that could not be rewritten",
+            objects_failed.clone(),
+        );
+        let objects_remaining = Family::<CrdLabels, Gauge>::default();
+        registry.register(
+            "migration_objects_remaining",
+            "Objects listed but not yet rewritten by the running migration",
+            objects_remaining.clone(),
+        );
+        let migrations = Family::<MigrationResultLabels, Counter>::default();
+        registry.register("migrations", "Finished migrations, by result", migrations.clone());
+        let migration_duration = Histogram::new(exponential_buckets(0.1, 2.0, 16));
+        registry.register_with_unit(
+            "migration_duration",
+            "Time a migration run takes",
+            Unit::Seconds,
+            migration_duration.clone(),
+        );
+        Self {
+            registry,
+            reconciles,
+            reconcile_failures,
+            reconcile_duration,
+            transitions_applied,
+            next_transition,
+            blocked,
+            leader,
+            objects_migrated,
+            objects_failed,
+            objects_remaining,
+            migrations,
+            migration_duration,
+        }
+    }
+}
+
+impl Metrics {
+    /// The registry in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+
+    pub fn observe_reconcile(&self, elapsed: Duration) {
+        self.reconciles.inc();
+        self.reconcile_duration.observe(elapsed.as_secs_f64());
+    }
+
+    pub fn record_failure(&self, label: &str) {
+        self.reconcile_failures
+            .get_or_create(&ErrorLabels {
+                error: label.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn record_transition(&self, crd: &str, version: &str, milestone: &str) {
+        self.transitions_applied
+            .get_or_create(&TransitionLabels {
+                crd: crd.to_owned(),
+                version: version.to_owned(),
+                milestone: milestone.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Records the policy's next transition (or forgets it when there is none).
+    pub fn set_next_transition(&self, policy: &str, at: Option<jiff::Timestamp>) {
+        let labels = PolicyLabels {
+            policy: policy.to_owned(),
+        };
+        match at {
+            Some(at) => {
+                self.next_transition
+                    .get_or_create(&labels)
+                    .set(at.as_millisecond() as f64 / 1000.0);
+            }
+            None => {
+                self.next_transition.remove(&labels);
+            }
+        }
+    }
+
+    /// Sets the `blocked` gauge of a policy to exactly the given reasons.
+    pub fn set_blocked(&self, policy: &str, reasons: &[&str]) {
+        for reason in super::status::BlockedReason::ALL.map(super::status::BlockedReason::as_str) {
+            let labels = BlockedLabels {
+                policy: policy.to_owned(),
+                reason: reason.to_owned(),
+            };
+            if reasons.contains(&reason) {
+                self.blocked.get_or_create(&labels).set(1);
+            } else {
+                self.blocked.remove(&labels);
+            }
+        }
+    }
+}

@@ -1,0 +1,522 @@
+//! One reconcile of a VersionPolicy: read the CRD, ask the engine, apply one guarded
+//! patch, report status and events, and requeue at the next transition.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::core::{DeserializeGuard, error_boundary::InvalidObject};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::error::{Error, status_code};
+use super::metrics::Metrics;
+use super::patch::{as_json_patch, crd_patch};
+use super::status::{BlockedReason, Observation, build_status};
+use crate::api::{FIELD_MANAGER, MigrationPhase, MilestoneKind, VersionPolicy};
+use crate::lifecycle::{CompletedMigration, CrdState, Evaluation, Schedule, Transition};
+
+/// How often a guarded patch is recomputed after the CRD changed under it, per reconcile.
+const PATCH_ATTEMPTS: usize = 3;
+
+/// A source of the current instant (the wall clock, or a fixed one in tests).
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    /// The controller's cache of VersionPolicies, to find policies competing for a CRD.
+    pub policies: Store<DeserializeGuard<VersionPolicy>>,
+    pub clock: Clock,
+    /// Reconcile at least this often even when nothing is scheduled.
+    pub resync: Duration,
+}
+
+impl Context {
+    pub fn now(&self) -> Timestamp {
+        (self.clock)()
+    }
+}
+
+/// Reconciles one policy (or reports one that cannot even be decoded).
+pub async fn reconcile(
+    object: Arc<DeserializeGuard<VersionPolicy>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = match &object.0 {
+        Ok(policy) => reconcile_policy(policy, &ctx).await,
+        Err(invalid) => report_undecodable(invalid, &ctx).await,
+    };
+    ctx.metrics.observe_reconcile(started.elapsed());
+    result
+}
+
+/// Transient failures are retried soon; the trigger backoff of kube-runtime spaces out
+/// watch failures.
+pub fn error_policy(
+    object: Arc<DeserializeGuard<VersionPolicy>>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    let name = object
+        .0
+        .as_ref()
+        .map_or_else(|i| i.metadata.name.clone(), |p| p.metadata.name.clone());
+    warn!(policy = name.unwrap_or_default(), error = %error, "reconcile failed");
+    ctx.metrics.record_failure(error.metric_label());
+    Action::requeue(Duration::from_secs(5))
+}
+
+async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Action, Error> {
+    let name = policy.metadata.name.clone().ok_or(Error::MissingName)?;
+    if policy.metadata.deletion_timestamp.is_some() {
+        // No finalizer: deleting a policy leaves the CRD as it is.
+        return Ok(Action::await_change());
+    }
+    let now = ctx.now();
+    let crd_name = policy.spec.crd_name.clone();
+    let mut observation = Observation::default();
+    let mut crd_after: Option<CrdState> = None;
+    let mut evaluation: Option<Evaluation> = None;
+    let mut drift = Vec::new();
+
+    if let Some(owner) = competing_owner(policy, &ctx.policies) {
+        observation.blocked.push((
+            BlockedReason::Conflict,
+            format!("VersionPolicy {owner} already governs {crd_name} (the oldest policy for a CRD wins)"),
+        ));
+    } else if policy.spec.suspend {
+        observation.blocked.push((
+            BlockedReason::Suspended,
+            "spec.suspend is true: nothing is changed".to_owned(),
+        ));
+        crd_after = get_crd(ctx, &crd_name).await?.map(|crd| CrdState::from_crd(&crd));
+    } else {
+        let outcome = apply(policy, ctx, now).await?;
+        crd_after = outcome.crd_after;
+        evaluation = outcome.evaluation;
+        observation.blocked = outcome.blocked;
+        observation.applied = outcome.applied;
+        observation.dry_run_patch = outcome.dry_run_patch;
+        drift = outcome.drift;
+    }
+    observation.crd = crd_after.as_ref();
+    observation.evaluation = evaluation.as_ref();
+
+    publish_events(policy, &observation, &drift, ctx).await;
+    for transition in &observation.applied {
+        ctx.metrics
+            .record_transition(&crd_name, &transition.version, transition.milestone.as_str());
+    }
+    let reasons: Vec<&str> = observation.blocked.iter().map(|(r, _)| r.as_str()).collect();
+    ctx.metrics.set_blocked(&name, &reasons);
+    let next = evaluation
+        .as_ref()
+        .and_then(Evaluation::next_transition)
+        .map(|t| t.at);
+    ctx.metrics.set_next_transition(&name, next);
+
+    let status = build_status(policy, &observation, now);
+    write_status(ctx, &name, &status).await?;
+    Ok(Action::requeue(requeue_after(now, next, ctx.resync)))
+}
+
+/// How long to wait before the next reconcile: until the next transition (so that it lands
+/// on time), at most `resync`.
+pub fn requeue_after(now: Timestamp, next: Option<Timestamp>, resync: Duration) -> Duration {
+    let Some(next) = next else { return resync };
+    let until = next.duration_since(now);
+    if until.is_negative() {
+        return Duration::ZERO;
+    }
+    // Round up to the millisecond (and one more) so that the reconcile never runs just
+    // before the instant.
+    let millis = u64::try_from((until.as_nanos() + 999_999) / 1_000_000).unwrap_or(u64::MAX);
+    Duration::from_millis(millis.saturating_add(1)).min(resync)
+}
+
+/// What [`apply`] found and did.
+#[derive(Default)]
+struct Applied {
+    crd_after: Option<CrdState>,
+    evaluation: Option<Evaluation>,
+    blocked: Vec<(BlockedReason, String)>,
+    applied: Vec<Transition>,
+    dry_run_patch: Option<String>,
+    drift: Vec<Transition>,
+}
+
+/// Reads the CRD, evaluates the policy and applies the guarded patch, recomputing it when
+/// the CRD changed concurrently.
+async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<Applied, Error> {
+    let crd_name = &policy.spec.crd_name;
+    let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
+    for _ in 0..PATCH_ATTEMPTS {
+        let mut outcome = Applied::default();
+        let Some(crd) = get_crd(ctx, crd_name).await? else {
+            outcome.blocked.push((
+                BlockedReason::CrdNotFound,
+                format!("CustomResourceDefinition {crd_name} does not exist; waiting for it to be created"),
+            ));
+            return Ok(outcome);
+        };
+        let state = CrdState::from_crd(&crd);
+        let schedule = match Schedule::new(&policy.spec, &state, now) {
+            Ok(schedule) => schedule,
+            Err(error) => {
+                outcome
+                    .blocked
+                    .push((BlockedReason::InvalidPolicy, error.to_string().replace('\n', " ")));
+                outcome.crd_after = Some(state);
+                return Ok(outcome);
+            }
+        };
+        let evaluation = schedule.evaluate(&state, &completed_migrations(policy), now);
+        outcome.blocked.extend(
+            evaluation
+                .blocked
+                .iter()
+                .map(|b| (BlockedReason::from(b.reason), b.message.clone())),
+        );
+        let ops = crd_patch(&crd, &evaluation);
+        let pending: Vec<Transition> = evaluation
+            .pending_transitions(&state)
+            .into_iter()
+            .cloned()
+            .collect();
+        if ops.is_empty() {
+            outcome.crd_after = Some(state);
+            outcome.evaluation = Some(evaluation);
+            return Ok(outcome);
+        }
+        if policy.spec.dry_run {
+            let text = serde_json::to_string(&ops).map_err(|source| Error::Serialize {
+                what: "patch",
+                source,
+            })?;
+            outcome.dry_run_patch = Some(text);
+            outcome.crd_after = Some(state);
+            outcome.evaluation = Some(evaluation);
+            return Ok(outcome);
+        }
+        let patch = as_json_patch(&ops).map_err(|source| Error::Serialize {
+            what: "patch",
+            source,
+        })?;
+        match api
+            .patch(crd_name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await
+        {
+            Ok(patched) => {
+                let history = policy
+                    .status
+                    .as_ref()
+                    .map(|s| s.history.as_slice())
+                    .unwrap_or_default();
+                outcome.drift = pending
+                    .iter()
+                    .filter(|t| {
+                        history
+                            .iter()
+                            .any(|h| h.version == t.version && h.milestone == t.milestone)
+                    })
+                    .cloned()
+                    .collect();
+                outcome.applied = pending
+                    .into_iter()
+                    .filter(|t| !outcome.drift.contains(t))
+                    .collect();
+                outcome.crd_after = Some(CrdState::from_crd(&patched));
+                outcome.evaluation = Some(evaluation);
+                info!(crd = crd_name, ops = ops.len(), "patched CRD");
+                return Ok(outcome);
+            }
+            // 422 is what a failed `test` op answers (apiserver-samples/03), and also what a
+            // real validation failure answers (04, 05): re-read to tell them apart.
+            Err(error) if matches!(status_code(&error), Some(409 | 422)) => {
+                let fresh = get_crd(ctx, crd_name).await?;
+                let changed = fresh.as_ref().map(|c| &c.metadata.resource_version)
+                    != Some(&crd.metadata.resource_version);
+                if changed {
+                    info!(crd = crd_name, "CRD changed while patching; recomputing");
+                    continue;
+                }
+                outcome.blocked.insert(
+                    0,
+                    (
+                        BlockedReason::UnsafeState,
+                        format!(
+                            "the apiserver rejected the change to {crd_name}: {}",
+                            api_message(&error)
+                        ),
+                    ),
+                );
+                outcome.crd_after = Some(state);
+                outcome.evaluation = Some(evaluation);
+                return Ok(outcome);
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Err(Error::ConcurrentModification {
+        crd: crd_name.clone(),
+        attempts: PATCH_ATTEMPTS,
+    })
+}
+
+fn api_message(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => status.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+async fn get_crd(ctx: &Context, name: &str) -> Result<Option<CustomResourceDefinition>, Error> {
+    let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
+    Ok(api.get_opt(name).await?)
+}
+
+/// Migrations the migrator recorded as finished in the policy's status.
+fn completed_migrations(policy: &VersionPolicy) -> Vec<CompletedMigration> {
+    let Some(migration) = policy.status.as_ref().and_then(|s| s.migration.as_ref()) else {
+        return Vec::new();
+    };
+    match (&migration.phase, &migration.finished_at) {
+        (MigrationPhase::Succeeded, Some(finished)) => vec![CompletedMigration {
+            storage_version: migration.storage_version.clone(),
+            finished_at: finished.0,
+        }],
+        _ => Vec::new(),
+    }
+}
+
+/// The name of an older policy governing the same CRD, if there is one: the policy with
+/// the earliest creationTimestamp (then name) keeps the CRD.
+pub fn competing_owner(
+    policy: &VersionPolicy,
+    policies: &Store<DeserializeGuard<VersionPolicy>>,
+) -> Option<String> {
+    let key = |p: &VersionPolicy| (p.metadata.creation_timestamp.clone().map(|t| t.0), p.name_any());
+    let mine = key(policy);
+    policies
+        .state()
+        .iter()
+        .filter_map(|guard| guard.0.as_ref().ok())
+        .filter(|other| {
+            other.spec.crd_name == policy.spec.crd_name
+                && other.metadata.deletion_timestamp.is_none()
+                && other.name_any() != policy.name_any()
+        })
+        .map(key)
+        .filter(|other| *other < mine)
+        .min()
+        .map(|(_, name)| name)
+}
+
+async fn write_status(
+    ctx: &Context,
+    name: &str,
+    status: &crate::api::VersionPolicyStatus,
+) -> Result<(), Error> {
+    let api: Api<VersionPolicy> = Api::all(ctx.client.clone());
+    let patch = json!({
+        "apiVersion": "crdlifecycle.io/v1alpha1",
+        "kind": "VersionPolicy",
+        "status": status,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A policy that does not decode (possible for objects stored before a schema change):
+/// reported as invalid instead of breaking the watch for every policy.
+async fn report_undecodable(invalid: &InvalidObject, ctx: &Context) -> Result<Action, Error> {
+    let name = invalid.metadata.name.clone().ok_or(Error::MissingName)?;
+    let now = ctx.now();
+    let message = format!("the policy cannot be read: {}", invalid.error);
+    let condition = |type_: &str, status: &str, reason: &str| {
+        json!({"type": type_, "status": status, "reason": reason, "message": message,
+               "lastTransitionTime": now.to_string(), "observedGeneration": invalid.metadata.generation})
+    };
+    let patch = json!({
+        "apiVersion": "crdlifecycle.io/v1alpha1",
+        "kind": "VersionPolicy",
+        "status": {
+            "observedGeneration": invalid.metadata.generation,
+            "conditions": [
+                condition("Ready", "False", "InvalidPolicy"),
+                condition("Progressing", "False", "Idle"),
+                condition("Blocked", "True", "InvalidPolicy"),
+            ],
+        },
+    });
+    let api: Api<VersionPolicy> = Api::all(ctx.client.clone());
+    api.patch_status(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    ctx.metrics
+        .set_blocked(&name, &[BlockedReason::InvalidPolicy.as_str()]);
+    Ok(Action::await_change())
+}
+
+/// Events: one Normal event per applied transition, a Warning per blocked reason and for
+/// corrected drift. Failing to publish an event never fails the reconcile.
+async fn publish_events(
+    policy: &VersionPolicy,
+    observation: &Observation<'_>,
+    drift: &[Transition],
+    ctx: &Context,
+) {
+    let reference = policy.object_ref(&());
+    let crd = &policy.spec.crd_name;
+    let mut events = Vec::new();
+    for transition in &observation.applied {
+        events.push(Event {
+            type_: EventType::Normal,
+            reason: transition_reason(transition.milestone).to_owned(),
+            note: Some(transition_note(crd, transition)),
+            // Part of the recorder's de-duplication key: one event per version and milestone.
+            action: format!("{}/{}", transition.milestone, transition.version),
+            secondary: None,
+        });
+    }
+    if !drift.is_empty() {
+        let reset: Vec<String> = drift
+            .iter()
+            .map(|t| format!("{} {}", t.version, t.milestone))
+            .collect();
+        events.push(Event {
+            type_: EventType::Warning,
+            reason: "DriftCorrected".to_owned(),
+            note: Some(truncate(format!(
+                "{crd} had been changed back by someone else; restored: {}",
+                reset.join(", ")
+            ))),
+            action: "CorrectDrift".to_owned(),
+            secondary: None,
+        });
+    }
+    if let Some(patch) = &observation.dry_run_patch {
+        events.push(Event {
+            type_: EventType::Normal,
+            reason: "DryRun".to_owned(),
+            note: Some(truncate(format!("dry run: would patch {crd} with {patch}"))),
+            action: "DryRun".to_owned(),
+            secondary: None,
+        });
+    }
+    for (reason, message) in &observation.blocked {
+        events.push(Event {
+            type_: EventType::Warning,
+            reason: reason.as_str().to_owned(),
+            note: Some(truncate(message.clone())),
+            action: "Reconcile".to_owned(),
+            secondary: None,
+        });
+    }
+    for event in events {
+        if let Err(error) = ctx.recorder.publish(&event, &reference).await {
+            warn!(reason = event.reason, error = %error, "cannot publish event");
+        }
+    }
+}
+
+fn transition_reason(milestone: MilestoneKind) -> &'static str {
+    match milestone {
+        MilestoneKind::Introduce => "VersionIntroduced",
+        MilestoneKind::Store => "StorageVersionChanged",
+        MilestoneKind::Deprecate => "VersionDeprecated",
+        MilestoneKind::Unserve => "VersionUnserved",
+        MilestoneKind::Remove => "VersionRemoved",
+    }
+}
+
+fn transition_note(crd: &str, transition: &Transition) -> String {
+    let version = &transition.version;
+    let what = match transition.milestone {
+        MilestoneKind::Introduce => format!("{version} of {crd} is now served"),
+        MilestoneKind::Store => format!("{version} is now the storage version of {crd}"),
+        MilestoneKind::Deprecate => format!("{version} of {crd} is now deprecated"),
+        MilestoneKind::Unserve => format!("{version} of {crd} is no longer served"),
+        MilestoneKind::Remove => format!("{version} was removed from {crd}"),
+    };
+    format!(
+        "{what} ({} milestone scheduled at {})",
+        transition.milestone, transition.at
+    )
+}
+
+/// Event notes are limited to 1 kB.
+fn truncate(mut note: String) -> String {
+    const LIMIT: usize = 1000;
+    if note.len() > LIMIT {
+        let mut end = LIMIT - 3;
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+        note.push_str("...");
+    }
+    note
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(text: &str) -> Timestamp {
+        text.parse().expect("instant")
+    }
+
+    #[test]
+    fn requeues_at_the_next_transition() {
+        let resync = Duration::from_secs(600);
+        let now = ts("2026-01-01T00:00:00Z");
+        assert_eq!(
+            requeue_after(now, Some(ts("2026-01-01T00:00:05Z")), resync),
+            Duration::from_millis(5001)
+        );
+        assert_eq!(
+            requeue_after(now, Some(ts("2026-01-01T00:00:00.2504Z")), resync),
+            Duration::from_millis(252)
+        );
+    }
+
+    #[test]
+    fn requeue_is_capped_by_resync_and_never_negative() {
+        let resync = Duration::from_secs(600);
+        let now = ts("2026-01-01T00:00:00Z");
+        assert_eq!(
+            requeue_after(now, Some(ts("2026-03-01T00:00:00Z")), resync),
+            resync
+        );
+        assert_eq!(requeue_after(now, None, resync), resync);
+        assert_eq!(
+            requeue_after(now, Some(ts("2025-12-31T23:59:59Z")), resync),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn long_notes_are_truncated_on_a_char_boundary() {
+        let note = truncate("é".repeat(800));
+        assert!(note.len() <= 1000 && note.ends_with("..."));
+    }
+}

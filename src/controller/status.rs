@@ -1,0 +1,285 @@
+//! Building `VersionPolicy.status` from what a reconcile observed and did (pure).
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::api::{
+    HistoryEntry, MilestoneKind, NextTransition, VersionPhase, VersionPolicy, VersionPolicyStatus,
+    VersionStatus,
+};
+use crate::lifecycle::{BlockReason, CrdState, Evaluation, Transition, phase_of_flags};
+
+/// How many applied transitions `status.history` keeps.
+pub const HISTORY_LIMIT: usize = 32;
+
+/// Why a policy is held back, as the `reason` of its `Blocked` condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlockedReason {
+    /// The governed CRD does not exist.
+    CrdNotFound,
+    /// The policy cannot be applied as written (or not to this CRD).
+    InvalidPolicy,
+    /// An older policy governs the same CRD.
+    Conflict,
+    /// A removal waits for the CRD's `status.storedVersions` to be trimmed.
+    AwaitingMigration,
+    /// Applying would break an invariant, or the apiserver rejected the change.
+    UnsafeState,
+    /// `spec.suspend` is true.
+    Suspended,
+}
+
+impl BlockedReason {
+    pub const ALL: [BlockedReason; 6] = [
+        BlockedReason::CrdNotFound,
+        BlockedReason::InvalidPolicy,
+        BlockedReason::Conflict,
+        BlockedReason::AwaitingMigration,
+        BlockedReason::UnsafeState,
+        BlockedReason::Suspended,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BlockedReason::CrdNotFound => "CRDNotFound",
+            BlockedReason::InvalidPolicy => "InvalidPolicy",
+            BlockedReason::Conflict => "Conflict",
+            BlockedReason::AwaitingMigration => "AwaitingMigration",
+            BlockedReason::UnsafeState => "UnsafeState",
+            BlockedReason::Suspended => "Suspended",
+        }
+    }
+}
+
+impl From<BlockReason> for BlockedReason {
+    fn from(reason: BlockReason) -> Self {
+        match reason {
+            BlockReason::AwaitingMigration => BlockedReason::AwaitingMigration,
+            BlockReason::UnsafeState => BlockedReason::UnsafeState,
+        }
+    }
+}
+
+/// What one reconcile found and did, for the status.
+#[derive(Debug, Default)]
+pub struct Observation<'a> {
+    /// The CRD as it is after this reconcile (`None` when it does not exist).
+    pub crd: Option<&'a CrdState>,
+    /// The engine's decision, when the policy could be evaluated.
+    pub evaluation: Option<&'a Evaluation>,
+    /// Everything that holds the policy back, most important first.
+    pub blocked: Vec<(BlockedReason, String)>,
+    /// Transitions applied by this reconcile.
+    pub applied: Vec<Transition>,
+    /// With `spec.dryRun`, the patch that was not applied.
+    pub dry_run_patch: Option<String>,
+}
+
+/// The status to write. Condition transition times and history are carried over from the
+/// previous status, so that an unchanged situation produces an identical status (and
+/// writing it is a no-op that triggers no further reconcile).
+pub fn build_status(
+    policy: &VersionPolicy,
+    observation: &Observation<'_>,
+    now: Timestamp,
+) -> VersionPolicyStatus {
+    let previous = policy.status.clone().unwrap_or_default();
+    let generation = policy.metadata.generation;
+    let mut history = previous.history.clone();
+    history.extend(observation.applied.iter().map(|t| HistoryEntry {
+        version: t.version.clone(),
+        milestone: t.milestone,
+        scheduled_at: Time(t.at),
+        applied_at: Time(now),
+    }));
+    if history.len() > HISTORY_LIMIT {
+        history.drain(..history.len() - HISTORY_LIMIT);
+    }
+
+    let versions = observation
+        .crd
+        .map(|crd| version_statuses(crd, observation.evaluation, &history))
+        .unwrap_or_default();
+    let storage_version = observation
+        .crd
+        .and_then(|crd| crd.storage_version().map(str::to_owned));
+    let next_transition = observation
+        .evaluation
+        .and_then(Evaluation::next_transition)
+        .map(|t| NextTransition {
+            version: t.version.clone(),
+            milestone: t.milestone,
+            at: Time(t.at),
+            summary: format!("{} {} {}", t.version, t.milestone, t.at),
+        });
+
+    let conditions = conditions(policy, observation)
+        .into_iter()
+        .map(|(type_, status, reason, message)| {
+            let unchanged = previous
+                .conditions
+                .iter()
+                .find(|c| c.type_ == type_ && c.status == status && c.reason == reason);
+            Condition {
+                last_transition_time: unchanged.map_or(Time(now), |c| c.last_transition_time.clone()),
+                message,
+                observed_generation: generation,
+                reason: reason.to_owned(),
+                status: status.to_owned(),
+                type_: type_.to_owned(),
+            }
+        })
+        .collect();
+
+    VersionPolicyStatus {
+        observed_generation: generation,
+        conditions,
+        storage_version,
+        versions,
+        next_transition,
+        history,
+        dry_run_patch: observation.dry_run_patch.clone(),
+        migration: previous.migration,
+    }
+}
+
+type ConditionParts = (&'static str, &'static str, &'static str, String);
+
+fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<ConditionParts> {
+    let crd_name = &policy.spec.crd_name;
+    let blocked = match observation.blocked.first() {
+        Some((reason, _)) => {
+            let message = observation
+                .blocked
+                .iter()
+                .map(|(_, m)| m.as_str())
+                .collect::<Vec<_>>()
+                .join("; ");
+            ("Blocked", "True", reason.as_str(), message)
+        }
+        None => (
+            "Blocked",
+            "False",
+            "NotBlocked",
+            "nothing is held back".to_owned(),
+        ),
+    };
+    let in_sync = match (observation.crd, observation.evaluation) {
+        (Some(crd), Some(evaluation)) => evaluation.is_satisfied_by(crd),
+        _ => false,
+    };
+    let ready = if let Some((reason, _)) = observation.blocked.first() {
+        (
+            "Ready",
+            "False",
+            reason.as_str(),
+            format!("{crd_name} is held back: {}", blocked.3),
+        )
+    } else if in_sync {
+        (
+            "Ready",
+            "True",
+            "UpToDate",
+            format!("{crd_name} matches the policy"),
+        )
+    } else if observation.dry_run_patch.is_some() {
+        (
+            "Ready",
+            "False",
+            "DryRun",
+            format!("dry run: the changes to {crd_name} in status.dryRunPatch were not applied"),
+        )
+    } else {
+        (
+            "Ready",
+            "False",
+            "Pending",
+            format!("{crd_name} does not match the policy yet"),
+        )
+    };
+    let migration = observation.evaluation.and_then(|e| e.migration.as_ref());
+    let progressing = if let Some(need) = migration {
+        (
+            "Progressing",
+            "True",
+            "MigrationPending",
+            format!(
+                "objects stored in {} must be rewritten into {} and status.storedVersions trimmed",
+                need.stale_versions.join(", "),
+                need.storage_version
+            ),
+        )
+    } else if !observation.applied.is_empty() {
+        let applied: Vec<String> = observation
+            .applied
+            .iter()
+            .map(|t| format!("{} {}", t.version, t.milestone))
+            .collect();
+        (
+            "Progressing",
+            "True",
+            "TransitionApplied",
+            format!("applied {}", applied.join(", ")),
+        )
+    } else {
+        (
+            "Progressing",
+            "False",
+            "Idle",
+            "no transition or migration under way".to_owned(),
+        )
+    };
+    vec![ready, progressing, blocked]
+}
+
+fn version_statuses(
+    crd: &CrdState,
+    evaluation: Option<&Evaluation>,
+    history: &[HistoryEntry],
+) -> Vec<VersionStatus> {
+    let last_change = |name: &str| {
+        history
+            .iter()
+            .rev()
+            .find(|h| h.version == name)
+            .map(|h| h.applied_at.clone())
+    };
+    let mut statuses: Vec<VersionStatus> = crd
+        .versions
+        .iter()
+        .map(|current| {
+            let desired = evaluation.and_then(|e| e.version(&current.name));
+            // The engine's phase when the CRD carries what it decided; otherwise (dry run,
+            // held back) what the flags themselves say.
+            let phase = match desired {
+                Some(d) if d.matches(current) => d.phase,
+                _ => phase_of_flags(current.served, current.storage, current.deprecated),
+            };
+            VersionStatus {
+                name: current.name.clone(),
+                phase,
+                served: current.served,
+                storage: current.storage,
+                deprecated: current.deprecated,
+                last_transition_time: last_change(&current.name),
+            }
+        })
+        .collect();
+    // Governed versions whose removal is done and that are gone from the CRD.
+    if let Some(evaluation) = evaluation {
+        let removed = evaluation.timeline.iter().filter(|t| {
+            t.milestone == MilestoneKind::Remove && t.at <= evaluation.at && crd.version(&t.version).is_none()
+        });
+        for removed in removed {
+            statuses.push(VersionStatus {
+                name: removed.version.clone(),
+                phase: VersionPhase::Removed,
+                served: false,
+                storage: false,
+                deprecated: false,
+                last_transition_time: last_change(&removed.version),
+            });
+        }
+    }
+    statuses
+}
