@@ -327,7 +327,7 @@ async fn write_status(
     name: &str,
     status: &crate::api::VersionPolicyStatus,
 ) -> Result<(), Error> {
-    let api: Api<VersionPolicy> = Api::all(ctx.client.clone());
+    let api = policy_api(ctx);
     let patch = json!({
         "apiVersion": "crdlifecycle.io/v1alpha1",
         "kind": "VersionPolicy",
@@ -340,6 +340,12 @@ async fn write_status(
     )
     .await?;
     Ok(())
+}
+
+/// The policies API for status writes. Responses are decoded leniently, so that writing
+/// the status of a policy that does not decode works too.
+fn policy_api(ctx: &Context) -> Api<DeserializeGuard<VersionPolicy>> {
+    Api::all(ctx.client.clone())
 }
 
 /// A policy that does not decode (possible for objects stored before a schema change):
@@ -364,7 +370,7 @@ async fn report_undecodable(invalid: &InvalidObject, ctx: &Context) -> Result<Ac
             ],
         },
     });
-    let api: Api<VersionPolicy> = Api::all(ctx.client.clone());
+    let api = policy_api(ctx);
     api.patch_status(
         &name,
         &PatchParams::apply(FIELD_MANAGER).force(),

@@ -112,11 +112,10 @@ impl Evaluation {
 
     /// Whether the CRD already is exactly as it must be.
     pub fn is_satisfied_by(&self, crd: &CrdState) -> bool {
-        self.versions.len() == crd.versions.len()
-            && self
-                .versions
-                .iter()
-                .all(|d| crd.version(&d.name).is_some_and(|c| d.matches(c)))
+        self.versions.iter().all(|d| match crd.version(&d.name) {
+            Some(current) => d.matches(current),
+            None => !d.present,
+        }) && crd.versions.iter().all(|c| self.version(&c.name).is_some())
     }
 
     /// The transitions due at the evaluated instant whose effect the CRD does not show

@@ -210,9 +210,15 @@ impl Schedule {
     fn check_storage_at(&self, crd: &CrdState, t: Timestamp, errors: &mut FieldErrors) {
         let storage = match self.storage_at(t) {
             Some(v) => v,
-            // Before the first store, the CRD's own storage version stays; it only matters
-            // here when the policy governs it.
-            None => match crd.storage_version().and_then(|name| self.version(name)) {
+            // Before the first store, the CRD's own storage version stays. It only matters
+            // here when the policy governs it, and only while it is the CRD's original one:
+            // a version the policy stores itself is there because a store already happened
+            // (or was put back by hand), which says nothing about the time before it.
+            None => match crd
+                .storage_version()
+                .and_then(|name| self.version(name))
+                .filter(|v| v.at(MilestoneKind::Store).is_none())
+            {
                 Some(v) => v,
                 None => return,
             },

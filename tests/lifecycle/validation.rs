@@ -309,3 +309,26 @@ fn every_problem_is_reported_together() {
         "must be unserved before it is removed",
     );
 }
+
+#[test]
+fn a_live_crd_already_switched_by_the_policy_is_valid() {
+    // The policy already made v1 the storage version; before its introduction v1 was not
+    // the storage version, so its `introduce` is no problem.
+    let switched = crd(&crd_yaml(&[
+        ("v1alpha1", true, false),
+        ("v1beta1", true, false),
+        ("v1", true, true),
+    ]));
+    assert_eq!(problems_at(V1_STORED, &switched, ts("2026-03-01T00:00:00Z")), []);
+    // But the CRD's original storage version, not stored by the policy, still counts.
+    let found = problems_at(
+        "  - name: v1alpha1\n    deprecate: {at: \"2026-01-02T00:00:00Z\"}\n    unserve: {at: \"2026-01-03T00:00:00Z\"}\n",
+        &three_versions(),
+        ts("2026-03-01T00:00:00Z"),
+    );
+    assert_problem(
+        &found,
+        "spec.versions[0].unserve",
+        "while it is still the storage version",
+    );
+}

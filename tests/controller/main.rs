@@ -1,0 +1,183 @@
+//! Controller tests: `reconcile` against kube's `Client` over an in-process fake apiserver.
+
+#[path = "../support/apiserver.rs"]
+mod apiserver;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use apiserver::FakeApiserver;
+use crd_lifecycle::api::VersionPolicy;
+use crd_lifecycle::controller::metrics::Metrics;
+use crd_lifecycle::controller::{Context, reconcile};
+use jiff::Timestamp;
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+
+const EXAMPLE_POLICY: &str = include_str!("../../examples/widgets/policy.yaml");
+const EXAMPLE_CRD: &str = include_str!("../../examples/widgets/crd.yaml");
+const CRD: &str = "widgets.example.com";
+
+struct Harness {
+    fake: FakeApiserver,
+    ctx: Arc<Context>,
+    writer: Writer<DeserializeGuard<VersionPolicy>>,
+    clock: Arc<Mutex<Timestamp>>,
+}
+
+fn yaml(text: &str) -> Value {
+    serde_saphyr::from_str(text).expect("valid YAML")
+}
+
+fn ts(text: &str) -> Timestamp {
+    text.parse().expect("instant")
+}
+
+impl Harness {
+    fn new() -> Self {
+        let fake = FakeApiserver::new();
+        let client = fake.client();
+        let (store, writer) = reflector::store();
+        let clock = Arc::new(Mutex::new(ts("2025-12-01T00:00:00Z")));
+        let now = clock.clone();
+        let ctx = Arc::new(Context {
+            client: client.clone(),
+            recorder: Recorder::new(
+                client,
+                Reporter {
+                    controller: "crd-lifecycle".into(),
+                    instance: Some("test".into()),
+                },
+            ),
+            metrics: Arc::new(Metrics::default()),
+            policies: store,
+            clock: Arc::new(move || *now.lock().expect("clock")),
+            resync: Duration::from_secs(600),
+        });
+        Self {
+            fake,
+            ctx,
+            writer,
+            clock,
+        }
+    }
+
+    /// The example CRD and policy, as applied with kubectl.
+    fn with_example() -> Self {
+        let mut harness = Self::new();
+        harness.fake.create_crd(yaml(EXAMPLE_CRD));
+        harness.add_policy(yaml(EXAMPLE_POLICY), "2025-11-01T00:00:00Z");
+        harness
+    }
+
+    fn at(&self, instant: &str) {
+        *self.clock.lock().expect("clock") = ts(instant);
+    }
+
+    fn add_policy(&mut self, mut policy: Value, created: &str) {
+        let name = policy["metadata"]["name"].as_str().expect("name").to_owned();
+        policy["metadata"]["creationTimestamp"] = json!(created);
+        policy["metadata"]["generation"] = json!(1);
+        policy["metadata"]["uid"] = json!(format!("uid-{name}"));
+        self.fake.create_policy(policy);
+        self.sync_store();
+    }
+
+    fn edit_policy(&mut self, name: &str, edit: impl FnOnce(&mut Value)) {
+        let mut policy = self.fake.policy(name);
+        edit(&mut policy);
+        policy["metadata"]["generation"] = json!(policy["metadata"]["generation"].as_i64().unwrap_or(1) + 1);
+        self.fake.create_policy(policy);
+        self.sync_store();
+    }
+
+    /// Mirrors the fake's policies into the controller's cache, as the watch would.
+    fn sync_store(&mut self) {
+        let policies: Vec<DeserializeGuard<VersionPolicy>> = self
+            .fake
+            .lock()
+            .policies
+            .values()
+            .map(|p| serde_json::from_value(p.clone()).expect("decodes"))
+            .collect();
+        self.writer.apply_watcher_event(&watcher::Event::Init);
+        for policy in policies {
+            self.writer
+                .apply_watcher_event(&watcher::Event::InitApply(policy));
+        }
+        self.writer.apply_watcher_event(&watcher::Event::InitDone);
+    }
+
+    async fn reconcile(&mut self, name: &str) -> Action {
+        self.sync_store();
+        let object: DeserializeGuard<VersionPolicy> =
+            serde_json::from_value(self.fake.policy(name)).expect("decodes");
+        reconcile(Arc::new(object), self.ctx.clone())
+            .await
+            .expect("reconcile succeeds")
+    }
+
+    fn status(&self, name: &str) -> Value {
+        self.fake.policy(name)["status"].clone()
+    }
+
+    fn condition(&self, name: &str, type_: &str) -> (String, String, String) {
+        let status = self.status(name);
+        let condition = status["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+            .cloned()
+            .unwrap_or(Value::Null);
+        (
+            condition["status"].as_str().unwrap_or_default().to_owned(),
+            condition["reason"].as_str().unwrap_or_default().to_owned(),
+            condition["message"].as_str().unwrap_or_default().to_owned(),
+        )
+    }
+
+    /// The CRD's versions as `name:flags` (s served, S storage, d deprecated).
+    fn flags(&self) -> String {
+        let crd = self.fake.crd(CRD);
+        crd["spec"]["versions"]
+            .as_array()
+            .expect("versions")
+            .iter()
+            .map(|v| {
+                let mut f = String::new();
+                if v["served"] == true {
+                    f.push('s');
+                }
+                if v["storage"] == true {
+                    f.push('S');
+                }
+                if v["deprecated"] == true {
+                    f.push('d');
+                }
+                format!(
+                    "{}:{}",
+                    v["name"].as_str().unwrap_or_default(),
+                    if f.is_empty() { "-" } else { &f }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    fn stored_versions(&self) -> Value {
+        self.fake.crd(CRD)["status"]["storedVersions"].clone()
+    }
+
+    /// What the migrator does once every object is rewritten.
+    fn trim_stored_versions(&self, to: &[&str]) {
+        self.fake
+            .edit_crd(CRD, |crd| crd["status"]["storedVersions"] = json!(to));
+    }
+}
+
+mod lifecycle;
+mod operations;
+mod safety;

@@ -1,0 +1,104 @@
+//! Metrics, probes and leader election.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::body::{Body, to_bytes};
+use crd_lifecycle::controller::http::{Health, router};
+use crd_lifecycle::controller::leader::{LeaderElector, LeaseSettings};
+use http::{Request, StatusCode};
+use tower::ServiceExt;
+
+use super::Harness;
+
+async fn get(app: axum::Router, path: &str) -> (StatusCode, String) {
+    let response = app
+        .oneshot(Request::builder().uri(path).body(Body::empty()).expect("request"))
+        .await
+        .expect("response");
+    let status = response.status();
+    let body = to_bytes(response.into_body(), 1 << 20).await.expect("body");
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test]
+async fn metrics_count_reconciles_transitions_and_blocks() {
+    let mut h = Harness::with_example();
+    h.at("2026-02-01T00:00:00Z");
+    h.reconcile("widgets").await;
+    let health = Arc::new(Health::default());
+    let (status, text) = get(router(h.ctx.metrics.clone(), health), "/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    for expected in [
+        "crd_lifecycle_reconciles_total 1",
+        r#"crd_lifecycle_transitions_applied_total{crd="widgets.example.com",version="v1",milestone="store"} 1"#,
+        r#"crd_lifecycle_transitions_applied_total{crd="widgets.example.com",version="v1",milestone="introduce"} 1"#,
+        r#"crd_lifecycle_next_transition_timestamp_seconds{policy="widgets"} 1772323200.0"#,
+        "crd_lifecycle_reconcile_duration_seconds_count 1",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+
+    h.at("2026-06-29T00:00:00Z");
+    h.reconcile("widgets").await;
+    let (_, text) = get(
+        router(h.ctx.metrics.clone(), Arc::new(Health::default())),
+        "/metrics",
+    )
+    .await;
+    assert!(
+        text.contains(r#"crd_lifecycle_blocked{policy="widgets",reason="AwaitingMigration"} 1"#),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn probes_follow_health() {
+    let metrics = Arc::new(crd_lifecycle::controller::metrics::Metrics::default());
+    let health = Arc::new(Health::default());
+    assert_eq!(
+        get(router(metrics.clone(), health.clone()), "/healthz").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        get(router(metrics.clone(), health.clone()), "/readyz").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    health.alive.store(true, Ordering::Relaxed);
+    assert_eq!(
+        get(router(metrics.clone(), health.clone()), "/healthz").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(router(metrics.clone(), health.clone()), "/readyz").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    health.ready.store(true, Ordering::Relaxed);
+    assert_eq!(get(router(metrics, health), "/readyz").await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn only_one_replica_holds_the_lease() {
+    let h = Harness::new();
+    let settings =
+        |identity: &str| LeaseSettings::new("default".into(), "crd-lifecycle".into(), identity.into());
+    let first = LeaderElector::new(h.fake.client(), settings("replica-a"));
+    let second = LeaderElector::new(h.fake.client(), settings("replica-b"));
+    first.acquire().await;
+    let lease = h.fake.lock().leases["crd-lifecycle"].clone();
+    assert_eq!(lease["spec"]["holderIdentity"], "replica-a");
+    assert_eq!(lease["spec"]["leaseDurationSeconds"], 15);
+
+    // The second replica keeps waiting while the first holds the lease.
+    let waited = tokio::time::timeout(std::time::Duration::from_millis(300), second.acquire()).await;
+    assert!(waited.is_err(), "replica-b must not acquire a held lease");
+
+    // On shutdown the first releases it and the second takes over with a new transition.
+    first.release().await;
+    tokio::time::timeout(std::time::Duration::from_secs(5), second.acquire())
+        .await
+        .expect("replica-b acquires the released lease");
+    let lease = h.fake.lock().leases["crd-lifecycle"].clone();
+    assert_eq!(lease["spec"]["holderIdentity"], "replica-b");
+    assert_eq!(lease["spec"]["leaseTransitions"], 1);
+}
