@@ -34,7 +34,39 @@ pub enum Command {
     Crd,
     /// Run the controller against the current cluster.
     Run(RunArgs),
+    /// Rewrite every object of a CRD into its storage version, then trim
+    /// status.storedVersions (exit 0 only when trimmed, 1 on failures, 2 on bad arguments).
+    Migrate(MigrateArgs),
 }
+
+/// Arguments of `crd-lifecycle migrate`.
+#[derive(Args, Debug, Clone)]
+pub struct MigrateArgs {
+    /// The CustomResourceDefinition, e.g. widgets.example.com.
+    #[arg(value_name = "CRD_NAME")]
+    pub crd: String,
+
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub concurrency: u32,
+
+    /// Requests per second, lists included; 0 for no limit.
+    #[arg(long, default_value_t = 0)]
+    pub qps: u32,
+
+    /// Objects per list request.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub page_size: u32,
+
+    /// Conversion preflight: read every object through the storage version and report those
+    /// that fail to convert; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
 
 /// Arguments of `crd-lifecycle run`.
 #[derive(Args, Debug, Clone)]

@@ -2,9 +2,10 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use crd_lifecycle::cli::{Cli, Command, LogFormat, RunArgs};
+use crd_lifecycle::cli::{Cli, Command, LogFormat, MigrateArgs, RunArgs};
 use crd_lifecycle::controller::leader::LeaseSettings;
 use crd_lifecycle::controller::{self, RunSettings};
+use crd_lifecycle::migrate::{self, Mode};
 use crd_lifecycle::{api, kubeclient, plan};
 
 /// Exit code for invalid input (bad arguments, files or policies), as clap uses.
@@ -26,6 +27,10 @@ fn main() -> ExitCode {
         Command::Run(args) => {
             init_logging(cli.log_format);
             block_on(run(args))
+        }
+        Command::Migrate(args) => {
+            init_logging(cli.log_format);
+            block_on(run_migrate(args))
         }
     };
     match result {
@@ -68,7 +73,39 @@ async fn run(args: RunArgs) -> Result<(), (u8, String)> {
         .map_err(|e| (1, e.to_string()))
 }
 
+async fn run_migrate(args: MigrateArgs) -> Result<(), (u8, String)> {
+    let client = kubeclient::client(&args.cluster).await.map_err(|e| (1, e.to_string()))?;
+    let settings = migrate::Settings {
+        concurrency: usize::try_from(args.concurrency).unwrap_or(16),
+        page_size: args.page_size,
+        qps: args.qps,
+        mode: if args.dry_run { Mode::Preflight } else { Mode::Rewrite },
+        ..migrate::Settings::default()
+    };
+    let display = migrate::command::ProgressDisplay::for_stderr(&args.crd);
+    let result = migrate::migrate(&client, &args.crd, &settings, &display).await;
+    display.finish();
+    match result {
+        Ok(report) => {
+            println!("{}", report.summary());
+            if report.succeeded() {
+                return Ok(());
+            }
+            for failure in &report.failures {
+                println!("  {failure}");
+            }
+            if report.counts.failed > report.failures.len() as u64 {
+                println!("  ... and {} more", report.counts.failed - report.failures.len() as u64);
+            }
+            Err((1, "the migration did not complete".to_owned()))
+        }
+        Err(error @ migrate::Error::CrdNotFound(_)) => Err((EXIT_INVALID_INPUT, error.to_string())),
+        Err(error) => Err((1, error.to_string())),
+    }
+}
+
 fn default_identity() -> String {
+
     let host = std::env::var("HOSTNAME")
         .ok()
         .or_else(|| {

@@ -1,0 +1,72 @@
+//! What a migration works on: a CRD's resource and its storage version, as read from the
+//! CRD at the start of the run.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+/// The resource of a CRD, served through its storage version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub crd: String,
+    pub group: String,
+    pub plural: String,
+    pub storage_version: String,
+    pub namespaced: bool,
+    /// The CRD's generation when the run started.
+    pub generation: Option<i64>,
+    /// The CRD's `status.storedVersions` when the run started.
+    pub stored_versions: Vec<String>,
+}
+
+impl Target {
+    /// Reads the target from a CRD, refusing CRDs the migrator cannot work on.
+    pub fn from_crd(crd: &CustomResourceDefinition) -> Result<Target, String> {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let storage: Vec<_> = crd.spec.versions.iter().filter(|v| v.storage).collect();
+        let [storage] = storage.as_slice() else {
+            return Err(format!("{name} has {} storage versions; it needs exactly one", storage.len()));
+        };
+        // An unserved storage version answers every request with a plain 404
+        // (apiserver-samples/15): objects would look deleted, and a trim would lose them.
+        if !storage.served {
+            return Err(format!(
+                "the storage version {} of {name} is not served, so its objects cannot be read or rewritten",
+                storage.name
+            ));
+        }
+        Ok(Target {
+            crd: name,
+            group: crd.spec.group.clone(),
+            plural: crd.spec.names.plural.clone(),
+            storage_version: storage.name.clone(),
+            namespaced: crd.spec.scope == "Namespaced",
+            generation: crd.metadata.generation,
+            stored_versions: crd
+                .status
+                .as_ref()
+                .and_then(|s| s.stored_versions.clone())
+                .unwrap_or_default(),
+        })
+    }
+
+    /// Stored versions other than the storage version: what the migration gets rid of.
+    pub fn stale_versions(&self) -> Vec<String> {
+        self.stored_versions
+            .iter()
+            .filter(|v| **v != self.storage_version)
+            .cloned()
+            .collect()
+    }
+
+    /// `/apis/<group>/<version>/<plural>`: every object, across namespaces.
+    pub fn list_path(&self) -> String {
+        format!("/apis/{}/{}/{}", self.group, self.storage_version, self.plural)
+    }
+
+    /// The collection an object belongs to (its URL without the name).
+    pub fn collection_path(&self, namespace: Option<&str>) -> String {
+        match namespace.filter(|_| self.namespaced) {
+            Some(ns) => format!("/apis/{}/{}/namespaces/{ns}/{}", self.group, self.storage_version, self.plural),
+            None => self.list_path(),
+        }
+    }
+}
