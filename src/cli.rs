@@ -67,7 +67,6 @@ pub struct MigrateArgs {
     pub dry_run: bool,
 }
 
-
 /// Arguments of `crd-lifecycle run`.
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {

@@ -74,12 +74,18 @@ async fn run(args: RunArgs) -> Result<(), (u8, String)> {
 }
 
 async fn run_migrate(args: MigrateArgs) -> Result<(), (u8, String)> {
-    let client = kubeclient::client(&args.cluster).await.map_err(|e| (1, e.to_string()))?;
+    let client = kubeclient::client(&args.cluster)
+        .await
+        .map_err(|e| (1, e.to_string()))?;
     let settings = migrate::Settings {
         concurrency: usize::try_from(args.concurrency).unwrap_or(16),
         page_size: args.page_size,
         qps: args.qps,
-        mode: if args.dry_run { Mode::Preflight } else { Mode::Rewrite },
+        mode: if args.dry_run {
+            Mode::Preflight
+        } else {
+            Mode::Rewrite
+        },
         ..migrate::Settings::default()
     };
     let display = migrate::command::ProgressDisplay::for_stderr(&args.crd);
@@ -95,7 +101,10 @@ async fn run_migrate(args: MigrateArgs) -> Result<(), (u8, String)> {
                 println!("  {failure}");
             }
             if report.counts.failed > report.failures.len() as u64 {
-                println!("  ... and {} more", report.counts.failed - report.failures.len() as u64);
+                println!(
+                    "  ... and {} more",
+                    report.counts.failed - report.failures.len() as u64
+                );
             }
             Err((1, "the migration did not complete".to_owned()))
         }
@@ -105,7 +114,6 @@ async fn run_migrate(args: MigrateArgs) -> Result<(), (u8, String)> {
 }
 
 fn default_identity() -> String {
-
     let host = std::env::var("HOSTNAME")
         .ok()
         .or_else(|| {

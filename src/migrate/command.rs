@@ -82,7 +82,10 @@ impl Observer for ProgressDisplay {
                 if last.elapsed() >= LINE_INTERVAL {
                     *last = Instant::now();
                     let rate = counts.done() as f64 / started.elapsed().as_secs_f64().max(0.001);
-                    eprintln!("migrate {crd}: {}, {rate:.0} objects/s", progress_line(counts, total));
+                    eprintln!(
+                        "migrate {crd}: {}, {rate:.0} objects/s",
+                        progress_line(counts, total)
+                    );
                 }
             }
         }
@@ -110,7 +113,13 @@ mod tests {
             skipped: 90,
             failed: 10,
         };
-        assert_eq!(progress_line(&counts, Some(5000)), "1200/5000 objects (1100 rewritten, 90 skipped, 10 failed)");
-        assert_eq!(progress_line(&counts, None), "1200/? objects (1100 rewritten, 90 skipped, 10 failed)");
+        assert_eq!(
+            progress_line(&counts, Some(5000)),
+            "1200/5000 objects (1100 rewritten, 90 skipped, 10 failed)"
+        );
+        assert_eq!(
+            progress_line(&counts, None),
+            "1200/? objects (1100 rewritten, 90 skipped, 10 failed)"
+        );
     }
 }

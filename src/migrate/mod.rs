@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, stream};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tracing::{info, warn};
 
@@ -139,7 +139,10 @@ pub struct Report {
 impl Report {
     /// Whether the run did all it was asked to.
     pub fn succeeded(&self) -> bool {
-        matches!(self.outcome, Outcome::Trimmed { .. } | Outcome::AlreadyMigrated | Outcome::PreflightPassed)
+        matches!(
+            self.outcome,
+            Outcome::Trimmed { .. } | Outcome::AlreadyMigrated | Outcome::PreflightPassed
+        )
     }
 
     /// One line for logs, events and status.
@@ -149,7 +152,11 @@ impl Report {
             "{} listed, {} {}, {} skipped, {} failed in {:.1}s",
             c.listed,
             c.rewritten,
-            if matches!(self.outcome, Outcome::PreflightPassed) { "converted" } else { "rewritten" },
+            if matches!(self.outcome, Outcome::PreflightPassed) {
+                "converted"
+            } else {
+                "rewritten"
+            },
             c.skipped,
             c.failed,
             self.elapsed.as_secs_f64()
@@ -196,7 +203,11 @@ pub enum Error {
     #[error("cannot migrate {crd}: {reason}")]
     Unmigratable { crd: String, reason: String },
     #[error("listing {crd} through {version} failed: {message}")]
-    List { crd: String, version: String, message: String },
+    List {
+        crd: String,
+        version: String,
+        message: String,
+    },
     #[error("the storage version of {crd} kept changing; gave up after {restarts} restarts")]
     TooManyRestarts { crd: String, restarts: usize },
     #[error("apiserver request failed: {0}")]
@@ -218,14 +229,25 @@ impl Error {
 
 /// Migrates a CRD's objects into its storage version (or, in `Mode::Preflight`, reads them
 /// all through it) and reports.
-pub async fn migrate(client: &Client, crd_name: &str, settings: &Settings, observer: &dyn Observer) -> Result<Report, Error> {
+pub async fn migrate(
+    client: &Client,
+    crd_name: &str,
+    settings: &Settings,
+    observer: &dyn Observer,
+) -> Result<Report, Error> {
     let started = Instant::now();
-    let limiter = NonZeroU32::new(settings.qps).map(|qps| RateLimiter::direct(Quota::per_second(qps)));
+    // Evenly spaced requests, no bursts: `qps` is a ceiling for every second.
+    let limiter = NonZeroU32::new(settings.qps)
+        .map(|qps| RateLimiter::direct(Quota::per_second(qps).allow_burst(NonZeroU32::MIN)));
+
     let mut restarts = 0;
     let mut resume = settings.resume.clone();
     loop {
         let target = read_target(client, crd_name).await?;
-        if settings.mode == Mode::Rewrite && target.stale_versions().is_empty() && !target.stored_versions.is_empty() {
+        if settings.mode == Mode::Rewrite
+            && target.stale_versions().is_empty()
+            && !target.stored_versions.is_empty()
+        {
             return Ok(Report {
                 target,
                 outcome: Outcome::AlreadyMigrated,
@@ -272,7 +294,10 @@ pub async fn migrate(client: &Client, crd_name: &str, settings: &Settings, obser
                         restarts,
                     });
                 }
-                let reason = format!("the storage version changed from {} to {now}; starting over", target.storage_version);
+                let reason = format!(
+                    "the storage version changed from {} to {now}; starting over",
+                    target.storage_version
+                );
                 warn!(crd = crd_name, "{reason}");
                 observer.restarted(&reason);
             }
@@ -282,7 +307,10 @@ pub async fn migrate(client: &Client, crd_name: &str, settings: &Settings, obser
 
 async fn read_target(client: &Client, crd_name: &str) -> Result<Target, Error> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = crds.get_opt(crd_name).await?.ok_or_else(|| Error::CrdNotFound(crd_name.to_owned()))?;
+    let crd = crds
+        .get_opt(crd_name)
+        .await?
+        .ok_or_else(|| Error::CrdNotFound(crd_name.to_owned()))?;
     Target::from_crd(&crd).map_err(|reason| Error::Unmigratable {
         crd: crd_name.to_owned(),
         reason,
@@ -338,7 +366,8 @@ impl Run<'_> {
                     }
                     counts = Counts::default();
                     lock(&self.failures).clear();
-                    self.observer.restarted("the list continue token expired; listing again from the start");
+                    self.observer
+                        .restarted("the list continue token expired; listing again from the start");
                 }
             }
         }
@@ -355,7 +384,14 @@ impl Run<'_> {
         let pages = stream::unfold((Some(start), 0usize), |(next, index)| async move {
             let token = next?;
             self.throttle().await;
-            match requests::list_page(self.client, self.target, self.settings.page_size, token.as_deref()).await {
+            match requests::list_page(
+                self.client,
+                self.target,
+                self.settings.page_size,
+                token.as_deref(),
+            )
+            .await
+            {
                 Ok(page) => {
                     let following = page.next.clone().map(Some);
                     Some((Ok((index, page)), (following, index + 1)))
@@ -368,14 +404,21 @@ impl Run<'_> {
                 {
                     let mut listing = lock(&listing);
                     listing.0 += page.objects.len() as u64;
-                    listing.1 = page.remaining.map(|remaining| listing.0 + remaining).or(listing.1);
+                    listing.1 = page
+                        .remaining
+                        .map(|remaining| listing.0 + remaining)
+                        .or(listing.1);
                     lock(&counts).listed = listing.0;
                 }
                 let checkpoint = lock(&tracker).add(index, page.objects.len(), page.next.clone());
                 if let Some(checkpoint) = checkpoint {
                     self.observer.checkpoint(&checkpoint, &lock(&counts));
                 }
-                let objects: Vec<Work> = page.objects.into_iter().map(|key| Work::Object { page: index, key }).collect();
+                let objects: Vec<Work> = page
+                    .objects
+                    .into_iter()
+                    .map(|key| Work::Object { page: index, key })
+                    .collect();
                 stream::iter(objects).left_stream()
             }
             Err(answer) => stream::iter(vec![Work::ListFailed(answer)]).right_stream(),
@@ -389,7 +432,6 @@ impl Run<'_> {
             })
             .buffer_unordered(self.settings.concurrency.max(1));
         let mut results = std::pin::pin!(results);
-
 
         while let Some(result) = results.next().await {
             match result {
@@ -455,9 +497,15 @@ impl Run<'_> {
                 Verdict::Retry(hint) => hint,
             };
             if attempt >= retry.attempts {
-                return Processed::Failed(format!("{} (gave up after {attempt} attempts)", describe(&answer)));
+                return Processed::Failed(format!(
+                    "{} (gave up after {attempt} attempts)",
+                    describe(&answer)
+                ));
             }
-            let backoff = retry.base_delay.saturating_mul(1 << (attempt - 1).min(16)).min(retry.max_delay);
+            let backoff = retry
+                .base_delay
+                .saturating_mul(1 << (attempt - 1).min(16))
+                .min(retry.max_delay);
             tokio::time::sleep(wait.unwrap_or(backoff).max(jitter(backoff))).await;
         }
     }
@@ -484,11 +532,21 @@ fn classify(answer: &Answer) -> Verdict {
         Answer::Status { code: 409, .. } => Verdict::Skipped,
         // Deleted since it was listed (13) — but a plain-text 404 means the version is not
         // served (15), which must not pass for "deleted".
-        Answer::Status { code: 404, is_status_object: true, .. } => Verdict::Skipped,
-        Answer::Status { code: 429, retry_after, .. } => Verdict::Retry(*retry_after),
+        Answer::Status {
+            code: 404,
+            is_status_object: true,
+            ..
+        } => Verdict::Skipped,
+        Answer::Status {
+            code: 429,
+            retry_after,
+            ..
+        } => Verdict::Retry(*retry_after),
         // 5xx may be transient, or a conversion webhook failing for good (20, 21): retried
         // a bounded number of times, then recorded.
-        Answer::Status { code, retry_after, .. } if *code >= 500 => Verdict::Retry(*retry_after),
+        Answer::Status {
+            code, retry_after, ..
+        } if *code >= 500 => Verdict::Retry(*retry_after),
         Answer::Status { .. } => Verdict::Fail,
         Answer::Transport(_) => Verdict::Retry(None),
     }
@@ -497,7 +555,12 @@ fn classify(answer: &Answer) -> Verdict {
 fn describe(answer: &Answer) -> String {
     match answer {
         Answer::Ok => "ok".to_owned(),
-        Answer::Status { code, reason, message, .. } => format!("{code} {reason}: {message}"),
+        Answer::Status {
+            code,
+            reason,
+            message,
+            ..
+        } => format!("{code} {reason}: {message}"),
         Answer::Transport(message) => message.clone(),
     }
 }
@@ -523,7 +586,10 @@ enum TrimResult {
 async fn trim(client: &Client, target: &Target) -> Result<TrimResult, Error> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for _ in 0..5 {
-        let crd = crds.get_opt(&target.crd).await?.ok_or_else(|| Error::CrdNotFound(target.crd.clone()))?;
+        let crd = crds
+            .get_opt(&target.crd)
+            .await?
+            .ok_or_else(|| Error::CrdNotFound(target.crd.clone()))?;
         let now = Target::from_crd(&crd).map_err(|reason| Error::Unmigratable {
             crd: target.crd.clone(),
             reason,
@@ -545,13 +611,18 @@ async fn trim(client: &Client, target: &Target) -> Result<TrimResult, Error> {
             "metadata": {"resourceVersion": crd.metadata.resource_version},
             "status": {"storedVersions": [target.storage_version]},
         });
-        match crds.patch_status(&target.crd, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match crds
+            .patch_status(&target.crd, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
             Ok(_) => return Ok(TrimResult::Trimmed(now.stored_versions)),
             Err(kube::Error::Api(status)) if status.code == 409 => continue,
             Err(error) => return Err(error.into()),
         }
     }
-    Ok(TrimResult::NotTrimmed("the CRD kept changing while status.storedVersions was being trimmed".to_owned()))
+    Ok(TrimResult::NotTrimmed(
+        "the CRD kept changing while status.storedVersions was being trimmed".to_owned(),
+    ))
 }
 
 /// Shared counts of a running migration, for the controller's status and metrics.

@@ -72,8 +72,8 @@ pub async fn list_page(
         .list_metadata(&params)
         .map_err(|e| Answer::Transport(e.to_string()))?;
     let bytes = send(client, request).await?;
-    let list: ObjectList<PartialObjectMeta<DynamicObject>> =
-        serde_json::from_slice(&bytes).map_err(|e| Answer::Transport(format!("cannot decode the list: {e}")))?;
+    let list: ObjectList<PartialObjectMeta<DynamicObject>> = serde_json::from_slice(&bytes)
+        .map_err(|e| Answer::Transport(format!("cannot decode the list: {e}")))?;
     let objects = list
         .items
         .into_iter()
@@ -86,7 +86,10 @@ pub async fn list_page(
     Ok(Page {
         objects,
         next: list.metadata.continue_.filter(|t| !t.is_empty()),
-        remaining: list.metadata.remaining_item_count.and_then(|n| u64::try_from(n).ok()),
+        remaining: list
+            .metadata
+            .remaining_item_count
+            .and_then(|n| u64::try_from(n).ok()),
     })
 }
 
@@ -102,7 +105,9 @@ pub async fn rewrite(client: &Client, target: &Target, object: &ObjectKey) -> An
         &Patch::Merge(&patch),
     );
     match request {
-        Ok(request) => send(client, request).await.map_or_else(|answer| answer, |_| Answer::Ok),
+        Ok(request) => send(client, request)
+            .await
+            .map_or_else(|answer| answer, |_| Answer::Ok),
         Err(e) => Answer::Transport(e.to_string()),
     }
 }
@@ -113,7 +118,9 @@ pub async fn read(client: &Client, target: &Target, object: &ObjectKey) -> Answe
     let request = kube::core::Request::new(target.collection_path(object.namespace.as_deref()))
         .get(&object.name, &Default::default());
     match request {
-        Ok(request) => send(client, request).await.map_or_else(|answer| answer, |_| Answer::Ok),
+        Ok(request) => send(client, request)
+            .await
+            .map_or_else(|answer| answer, |_| Answer::Ok),
         Err(e) => Answer::Transport(e.to_string()),
     }
 }
@@ -158,7 +165,13 @@ fn error_answer(code: StatusCode, body: &[u8], retry_after: Option<Duration>) ->
 
 /// `Retry-After` in seconds (the form the apiserver uses), capped at a minute.
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let seconds: u64 = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
+    let seconds: u64 = headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     Some(Duration::from_secs(seconds.min(60)))
 }
 
@@ -170,15 +183,31 @@ mod tests {
     fn plain_text_404_is_not_a_status() {
         // apiserver-samples/15: an unserved version.
         let answer = error_answer(StatusCode::NOT_FOUND, b"404 page not found\n", None);
-        let Answer::Status { code, is_status_object, message, .. } = answer else { panic!("status") };
-        assert_eq!((code, is_status_object, message.as_str()), (404, false, "404 page not found"));
+        let Answer::Status {
+            code,
+            is_status_object,
+            message,
+            ..
+        } = answer
+        else {
+            panic!("status")
+        };
+        assert_eq!(
+            (code, is_status_object, message.as_str()),
+            (404, false, "404 page not found")
+        );
     }
 
     #[test]
     fn status_bodies_are_parsed() {
         // apiserver-samples/13: deleted object.
         let body = br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"widgets.example.com \"gone\" not found","reason":"NotFound","details":{"name":"gone","group":"example.com","kind":"widgets"},"code":404}"#;
-        let Answer::Status { reason, is_status_object, .. } = error_answer(StatusCode::NOT_FOUND, body, None) else {
+        let Answer::Status {
+            reason,
+            is_status_object,
+            ..
+        } = error_answer(StatusCode::NOT_FOUND, body, None)
+        else {
             panic!("status")
         };
         assert_eq!((reason.as_str(), is_status_object), ("NotFound", true));
@@ -189,7 +218,10 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(http::header::RETRY_AFTER, "3".parse().expect("header"));
         assert_eq!(retry_after(&headers), Some(Duration::from_secs(3)));
-        headers.insert(http::header::RETRY_AFTER, "Wed, 21 Oct 2026 07:28:00 GMT".parse().expect("header"));
+        headers.insert(
+            http::header::RETRY_AFTER,
+            "Wed, 21 Oct 2026 07:28:00 GMT".parse().expect("header"),
+        );
         assert_eq!(retry_after(&headers), None);
     }
 }

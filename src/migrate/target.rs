@@ -23,7 +23,10 @@ impl Target {
         let name = crd.metadata.name.clone().unwrap_or_default();
         let storage: Vec<_> = crd.spec.versions.iter().filter(|v| v.storage).collect();
         let [storage] = storage.as_slice() else {
-            return Err(format!("{name} has {} storage versions; it needs exactly one", storage.len()));
+            return Err(format!(
+                "{name} has {} storage versions; it needs exactly one",
+                storage.len()
+            ));
         };
         // An unserved storage version answers every request with a plain 404
         // (apiserver-samples/15): objects would look deleted, and a trim would lose them.
@@ -65,7 +68,10 @@ impl Target {
     /// The collection an object belongs to (its URL without the name).
     pub fn collection_path(&self, namespace: Option<&str>) -> String {
         match namespace.filter(|_| self.namespaced) {
-            Some(ns) => format!("/apis/{}/{}/namespaces/{ns}/{}", self.group, self.storage_version, self.plural),
+            Some(ns) => format!(
+                "/apis/{}/{}/namespaces/{ns}/{}",
+                self.group, self.storage_version, self.plural
+            ),
             None => self.list_path(),
         }
     }

@@ -21,13 +21,48 @@ pub struct Recorded {
     pub query: String,
     pub content_type: String,
     pub body: Value,
+    /// When it arrived.
+    pub at: std::time::Instant,
 }
 
 type Hook = Box<dyn FnOnce(&mut State) + Send>;
 
+/// A custom object: the version its bytes are encoded in in "etcd", and its data.
+#[derive(Clone, Debug)]
+pub struct StoredObject {
+    pub encoded_as: String,
+    pub resource_version: String,
+    pub data: Value,
+}
+
+/// What the fake answers for one object instead of processing the request.
+#[derive(Clone, Debug)]
+pub enum ObjectFault {
+    /// A conversion webhook that fails for this object, every time (samples 20, 21).
+    ConversionFails(String),
+    /// The next `times` requests get this status, with `Retry-After` seconds if given.
+    Transient {
+        code: u16,
+        times: u32,
+        retry_after: Option<u64>,
+    },
+}
+
 #[derive(Default)]
 pub struct State {
     pub crds: BTreeMap<String, Value>,
+    /// Custom objects of every CRD, by (crd, namespace, name).
+    pub objects: BTreeMap<(String, String, String), StoredObject>,
+    pub faults: BTreeMap<String, ObjectFault>,
+    /// Bumped to make every continue token issued before expire (410, sample 16).
+    list_epoch: u64,
+    /// Run after the next list page is served (objects change while a run goes on).
+    after_list_page: VecDeque<Hook>,
+    /// Artificial latency of every custom-object request, to observe concurrency.
+    pub latency: std::time::Duration,
+    pub in_flight: usize,
+    pub max_in_flight: usize,
+
     pub policies: BTreeMap<String, Value>,
     pub events: Vec<Value>,
     pub leases: BTreeMap<String, Value>,
@@ -40,6 +75,11 @@ pub struct State {
 }
 
 impl State {
+    /// Every continue token issued so far expires (etcd compacted them away).
+    pub fn expire_continue_tokens(&mut self) {
+        self.list_epoch += 1;
+    }
+
     fn next_resource_version(&mut self) -> String {
         self.resource_version += 1;
         (10_000 + self.resource_version).to_string()
@@ -170,6 +210,57 @@ impl FakeApiserver {
         self.lock().before_crd_patch.push_back(Box::new(hook));
     }
 
+    /// Creates `count` objects of the CRD spread over `namespaces` namespaces, encoded as
+    /// `encoded_as` (names `w00000`, ... so that they list in creation order).
+    pub fn add_objects(&self, crd: &str, count: usize, namespaces: usize, encoded_as: &str) {
+        let mut state = self.lock();
+        for i in 0..count {
+            let namespace = format!("ns{}", i % namespaces.max(1));
+            let name = format!("w{i:05}");
+            let resource_version = state.next_resource_version();
+            let data = json!({"metadata": {"name": name, "namespace": namespace}, "spec": {"size": i}});
+            state.objects.insert(
+                (crd.to_owned(), namespace, name),
+                StoredObject {
+                    encoded_as: encoded_as.to_owned(),
+                    resource_version,
+                    data,
+                },
+            );
+        }
+    }
+
+    /// How many objects of the CRD are encoded in each version.
+    pub fn encodings(&self, crd: &str) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for ((c, _, _), object) in &self.lock().objects {
+            if c == crd {
+                *counts.entry(object.encoded_as.clone()).or_default() += 1;
+            }
+        }
+        counts
+    }
+
+    pub fn set_fault(&self, namespace: &str, name: &str, fault: ObjectFault) {
+        self.lock().faults.insert(format!("{namespace}/{name}"), fault);
+    }
+
+    pub fn after_next_list_page(&self, hook: impl FnOnce(&mut State) + Send + 'static) {
+        self.lock().after_list_page.push_back(Box::new(hook));
+    }
+
+    /// The custom-object requests (lists, reads, rewrites) received.
+    pub fn object_requests(&self) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(|r| {
+                r.path.starts_with("/apis/")
+                    && !r.path.contains(".k8s.io/")
+                    && !r.path.contains("crdlifecycle.io")
+            })
+            .collect()
+    }
+
     pub fn fail_next_crd_patch(&self, code: u16, message: &str) {
         self.lock()
             .crd_patch_failures
@@ -195,10 +286,27 @@ impl FakeApiserver {
                 .unwrap_or_default()
                 .to_owned(),
             body: body.clone(),
+            at: std::time::Instant::now(),
         };
+        let segments: Vec<&str> = recorded.path.trim_start_matches('/').split('/').collect();
+        let custom = custom_resource(&self.lock(), &segments);
+        if let Some(resource) = custom {
+            let latency = {
+                let mut state = self.lock();
+                state.requests.push(recorded.clone());
+                state.in_flight += 1;
+                state.max_in_flight = state.max_in_flight.max(state.in_flight);
+                state.latency
+            };
+            if !latency.is_zero() {
+                tokio::time::sleep(latency).await;
+            }
+            let mut state = self.lock();
+            state.in_flight -= 1;
+            return serve_custom(&mut state, &recorded, &resource);
+        }
         let mut state = self.lock();
         state.requests.push(recorded.clone());
-        let segments: Vec<&str> = recorded.path.trim_start_matches('/').split('/').collect();
         let (code, reply) = route(&mut state, &recorded, &segments, body);
         respond(code, &reply)
     }
@@ -420,6 +528,232 @@ fn replace_lease(state: &mut State, name: &str, mut body: Value) -> (u16, Value)
     body["metadata"]["resourceVersion"] = state.next_resource_version().into();
     state.leases.insert(name.to_owned(), body.clone());
     (200, body)
+}
+
+/// A request for custom objects: which CRD, through which version, which object.
+struct CustomRequest {
+    crd: String,
+    version: String,
+    served: bool,
+    storage: String,
+    kind: String,
+    group: String,
+    plural: String,
+    namespace: Option<String>,
+    name: Option<String>,
+}
+
+fn custom_resource(state: &State, segments: &[&str]) -> Option<CustomRequest> {
+    let ["apis", group, version, rest @ ..] = segments else {
+        return None;
+    };
+    let (namespace, plural, name) = match rest {
+        [plural] => (None, *plural, None),
+        ["namespaces", ns, plural] => (Some(*ns), *plural, None),
+        ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name)),
+        [plural, name] => (None, *plural, Some(*name)),
+        _ => return None,
+    };
+    let (crd_name, crd) = state
+        .crds
+        .iter()
+        .find(|(_, c)| c["spec"]["group"] == *group && c["spec"]["names"]["plural"] == *plural)?;
+    let versions = crd["spec"]["versions"].as_array()?;
+    let entry = versions.iter().find(|v| v["name"] == *version)?;
+    let storage = versions.iter().find(|v| v["storage"] == true)?["name"]
+        .as_str()?
+        .to_owned();
+    Some(CustomRequest {
+        crd: crd_name.clone(),
+        version: (*version).to_owned(),
+        served: entry["served"] == true,
+        storage,
+        kind: crd["spec"]["names"]["kind"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        group: (*group).to_owned(),
+        plural: (*plural).to_owned(),
+        namespace: namespace.map(str::to_owned),
+        name: name.map(str::to_owned),
+    })
+}
+
+/// Custom objects: metadata-only lists in pages (09, 10), reads and rewrites through a
+/// version (11), with the apiserver's answers for unserved versions (15), stale
+/// preconditions (12), deleted objects (13), expired continue tokens (16) and failing
+/// conversion webhooks (20, 21).
+fn serve_custom(state: &mut State, request: &Recorded, target: &CustomRequest) -> Response<Body> {
+    if !target.served {
+        return Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+            .body(Body::from(b"404 page not found\n".to_vec()))
+            .unwrap_or_else(|_| Response::new(Body::from(Vec::new())));
+    }
+    let Some(name) = &target.name else {
+        return list_custom(state, request, target);
+    };
+    let namespace = target.namespace.clone().unwrap_or_default();
+    let key = (target.crd.clone(), namespace.clone(), name.clone());
+    let fault_key = format!("{namespace}/{name}");
+    let converting = state
+        .objects
+        .get(&key)
+        .is_some_and(|o| o.encoded_as != target.version)
+        || request.method == "PATCH";
+    match state.faults.get_mut(&fault_key) {
+        Some(ObjectFault::ConversionFails(message)) if converting => {
+            let message = format!(
+                "conversion webhook for {}/{}, Kind={} failed: {message}",
+                target.group, target.version, target.kind
+            );
+            return respond(
+                500,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                        "status": "Failure", "message": message, "code": 500}),
+            );
+        }
+        Some(ObjectFault::Transient {
+            code,
+            times,
+            retry_after,
+        }) if *times > 0 => {
+            *times -= 1;
+            let code = *code;
+            let mut response = respond(
+                code,
+                &status_body(code, "TooManyRequests", "please try again later"),
+            );
+            if let Some(seconds) = retry_after {
+                response.headers_mut().insert(
+                    http::header::RETRY_AFTER,
+                    seconds.to_string().parse().expect("header"),
+                );
+            }
+            return response;
+        }
+        _ => {}
+    }
+    let resource = format!("{}.{}", target.plural, target.group);
+    let Some(object) = state.objects.get(&key).cloned() else {
+        let (code, body) = not_found(&resource, name);
+        return respond(code, &body);
+    };
+    match request.method.as_str() {
+        "GET" => respond(200, &object_json(&object, target, &namespace, name)),
+        "PATCH" => {
+            let precondition = request
+                .body
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str);
+            if precondition.is_some_and(|rv| rv != object.resource_version) {
+                let (code, body) = conflict(&resource, name);
+                return respond(code, &body);
+            }
+            // Decoded and encoded again: now stored in the storage version.
+            let resource_version = state.next_resource_version();
+            let updated = StoredObject {
+                encoded_as: target.storage.clone(),
+                resource_version,
+                data: object.data,
+            };
+            state.objects.insert(key, updated.clone());
+            respond(200, &object_json(&updated, target, &namespace, name))
+        }
+        _ => respond(405, &status_body(405, "MethodNotAllowed", "method not allowed")),
+    }
+}
+
+fn object_json(object: &StoredObject, target: &CustomRequest, namespace: &str, name: &str) -> Value {
+    let mut data = object.data.clone();
+    data["apiVersion"] = json!(format!("{}/{}", target.group, target.version));
+    data["kind"] = json!(target.kind);
+    data["metadata"] =
+        json!({"name": name, "namespace": namespace, "resourceVersion": object.resource_version});
+    data
+}
+
+/// A metadata-only list (`PartialObjectMetadataList`) in name order, `limit` at a time;
+/// the continue token names the last object returned and the token epoch.
+fn list_custom(state: &mut State, request: &Recorded, target: &CustomRequest) -> Response<Body> {
+    let query: BTreeMap<String, String> = request
+        .query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.to_owned(), percent_decode(v)))
+        .collect();
+    let limit: usize = query
+        .get("limit")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(usize::MAX);
+    let after = match query.get("continue") {
+        Some(token) => {
+            let Some((epoch, last)) = token.split_once(':') else {
+                return respond(400, &status_body(400, "BadRequest", "invalid continue token"));
+            };
+            if epoch != state.list_epoch.to_string() {
+                let message = "The provided continue parameter is too old to display a consistent list result.                                You can start a new list without the continue parameter, or use the continue token                                in this response to retrieve the remainder of the results. Continuing with the                                provided token results in an inconsistent list - objects that were created,                                modified, or deleted between the time the first chunk was returned and now may                                show up in the list.";
+                return respond(410, &status_body(410, "Expired", message));
+            }
+            Some(last.to_owned())
+        }
+        None => None,
+    };
+    let mut items = Vec::new();
+    let mut last_key = None;
+    let mut more = false;
+    for ((crd, namespace, name), object) in &state.objects {
+        if *crd != target.crd || target.namespace.as_ref().is_some_and(|ns| ns != namespace) {
+            continue;
+        }
+        let key = format!("{namespace}/{name}");
+        if after.as_ref().is_some_and(|a| key <= *a) {
+            continue;
+        }
+        if items.len() == limit {
+            more = true;
+            break;
+        }
+        items.push(
+            json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                          "metadata": {"name": name, "namespace": namespace,
+                                       "resourceVersion": object.resource_version}}),
+        );
+        last_key = Some(key);
+    }
+    let mut metadata = json!({"resourceVersion": state.resource_version.to_string()});
+    if more && let Some(last) = last_key {
+        metadata["continue"] = json!(format!("{}:{last}", state.list_epoch));
+    }
+    if let Some(hook) = state.after_list_page.pop_front() {
+        hook(state);
+    }
+    respond(
+        200,
+        &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+                         "metadata": metadata, "items": items}),
+    )
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(byte) = u8::from_str_radix(&text[i + 1..i + 3], 16)
+        {
+            out.push(byte);
+            i += 3;
+            continue;
+        }
+
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn not_found(resource: &str, name: &str) -> (u16, Value) {
