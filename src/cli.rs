@@ -112,6 +112,11 @@ pub struct RunArgs {
     /// Reconcile every policy at least this often, even with nothing scheduled (1s to 10m).
     #[arg(long, value_name = "DURATION", env = "CRD_LIFECYCLE_RESYNC", default_value = "10m", value_parser = parse_resync)]
     pub resync: Duration,
+
+    /// Storage-version migrations (one per CRD) that may run at once.
+    #[arg(long, value_name = "N", env = "CRD_LIFECYCLE_PARALLEL_MIGRATIONS", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub parallel_migrations: u32,
 }
 
 /// Arguments of `crd-lifecycle plan`.

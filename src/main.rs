@@ -67,6 +67,7 @@ async fn run(args: RunArgs) -> Result<(), (u8, String)> {
         lease,
         resync: args.resync,
         identity,
+        parallel_migrations: usize::try_from(args.parallel_migrations).unwrap_or(2),
     };
     controller::run(client, settings)
         .await

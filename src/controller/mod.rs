@@ -5,6 +5,7 @@ mod error;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod migrations;
 pub mod patch;
 mod reconcile;
 pub mod status;
@@ -32,6 +33,7 @@ use crate::api::VersionPolicy;
 use http::Health;
 use leader::{LeaderElector, LeaseSettings};
 use metrics::Metrics;
+use migrations::Migrations;
 
 /// Settings of `crd-lifecycle run`.
 #[derive(Clone, Debug)]
@@ -42,6 +44,8 @@ pub struct RunSettings {
     pub resync: Duration,
     /// Name reported as the events' reporting instance.
     pub identity: String,
+    /// Storage-version migrations that may run at once.
+    pub parallel_migrations: usize,
 }
 
 /// Why `run` stopped other than by a shutdown signal.
@@ -140,13 +144,21 @@ async fn controller(
         controller: "crd-lifecycle".into(),
         instance: Some(settings.identity.clone()),
     };
+    let recorder = Recorder::new(client.clone(), reporter);
+    let migrations = Arc::new(Migrations::new(
+        client.clone(),
+        recorder.clone(),
+        metrics.clone(),
+        settings.parallel_migrations,
+    ));
     let context = Arc::new(Context {
-        client: client.clone(),
-        recorder: Recorder::new(client, reporter),
+        client,
+        recorder,
         metrics,
         policies: store,
         clock: Arc::new(jiff::Timestamp::now),
         resync: settings.resync,
+        migrations: migrations.clone(),
     });
     health.ready.store(true, Ordering::Relaxed);
     info!("controller started");
@@ -174,6 +186,8 @@ async fn controller(
             }
         })
         .await;
+    // Interrupted migrations resume from their checkpoints under the next leader.
+    migrations.shutdown();
     info!("controller stopped");
 }
 

@@ -17,6 +17,7 @@ use tracing::{info, warn};
 
 use super::error::{Error, status_code};
 use super::metrics::Metrics;
+use super::migrations::Migrations;
 use super::patch::{as_json_patch, crd_patch};
 use super::status::{BlockedReason, Observation, build_status};
 use crate::api::{FIELD_MANAGER, MigrationPhase, MilestoneKind, VersionPolicy};
@@ -38,6 +39,8 @@ pub struct Context {
     pub clock: Clock,
     /// Reconcile at least this often even when nothing is scheduled.
     pub resync: Duration,
+    /// The storage-version migrations running in the background.
+    pub migrations: Arc<Migrations>,
 }
 
 impl Context {
@@ -108,6 +111,17 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         observation.applied = outcome.applied;
         observation.dry_run_patch = outcome.dry_run_patch;
         drift = outcome.drift;
+        // Objects may still be stored in old versions (after a `store` transition, or
+        // before a due `remove`): migrate them in the background. Decided on the CRD as it
+        // is after the patch, whose storedVersions the apiserver has updated.
+        if let Some(crd) = &crd_after
+            && let Some(storage) = crd.storage_version()
+            && crd.stored_versions.iter().any(|v| v != storage)
+            && policy.spec.migration.enabled
+            && !policy.spec.dry_run
+        {
+            observation.migrating = ctx.migrations.ensure(policy, storage);
+        }
     }
     observation.crd = crd_after.as_ref();
     observation.evaluation = evaluation.as_ref();
@@ -470,7 +484,7 @@ fn transition_note(crd: &str, transition: &Transition) -> String {
 }
 
 /// Event notes are limited to 1 kB.
-fn truncate(mut note: String) -> String {
+pub(crate) fn truncate(mut note: String) -> String {
     const LIMIT: usize = 1000;
     if note.len() > LIMIT {
         let mut end = LIMIT - 3;

@@ -73,11 +73,14 @@ pub struct Observation<'a> {
     pub applied: Vec<Transition>,
     /// With `spec.dryRun`, the patch that was not applied.
     pub dry_run_patch: Option<String>,
+    /// Whether a storage-version migration of the CRD is running.
+    pub migrating: bool,
 }
 
 /// The status to write. Condition transition times and history are carried over from the
 /// previous status, so that an unchanged situation produces an identical status (and
-/// writing it is a no-op that triggers no further reconcile).
+/// writing it is a no-op that triggers no further reconcile). `migration` is left out: the
+/// migration task owns it (its own field manager).
 pub fn build_status(
     policy: &VersionPolicy,
     observation: &Observation<'_>,
@@ -139,7 +142,8 @@ pub fn build_status(
         next_transition,
         history,
         dry_run_patch: observation.dry_run_patch.clone(),
-        migration: previous.migration,
+        // Written by the migration task under its own field manager.
+        migration: None,
     }
 }
 
@@ -202,7 +206,11 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
         (
             "Progressing",
             "True",
-            "MigrationPending",
+            if observation.migrating {
+                "Migrating"
+            } else {
+                "MigrationPending"
+            },
             format!(
                 "objects stored in {} must be rewritten into {} and status.storedVersions trimmed",
                 need.stale_versions.join(", "),

@@ -14,10 +14,13 @@ mod requests;
 mod target;
 
 use std::num::NonZeroU32;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, stream};
+use std::collections::VecDeque;
+
+use futures::future::{BoxFuture, FutureExt};
+use futures::stream::{FuturesUnordered, StreamExt};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
@@ -25,7 +28,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tracing::{info, warn};
 
-pub use progress::{Checkpoint, Counts, Observer, PageTracker, Quiet};
+pub use progress::{Checkpoint, Counts, ObjectResult, Observer, PageTracker, Quiet};
 pub use requests::{Answer, ObjectKey};
 pub use target::Target;
 
@@ -334,12 +337,6 @@ enum Processed {
     Failed(String),
 }
 
-/// A unit of work of the pool: an object of a page, or the failure to list a page.
-enum Work {
-    Object { page: usize, key: ObjectKey },
-    ListFailed(Answer),
-}
-
 enum PassEnd {
     Finished,
     /// The continue token expired (410): list again from the start.
@@ -373,96 +370,94 @@ impl Run<'_> {
         }
     }
 
-    /// One listing pass, from `start` (a continue token) to the last page.
-    async fn pass(&self, start: Option<String>, counts_out: &mut Counts) -> Result<PassEnd, Error> {
-        let tracker = Mutex::new(PageTracker::default());
-        // Objects listed so far (resumed runs start from their checkpoint's counts) and
-        // the apiserver's estimate of the total.
-        let listing = Mutex::new((counts_out.listed, None::<u64>));
-        let counts = Mutex::new(*counts_out);
-        // The state of the page stream: the token to list with next, `None` once done.
-        let pages = stream::unfold((Some(start), 0usize), |(next, index)| async move {
-            let token = next?;
-            self.throttle().await;
-            match requests::list_page(
-                self.client,
-                self.target,
-                self.settings.page_size,
-                token.as_deref(),
-            )
-            .await
+    /// One listing pass, from `start` (a continue token) to the last page. Objects are
+    /// processed by at most `concurrency` requests at once; the next page is fetched while
+    /// the current one's last objects are still in flight, so memory holds about one page.
+    async fn pass(&self, start: Option<String>, counts: &mut Counts) -> Result<PassEnd, Error> {
+        let concurrency = self.settings.concurrency.max(1);
+        let mut tracker = PageTracker::new(*counts);
+        let mut queue: VecDeque<(usize, ObjectKey)> = VecDeque::new();
+        let mut in_flight = FuturesUnordered::new();
+        let mut total: Option<u64> = None;
+        // The page being fetched, the index of the next page, and its token once known
+        // (`None` after the last page).
+        let mut fetching: Option<BoxFuture<'_, Result<requests::Page, Answer>>> =
+            Some(self.fetch(start).boxed());
+        let mut next_index = 0usize;
+        let mut next_token: Option<String> = None;
+        loop {
+            while in_flight.len() < concurrency
+                && let Some((page, key)) = queue.pop_front()
             {
-                Ok(page) => {
-                    let following = page.next.clone().map(Some);
-                    Some((Ok((index, page)), (following, index + 1)))
-                }
-                Err(answer) => Some((Err(answer), (None, index + 1))),
+                in_flight.push(self.process_object(page, key));
             }
-        });
-        let work = pages.flat_map(|listed| match listed {
-            Ok((index, page)) => {
-                {
-                    let mut listing = lock(&listing);
-                    listing.0 += page.objects.len() as u64;
-                    listing.1 = page
-                        .remaining
-                        .map(|remaining| listing.0 + remaining)
-                        .or(listing.1);
-                    lock(&counts).listed = listing.0;
-                }
-                let checkpoint = lock(&tracker).add(index, page.objects.len(), page.next.clone());
-                if let Some(checkpoint) = checkpoint {
-                    self.observer.checkpoint(&checkpoint, &lock(&counts));
-                }
-                let objects: Vec<Work> = page
-                    .objects
-                    .into_iter()
-                    .map(|key| Work::Object { page: index, key })
-                    .collect();
-                stream::iter(objects).left_stream()
+            if fetching.is_none()
+                && queue.len() < concurrency
+                && let Some(token) = next_token.take()
+            {
+                fetching = Some(self.fetch(Some(token)).boxed());
             }
-            Err(answer) => stream::iter(vec![Work::ListFailed(answer)]).right_stream(),
-        });
-        let results = work
-            .map(|work| async move {
-                match work {
-                    Work::Object { page, key } => Ok((page, self.process(&key).await, key)),
-                    Work::ListFailed(answer) => Err(answer),
-                }
-            })
-            .buffer_unordered(self.settings.concurrency.max(1));
-        let mut results = std::pin::pin!(results);
-
-        while let Some(result) = results.next().await {
-            match result {
-                Ok((page, processed, key)) => {
-                    let mut counts = lock(&counts);
-                    match processed {
-                        Processed::Done => counts.rewritten += 1,
-                        Processed::Skipped => counts.skipped += 1,
+            if in_flight.is_empty() && fetching.is_none() {
+                return Ok(PassEnd::Finished);
+            }
+            tokio::select! {
+                Some((page, processed, key)) = in_flight.next(), if !in_flight.is_empty() => {
+                    let result = match processed {
+                        Processed::Done => ObjectResult::Rewritten,
+                        Processed::Skipped => ObjectResult::Skipped,
                         Processed::Failed(message) => {
-                            counts.failed += 1;
                             let mut failures = lock(&self.failures);
                             if failures.len() < self.settings.max_reported_failures {
-                                failures.push(Failure {
-                                    object: key.to_string(),
-                                    message,
-                                });
+                                failures.push(Failure { object: key.to_string(), message });
                             }
+                            ObjectResult::Failed
                         }
-                    }
-                    let total = lock(&listing).1;
-                    self.observer.progress(&counts, total);
-                    if let Some(checkpoint) = lock(&tracker).done(page) {
-                        self.observer.checkpoint(&checkpoint, &counts);
+                    };
+                    counts.record(result);
+                    self.observer.progress(counts, total);
+                    if let Some((checkpoint, committed)) = tracker.done(page, result) {
+                        self.observer.checkpoint(&checkpoint, &committed);
                     }
                 }
-                Err(Answer::Status { code: 410, .. }) => return Ok(PassEnd::Expired),
-                Err(answer) => return Err(self.list_error(describe(&answer))),
+                listed = async { fetching.as_mut().expect("guarded").await }, if fetching.is_some() => {
+                    fetching = None;
+                    let page = match listed {
+                        Ok(page) => page,
+                        // The continue token is older than the etcd compaction (sample 16).
+                        Err(Answer::Status { code: 410, .. }) => return Ok(PassEnd::Expired),
+                        Err(answer) => return Err(self.list_error(describe(&answer))),
+                    };
+                    let index = next_index;
+                    next_index += 1;
+                    counts.listed += page.objects.len() as u64;
+                    if let Some(remaining) = page.remaining {
+                        total = Some(counts.listed + remaining);
+                    }
+                    next_token = page.next.clone();
+                    if let Some((checkpoint, committed)) = tracker.add(index, page.objects.len(), page.next) {
+                        self.observer.checkpoint(&checkpoint, &committed);
+                    }
+                    queue.extend(page.objects.into_iter().map(|key| (index, key)));
+                    self.observer.progress(counts, total);
+                }
             }
         }
-        *counts_out = *lock(&counts);
-        Ok(PassEnd::Finished)
+    }
+
+    async fn fetch(&self, token: Option<String>) -> Result<requests::Page, Answer> {
+        self.throttle().await;
+        requests::list_page(
+            self.client,
+            self.target,
+            self.settings.page_size,
+            token.as_deref(),
+        )
+        .await
+    }
+
+    async fn process_object(&self, page: usize, key: ObjectKey) -> (usize, Processed, ObjectKey) {
+        let processed = self.process(&key).await;
+        (page, processed, key)
     }
 
     fn list_error(&self, message: String) -> Error {
@@ -623,24 +618,4 @@ async fn trim(client: &Client, target: &Target) -> Result<TrimResult, Error> {
     Ok(TrimResult::NotTrimmed(
         "the CRD kept changing while status.storedVersions was being trimmed".to_owned(),
     ))
-}
-
-/// Shared counts of a running migration, for the controller's status and metrics.
-#[derive(Default)]
-pub struct SharedProgress {
-    pub state: Mutex<(Counts, Option<u64>, Option<Checkpoint>)>,
-}
-
-impl Observer for Arc<SharedProgress> {
-    fn progress(&self, counts: &Counts, total: Option<u64>) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.0 = *counts;
-        state.1 = total;
-    }
-
-    fn checkpoint(&self, checkpoint: &Checkpoint, counts: &Counts) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.0 = *counts;
-        state.2 = Some(checkpoint.clone());
-    }
 }

@@ -38,8 +38,9 @@ pub trait Observer: Send + Sync {
     /// Counts changed; `total` is the apiserver's estimate of the objects in this pass
     /// (listed plus `remainingItemCount`), when it gives one.
     fn progress(&self, _counts: &Counts, _total: Option<u64>) {}
-    /// Every object of the pages before `checkpoint` is done.
-    fn checkpoint(&self, _checkpoint: &Checkpoint, _counts: &Counts) {}
+    /// Every object of the pages before `checkpoint` is done; `committed` counts exactly
+    /// those objects (what a run resumed from this checkpoint starts from).
+    fn checkpoint(&self, _checkpoint: &Checkpoint, _committed: &Counts) {}
     /// A listing pass restarts from the beginning (the continue token expired).
     fn restarted(&self, _reason: &str) {}
 }
@@ -49,39 +50,97 @@ pub struct Quiet;
 
 impl Observer for Quiet {}
 
+/// What became of one object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ObjectResult {
+    Rewritten,
+    Skipped,
+    Failed,
+}
+
+impl Counts {
+    /// Counts one finished object.
+    pub fn record(&mut self, result: ObjectResult) {
+        match result {
+            ObjectResult::Rewritten => self.rewritten += 1,
+            ObjectResult::Skipped => self.skipped += 1,
+            ObjectResult::Failed => self.failed += 1,
+        }
+    }
+
+    fn add(&mut self, other: &Counts) {
+        self.listed += other.listed;
+        self.rewritten += other.rewritten;
+        self.skipped += other.skipped;
+        self.failed += other.failed;
+    }
+}
+
+struct PageProgress {
+    remaining: usize,
+    next: Option<String>,
+    counts: Counts,
+}
+
 /// Tracks which listed pages are completely processed, to turn completions (in any order)
-/// into checkpoints (in page order).
-#[derive(Default)]
+/// into checkpoints (in page order). The counts reported with a checkpoint are those of
+/// the pages before it only, so that a run resumed from it counts every object once.
 pub struct PageTracker {
-    /// Page index → (objects not yet done, continue token after the page).
-    pages: BTreeMap<usize, (usize, Option<String>)>,
+    pages: BTreeMap<usize, PageProgress>,
+    committed: Counts,
 }
 
 impl PageTracker {
+    /// `committed`: the counts of a resumed run at its checkpoint.
+    pub fn new(committed: Counts) -> Self {
+        Self {
+            pages: BTreeMap::new(),
+            committed,
+        }
+    }
+
     /// A page was listed; returns a checkpoint when this completes a prefix of pages.
-    pub fn add(&mut self, index: usize, objects: usize, next: Option<String>) -> Option<Checkpoint> {
-        self.pages.insert(index, (objects, next));
+    pub fn add(
+        &mut self,
+        index: usize,
+        objects: usize,
+        next: Option<String>,
+    ) -> Option<(Checkpoint, Counts)> {
+        let counts = Counts {
+            listed: objects as u64,
+            ..Counts::default()
+        };
+        self.pages.insert(
+            index,
+            PageProgress {
+                remaining: objects,
+                next,
+                counts,
+            },
+        );
         self.advance()
     }
 
     /// One object of page `index` is done.
-    pub fn done(&mut self, index: usize) -> Option<Checkpoint> {
-        if let Some((remaining, _)) = self.pages.get_mut(&index) {
-            *remaining = remaining.saturating_sub(1);
+    pub fn done(&mut self, index: usize, result: ObjectResult) -> Option<(Checkpoint, Counts)> {
+        if let Some(page) = self.pages.get_mut(&index) {
+            page.remaining = page.remaining.saturating_sub(1);
+            page.counts.record(result);
         }
         self.advance()
     }
 
-    fn advance(&mut self) -> Option<Checkpoint> {
+    fn advance(&mut self) -> Option<(Checkpoint, Counts)> {
         let mut latest = None;
         while let Some(entry) = self.pages.first_entry() {
-            if entry.get().0 > 0 {
+            if entry.get().remaining > 0 {
                 break;
             }
-            let (_, next) = entry.remove();
-            latest = Some(next.map_or(Checkpoint::Finished, Checkpoint::Continue));
+            let page = entry.remove();
+            self.committed.add(&page.counts);
+            latest = Some(page.next.map_or(Checkpoint::Finished, Checkpoint::Continue));
         }
-        latest
+        latest.map(|checkpoint| (checkpoint, self.committed))
     }
 }
 
@@ -91,14 +150,49 @@ mod tests {
 
     #[test]
     fn checkpoints_follow_page_order_whatever_the_completion_order() {
-        let mut tracker = PageTracker::default();
+        let mut tracker = PageTracker::new(Counts::default());
         assert_eq!(tracker.add(0, 2, Some("after-0".into())), None);
         assert_eq!(tracker.add(1, 1, Some("after-1".into())), None);
         // Page 1 completes first: no checkpoint until page 0 is done too.
-        assert_eq!(tracker.done(1), None);
-        assert_eq!(tracker.done(0), None);
-        assert_eq!(tracker.done(0), Some(Checkpoint::Continue("after-1".into())));
+        assert_eq!(tracker.done(1, ObjectResult::Rewritten), None);
+        assert_eq!(tracker.done(0, ObjectResult::Skipped), None);
+        let (checkpoint, committed) = tracker.done(0, ObjectResult::Failed).expect("checkpoint");
+        assert_eq!(checkpoint, Checkpoint::Continue("after-1".into()));
+        assert_eq!(
+            committed,
+            Counts {
+                listed: 3,
+                rewritten: 1,
+                skipped: 1,
+                failed: 1
+            }
+        );
         // An empty last page completes at once.
-        assert_eq!(tracker.add(2, 0, None), Some(Checkpoint::Finished));
+        assert_eq!(tracker.add(2, 0, None).map(|c| c.0), Some(Checkpoint::Finished));
+    }
+
+    #[test]
+    fn committed_counts_exclude_pages_after_the_checkpoint() {
+        let resumed = Counts {
+            listed: 10,
+            rewritten: 10,
+            skipped: 0,
+            failed: 0,
+        };
+        let mut tracker = PageTracker::new(resumed);
+        tracker.add(0, 1, Some("a".into()));
+        tracker.add(1, 1, Some("b".into()));
+        // Page 1's object is done, page 0's is not: nothing is committed yet.
+        assert_eq!(tracker.done(1, ObjectResult::Rewritten), None);
+        let (_, committed) = tracker.done(0, ObjectResult::Rewritten).expect("checkpoint");
+        assert_eq!(
+            committed,
+            Counts {
+                listed: 12,
+                rewritten: 12,
+                skipped: 0,
+                failed: 0
+            }
+        );
     }
 }

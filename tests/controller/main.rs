@@ -9,6 +9,7 @@ use std::time::Duration;
 use apiserver::FakeApiserver;
 use crd_lifecycle::api::VersionPolicy;
 use crd_lifecycle::controller::metrics::Metrics;
+use crd_lifecycle::controller::migrations::Migrations;
 use crd_lifecycle::controller::{Context, reconcile};
 use jiff::Timestamp;
 use kube::core::DeserializeGuard;
@@ -44,19 +45,29 @@ impl Harness {
         let (store, writer) = reflector::store();
         let clock = Arc::new(Mutex::new(ts("2025-12-01T00:00:00Z")));
         let now = clock.clone();
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "crd-lifecycle".into(),
+                instance: Some("test".into()),
+            },
+        );
+        let metrics = Arc::new(Metrics::default());
+        let migrations = Migrations::new(client.clone(), recorder.clone(), metrics.clone(), 2)
+            .with_progress_interval(Duration::from_millis(20))
+            .with_retry(crd_lifecycle::migrate::RetryPolicy {
+                attempts: 3,
+                base_delay: Duration::from_millis(1),
+                max_delay: Duration::from_millis(5),
+            });
         let ctx = Arc::new(Context {
-            client: client.clone(),
-            recorder: Recorder::new(
-                client,
-                Reporter {
-                    controller: "crd-lifecycle".into(),
-                    instance: Some("test".into()),
-                },
-            ),
-            metrics: Arc::new(Metrics::default()),
+            client,
+            recorder,
+            metrics,
             policies: store,
             clock: Arc::new(move || *now.lock().expect("clock")),
             resync: Duration::from_secs(600),
+            migrations: Arc::new(migrations),
         });
         Self {
             fake,
@@ -66,10 +77,22 @@ impl Harness {
         }
     }
 
-    /// The example CRD and policy, as applied with kubectl.
+    /// The example CRD and policy, as applied with kubectl, with migrations turned off so
+    /// that the CRD moves only by transitions (and `storedVersions` by `trim_stored_versions`).
     fn with_example() -> Self {
         let mut harness = Self::new();
         harness.fake.create_crd(yaml(EXAMPLE_CRD));
+        let mut policy = yaml(EXAMPLE_POLICY);
+        policy["spec"]["migration"]["enabled"] = json!(false);
+        harness.add_policy(policy, "2025-11-01T00:00:00Z");
+        harness
+    }
+
+    /// The example with migrations on, and `objects` widgets stored as v1alpha1.
+    fn with_example_and_objects(objects: usize) -> Self {
+        let mut harness = Self::new();
+        harness.fake.create_crd(yaml(EXAMPLE_CRD));
+        harness.fake.add_objects(CRD, objects, 4, "v1alpha1");
         harness.add_policy(yaml(EXAMPLE_POLICY), "2025-11-01T00:00:00Z");
         harness
     }
@@ -179,5 +202,6 @@ impl Harness {
 }
 
 mod lifecycle;
+mod migration;
 mod operations;
 mod safety;

@@ -54,6 +54,8 @@ pub struct State {
     /// Custom objects of every CRD, by (crd, namespace, name).
     pub objects: BTreeMap<(String, String, String), StoredObject>,
     pub faults: BTreeMap<String, ObjectFault>,
+    /// Top-level status fields each (policy, field manager) applied last.
+    status_owners: BTreeMap<(String, String), Vec<String>>,
     /// Bumped to make every continue token issued before expire (410, sample 16).
     list_epoch: u64,
     /// Run after the next list page is served (objects change while a run goes on).
@@ -359,7 +361,15 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
                 name,
                 "status",
             ],
-        ) => apply_policy_status(state, name, body),
+        ) => {
+            let manager = request
+                .query
+                .split('&')
+                .find_map(|pair| pair.strip_prefix("fieldManager="))
+                .unwrap_or_default()
+                .to_owned();
+            apply_policy_status(state, name, &manager, body)
+        }
         ("POST", ["apis", "events.k8s.io", "v1", "namespaces", _, "events"]) => {
             state.events.push(body.clone());
             (201, body)
@@ -488,14 +498,30 @@ fn patch_crd_status(state: &mut State, name: &str, body: Value) -> (u16, Value) 
     (200, state.crds[name].clone())
 }
 
-/// Server-side apply of a policy's status by its only status manager: the applied status
-/// replaces the previous one (fields the manager no longer sets are removed).
-fn apply_policy_status(state: &mut State, name: &str, body: Value) -> (u16, Value) {
+/// Server-side apply of a policy's status, tracking ownership per field manager at the
+/// granularity of the status' top-level fields: a manager's apply sets the fields it sends
+/// and removes the ones it owned before and no longer sends; other managers' fields stay.
+fn apply_policy_status(state: &mut State, name: &str, manager: &str, body: Value) -> (u16, Value) {
     let rv = state.next_resource_version();
     let Some(policy) = state.policies.get_mut(name) else {
         return not_found("versionpolicies.crdlifecycle.io", name);
     };
-    policy["status"] = body["status"].clone();
+    let applied = body["status"].as_object().cloned().unwrap_or_default();
+    let owners = state
+        .status_owners
+        .entry((name.to_owned(), manager.to_owned()))
+        .or_default();
+    if !policy["status"].is_object() {
+        policy["status"] = json!({});
+    }
+    let status = policy["status"].as_object_mut().expect("object");
+    for field in owners.iter().filter(|f| !applied.contains_key(*f)) {
+        status.remove(field);
+    }
+    *owners = applied.keys().cloned().collect();
+    for (field, value) in applied {
+        status.insert(field, value);
+    }
     policy["metadata"]["resourceVersion"] = rv.into();
     (200, policy.clone())
 }

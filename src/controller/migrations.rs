@@ -1,0 +1,409 @@
+//! Storage-version migrations run by the controller: one background task per CRD (a
+//! bounded number at once), independent of reconciles, with progress checkpointed in the
+//! policy's `status.migration` so that a restarted controller resumes where it stopped.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::core::DeserializeGuard;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Client, Resource};
+use serde_json::json;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use super::metrics::{CrdLabels, Metrics, MigrationResultLabels};
+use crate::api::{MigrationPhase, MigrationStatus, VersionPolicy};
+use crate::migrate::{self, Checkpoint, Counts, Mode, Report};
+
+/// Field manager of `status.migration`, separate from the reconciler's so that the two
+/// server-side applies never take each other's fields.
+pub const MIGRATION_FIELD_MANAGER: &str = "crd-lifecycle-migrator";
+
+/// How long after a failed run a new one may start.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(300);
+
+/// How often a running migration writes its progress.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
+
+struct Running {
+    storage_version: String,
+    handle: JoinHandle<()>,
+}
+
+/// The migrations of one controller.
+pub struct Migrations {
+    client: Client,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    slots: Arc<Semaphore>,
+    running: Mutex<HashMap<String, Running>>,
+    failed_at: Mutex<HashMap<String, Instant>>,
+    progress_interval: Duration,
+    retry: migrate::RetryPolicy,
+}
+
+impl Migrations {
+    /// At most `parallel` migrations run at once; the others wait for a slot.
+    pub fn new(client: Client, recorder: Recorder, metrics: Arc<Metrics>, parallel: usize) -> Self {
+        Self {
+            client,
+            recorder,
+            metrics,
+            slots: Arc::new(Semaphore::new(parallel.max(1))),
+            running: Mutex::new(HashMap::new()),
+            failed_at: Mutex::new(HashMap::new()),
+            progress_interval: PROGRESS_INTERVAL,
+            retry: migrate::RetryPolicy::default(),
+        }
+    }
+
+    /// How requests that may succeed later are retried (default: 6 attempts, 0.2 s
+    /// doubling to 30 s).
+    pub fn with_retry(mut self, retry: migrate::RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// How often a running migration writes its progress (default 2 s).
+    pub fn with_progress_interval(mut self, interval: Duration) -> Self {
+        self.progress_interval = interval;
+        self
+    }
+
+    /// Whether a migration of this CRD is under way.
+    pub fn is_running(&self, crd: &str) -> bool {
+        lock(&self.running)
+            .get(crd)
+            .is_some_and(|r| !r.handle.is_finished())
+    }
+
+    /// Starts migrating the policy's CRD into `storage_version` unless that already runs
+    /// or the last run failed recently. Returns whether a migration is running now.
+    pub fn ensure(self: &Arc<Self>, policy: &VersionPolicy, storage_version: &str) -> bool {
+        let crd = policy.spec.crd_name.clone();
+        let mut running = lock(&self.running);
+        if let Some(current) = running.get(&crd)
+            && !current.handle.is_finished()
+        {
+            if current.storage_version == storage_version {
+                return true;
+            }
+            // The storage version moved on: this run can only end in a restart.
+            current.handle.abort();
+        }
+        if lock(&self.failed_at)
+            .get(&crd)
+            .is_some_and(|at| at.elapsed() < RETRY_AFTER_FAILURE)
+        {
+            return false;
+        }
+        let this = self.clone();
+        let policy = policy.clone();
+        let storage = storage_version.to_owned();
+        let handle = tokio::spawn(async move { this.run(policy, storage).await });
+        running.insert(
+            crd,
+            Running {
+                storage_version: storage_version.to_owned(),
+                handle,
+            },
+        );
+        true
+    }
+
+    /// Stops every migration (on shutdown); their checkpoints let the next leader resume.
+    pub fn shutdown(&self) {
+        for (crd, running) in lock(&self.running).drain() {
+            info!(crd, "stopping migration");
+            running.handle.abort();
+        }
+    }
+
+    async fn run(self: Arc<Self>, policy: VersionPolicy, storage_version: String) {
+        let Ok(_slot) = self.slots.clone().acquire_owned().await else {
+            return;
+        };
+        let crd = policy.spec.crd_name.clone();
+        let name = policy.metadata.name.clone().unwrap_or_default();
+        let reference = policy.object_ref(&());
+        let settings = &policy.spec.migration;
+        let previous = policy.status.as_ref().and_then(|s| s.migration.clone());
+        // Resume a run that was interrupted with the same storage version.
+        let resume = previous
+            .as_ref()
+            .filter(|m| m.phase == MigrationPhase::Running && m.storage_version == storage_version)
+            .and_then(|m| {
+                let counts = Counts {
+                    listed: m.listed,
+                    rewritten: m.rewritten,
+                    skipped: m.skipped,
+                    failed: m.failed,
+                };
+                m.continue_token.clone().map(|token| (token, counts))
+            });
+        let started_at = match &resume {
+            Some(_) => previous
+                .as_ref()
+                .and_then(|m| m.started_at.clone())
+                .unwrap_or(Time(Timestamp::now())),
+            None => Time(Timestamp::now()),
+        };
+        let mut status = MigrationStatus {
+            phase: MigrationPhase::Running,
+            storage_version: storage_version.clone(),
+            crd_generation: None,
+            started_at: Some(started_at),
+            finished_at: None,
+            listed: 0,
+            rewritten: 0,
+            skipped: 0,
+            failed: 0,
+            continue_token: resume.as_ref().map(|(token, _)| token.clone()),
+            failures: Vec::new(),
+            message: Some(format!("rewriting objects of {crd} into {storage_version}")),
+        };
+        if let Some((_, counts)) = &resume {
+            apply_counts(&mut status, counts);
+        }
+        let note = match &resume {
+            Some((_, counts)) => format!(
+                "resuming the migration of {crd} to {storage_version} after {} objects",
+                counts.done()
+            ),
+            None => format!("migrating the objects of {crd} to {storage_version}"),
+        };
+        info!(crd, storage = storage_version, "{note}");
+        let reason = if resume.is_some() {
+            "MigrationResumed"
+        } else {
+            "MigrationStarted"
+        };
+        self.event(&reference, EventType::Normal, reason, note).await;
+        self.write(&name, &status).await;
+
+        let migrate_settings = migrate::Settings {
+            concurrency: usize::try_from(settings.concurrency).unwrap_or(16),
+            page_size: settings.page_size,
+            qps: settings.qps,
+            mode: Mode::Rewrite,
+            resume,
+            retry: self.retry.clone(),
+            ..migrate::Settings::default()
+        };
+        let labels = CrdLabels { crd: crd.clone() };
+        let progress = Arc::new(TaskProgress {
+            metrics: self.metrics.clone(),
+            labels: labels.clone(),
+            live: Mutex::new((Counts::default(), None)),
+            committed: Mutex::new(None),
+            migrated: Mutex::new(
+                migrate_settings
+                    .resume
+                    .as_ref()
+                    .map_or(0, |(_, c)| c.rewritten + c.skipped),
+            ),
+        });
+        // Aborted when this run ends, and also when the run itself is aborted (shutdown).
+        let reporter = AbortOnDrop(self.clone().report_progress(
+            name.clone(),
+            status.clone(),
+            progress.clone(),
+        ));
+        let started = Instant::now();
+        let result = migrate::migrate(&self.client, &crd, &migrate_settings, progress.as_ref()).await;
+        drop(reporter);
+
+        self.metrics.objects_remaining.remove(&labels);
+        self.metrics
+            .migration_duration
+            .observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(report) => self.finish(&name, &reference, status, &report).await,
+            Err(error) => {
+                warn!(crd, error = %error, "migration failed");
+                status.phase = MigrationPhase::Failed;
+                status.finished_at = Some(Time(Timestamp::now()));
+                status.message = Some(error.to_string());
+                self.write(&name, &status).await;
+                self.event(
+                    &reference,
+                    EventType::Warning,
+                    "MigrationFailed",
+                    error.to_string(),
+                )
+                .await;
+                self.record_result(&crd, "error");
+                lock(&self.failed_at).insert(crd, Instant::now());
+            }
+        }
+    }
+
+    async fn finish(
+        &self,
+        name: &str,
+        reference: &ObjectReference,
+        mut status: MigrationStatus,
+        report: &Report,
+    ) {
+        let crd = &report.target.crd;
+        apply_counts(&mut status, &report.counts);
+        status.crd_generation = report.target.generation;
+        status.storage_version = report.target.storage_version.clone();
+        status.finished_at = Some(Time(Timestamp::now()));
+        status.continue_token = None;
+        status.failures = report.failures.iter().map(ToString::to_string).collect();
+        status.message = Some(report.summary());
+        let labels = CrdLabels { crd: crd.clone() };
+        self.metrics
+            .objects_failed
+            .get_or_create(&labels)
+            .inc_by(report.counts.failed);
+        if report.succeeded() {
+            status.phase = MigrationPhase::Succeeded;
+            info!(crd, "{}", report.summary());
+            self.write(name, &status).await;
+            self.event(
+                reference,
+                EventType::Normal,
+                "MigrationSucceeded",
+                report.summary(),
+            )
+            .await;
+            self.record_result(crd, "succeeded");
+            lock(&self.failed_at).remove(crd);
+        } else {
+            status.phase = MigrationPhase::Failed;
+            warn!(crd, "{}", report.summary());
+            self.write(name, &status).await;
+            self.event(reference, EventType::Warning, "MigrationFailed", report.summary())
+                .await;
+            self.record_result(crd, "failed");
+            lock(&self.failed_at).insert(crd.clone(), Instant::now());
+        }
+    }
+
+    /// Writes the counts and the last checkpoint every few seconds while the run goes on.
+    fn report_progress(
+        self: Arc<Self>,
+        name: String,
+        mut status: MigrationStatus,
+        progress: Arc<TaskProgress>,
+    ) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(self.progress_interval).await;
+                let Some((checkpoint, committed)) = lock(&progress.committed).clone() else {
+                    continue;
+                };
+                apply_counts(&mut status, &committed);
+                if let Checkpoint::Continue(token) = checkpoint {
+                    status.continue_token = Some(token);
+                }
+                self.write(&name, &status).await;
+            }
+        })
+    }
+
+    async fn write(&self, name: &str, status: &MigrationStatus) {
+        let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(self.client.clone());
+        let patch = json!({
+            "apiVersion": "crdlifecycle.io/v1alpha1",
+            "kind": "VersionPolicy",
+            "status": {"migration": status},
+        });
+        let params = PatchParams::apply(MIGRATION_FIELD_MANAGER).force();
+        if let Err(error) = api.patch_status(name, &params, &Patch::Apply(&patch)).await {
+            warn!(policy = name, error = %error, "cannot write the migration status");
+        }
+    }
+
+    async fn event(&self, reference: &ObjectReference, type_: EventType, reason: &str, note: String) {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(super::reconcile::truncate(note)),
+            action: "Migrate".to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, reference).await {
+            warn!(reason, error = %error, "cannot publish event");
+        }
+    }
+
+    fn record_result(&self, crd: &str, result: &str) {
+        self.metrics
+            .migrations
+            .get_or_create(&MigrationResultLabels {
+                crd: crd.to_owned(),
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+}
+
+/// Follows a running migration: counts and checkpoint for the status writer, and the
+/// per-object metrics.
+struct TaskProgress {
+    metrics: Arc<Metrics>,
+    labels: CrdLabels,
+    /// Live counts and total, for metrics.
+    live: Mutex<(Counts, Option<u64>)>,
+    /// The last checkpoint and the counts of the objects before it, for the status (so
+    /// that a resumed run counts every object once).
+    committed: Mutex<Option<(Checkpoint, Counts)>>,
+    /// Objects already counted in `objects_migrated`.
+    migrated: Mutex<u64>,
+}
+
+impl migrate::Observer for TaskProgress {
+    fn progress(&self, counts: &Counts, total: Option<u64>) {
+        *lock(&self.live) = (*counts, total);
+        let now = counts.rewritten + counts.skipped;
+        let mut migrated = lock(&self.migrated);
+        if now > *migrated {
+            self.metrics
+                .objects_migrated
+                .get_or_create(&self.labels)
+                .inc_by(now - *migrated);
+        }
+        *migrated = now;
+        if let Some(total) = total {
+            let remaining = i64::try_from(total.saturating_sub(counts.done())).unwrap_or(i64::MAX);
+            self.metrics
+                .objects_remaining
+                .get_or_create(&self.labels)
+                .set(remaining);
+        }
+    }
+
+    fn checkpoint(&self, checkpoint: &Checkpoint, committed: &Counts) {
+        *lock(&self.committed) = Some((checkpoint.clone(), *committed));
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn apply_counts(status: &mut MigrationStatus, counts: &Counts) {
+    status.listed = counts.listed;
+    status.rewritten = counts.rewritten;
+    status.skipped = counts.skipped;
+    status.failed = counts.failed;
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}

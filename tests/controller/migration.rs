@@ -1,0 +1,218 @@
+//! The controller running storage-version migrations in the background.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crd_lifecycle::controller::Context;
+use crd_lifecycle::controller::migrations::Migrations;
+use serde_json::{Value, json};
+
+use super::{CRD, Harness};
+use crate::apiserver::ObjectFault;
+
+/// Polls until `check` holds (real time; migrations run on their own tasks).
+async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+fn migration(h: &Harness) -> Value {
+    h.status("widgets")["migration"].clone()
+}
+
+#[tokio::test]
+async fn a_due_removal_waits_for_the_migration_then_proceeds() {
+    let mut h = Harness::with_example_and_objects(1200);
+    // Everything up to v1alpha1's removal is due at once.
+    h.at("2026-06-29T00:00:00Z");
+    h.reconcile("widgets").await;
+    assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS", "removal held");
+    assert_eq!(h.condition("widgets", "Blocked").1, "AwaitingMigration");
+    assert_eq!(h.condition("widgets", "Progressing").1, "Migrating");
+
+    wait_until("the migration succeeds", || migration(&h)["phase"] == "Succeeded").await;
+    let status = migration(&h);
+    assert_eq!(status["storageVersion"], "v1");
+    assert_eq!(status["rewritten"], 1200);
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("trimmed from [v1alpha1, v1] to [v1]"),
+        "{status}"
+    );
+    assert_eq!(h.stored_versions(), json!(["v1"]));
+    assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 1200)].into());
+
+    // The trim is a CRD change: the next reconcile removes v1alpha1.
+    h.reconcile("widgets").await;
+    assert_eq!(h.flags(), "v1beta1:sd v1:sS");
+    assert_eq!(h.condition("widgets", "Blocked").0, "False");
+    let events = h.fake.event_summaries();
+    for reason in ["MigrationStarted", "MigrationSucceeded", "VersionRemoved"] {
+        assert!(
+            events.iter().any(|(_, r, _)| r == reason),
+            "{reason} in {events:?}"
+        );
+    }
+    let metrics = h.ctx.metrics.encode();
+    assert!(
+        metrics.contains(r#"crd_lifecycle_migration_objects_migrated_total{crd="widgets.example.com"} 1200"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"crd_lifecycle_migrations_total{crd="widgets.example.com",result="succeeded"} 1"#)
+    );
+}
+
+#[tokio::test]
+async fn each_store_transition_is_followed_by_a_migration() {
+    let mut h = Harness::with_example_and_objects(300);
+    h.at("2026-01-05T00:00:00Z");
+    h.reconcile("widgets").await;
+    wait_until("migrated to v1beta1", || {
+        h.stored_versions() == json!(["v1beta1"])
+    })
+    .await;
+    assert_eq!(h.fake.encodings(CRD), [("v1beta1".to_owned(), 300)].into());
+
+    h.at("2026-02-01T00:00:00Z");
+    h.reconcile("widgets").await;
+    wait_until("migrated to v1", || h.stored_versions() == json!(["v1"])).await;
+    assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 300)].into());
+    wait_until("status written", || {
+        migration(&h)["storageVersion"] == "v1" && migration(&h)["phase"] == "Succeeded"
+    })
+    .await;
+
+    // Nothing is left to migrate: later reconciles start nothing.
+    h.fake.clear_requests();
+    h.reconcile("widgets").await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(h.fake.object_requests().is_empty());
+    assert_eq!(h.condition("widgets", "Progressing").1, "Idle");
+}
+
+#[tokio::test]
+async fn a_failed_migration_keeps_the_removal_held() {
+    let mut h = Harness::with_example_and_objects(40);
+    h.fake.set_fault(
+        "ns1",
+        "w00005",
+        ObjectFault::ConversionFails("spec.size must be an integer".into()),
+    );
+    h.at("2026-06-29T00:00:00Z");
+    h.reconcile("widgets").await;
+    wait_until("the migration fails", || migration(&h)["phase"] == "Failed").await;
+    let status = migration(&h);
+    assert_eq!(status["failed"], 1);
+    let failures = status["failures"].as_array().expect("failures");
+    assert!(
+        failures[0]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("ns1/w00005: 500"),
+        "{failures:?}"
+    );
+    assert_eq!(h.stored_versions(), json!(["v1alpha1", "v1"]), "not trimmed");
+
+    h.reconcile("widgets").await;
+    assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS", "still held");
+    assert_eq!(h.condition("widgets", "Blocked").1, "AwaitingMigration");
+    assert_eq!(
+        h.condition("widgets", "Progressing").1,
+        "MigrationPending",
+        "not retried at once"
+    );
+    assert!(
+        h.fake
+            .event_summaries()
+            .iter()
+            .any(|(t, r, n)| t == "Warning" && r == "MigrationFailed" && n.contains("ns1/w00005"))
+    );
+}
+
+#[tokio::test]
+async fn a_restarted_controller_resumes_from_the_checkpoint() {
+    let mut h = Harness::with_example_and_objects(600);
+    h.fake.lock().latency = Duration::from_millis(2);
+    h.edit_policy("widgets", |p| {
+        p["spec"]["migration"] = json!({"enabled": true, "concurrency": 2, "pageSize": 50})
+    });
+    h.at("2026-02-01T00:00:00Z");
+    h.reconcile("widgets").await;
+    wait_until("a checkpoint is saved", || {
+        migration(&h)["continueToken"].is_string() && migration(&h)["rewritten"].as_u64().unwrap_or(0) >= 100
+    })
+    .await;
+    // The controller is killed mid-run.
+    h.ctx.migrations.shutdown();
+    let saved = migration(&h);
+    assert_eq!(saved["phase"], "Running");
+    let token = saved["continueToken"].as_str().expect("token").to_owned();
+    // (v1 was stored at the first reconcile: v1beta1 never was the storage version.)
+    assert_eq!(h.stored_versions(), json!(["v1alpha1", "v1"]));
+
+    // A new controller (new migration manager) picks the run up where it stopped.
+    let ctx = &h.ctx;
+    h.ctx = Arc::new(Context {
+        client: ctx.client.clone(),
+        recorder: ctx.recorder.clone(),
+        metrics: ctx.metrics.clone(),
+        policies: ctx.policies.clone(),
+        clock: ctx.clock.clone(),
+        resync: ctx.resync,
+        migrations: Arc::new(Migrations::new(
+            ctx.client.clone(),
+            ctx.recorder.clone(),
+            ctx.metrics.clone(),
+            2,
+        )),
+    });
+    h.fake.clear_requests();
+    h.reconcile("widgets").await;
+    wait_until("the resumed migration succeeds", || {
+        migration(&h)["phase"] == "Succeeded"
+    })
+    .await;
+    let first_list = h
+        .fake
+        .object_requests()
+        .into_iter()
+        .find(|r| r.method == "GET")
+        .expect("a list");
+    let encoded: String = token.replace(':', "%3A").replace('/', "%2F");
+    assert!(
+        first_list.query.contains(&format!("continue={encoded}"))
+            || first_list.query.contains(&format!("continue={token}")),
+        "resumed from {token}: {}",
+        first_list.query
+    );
+    assert_eq!(
+        h.fake.encodings(CRD),
+        [("v1".to_owned(), 600)].into(),
+        "nothing lost"
+    );
+    // Objects before the checkpoint are counted once, whatever was in flight at the kill.
+    let done = migration(&h);
+    assert_eq!(done["listed"], 600, "{done}");
+    assert_eq!(
+        done["rewritten"].as_u64().unwrap_or(0) + done["skipped"].as_u64().unwrap_or(0),
+        600,
+        "{done}"
+    );
+    assert_eq!(h.stored_versions(), json!(["v1"]));
+    assert!(
+        h.fake
+            .event_summaries()
+            .iter()
+            .any(|(_, r, n)| r == "MigrationResumed" && n.starts_with("resuming")),
+        "{:?}",
+        h.fake.event_summaries()
+    );
+}
