@@ -4,6 +4,7 @@ RUN apk add --no-cache musl-dev
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src src
+COPY benches benches
 COPY crds crds
 RUN cargo build --release --locked --bin crd-lifecycle \
     && strip target/release/crd-lifecycle

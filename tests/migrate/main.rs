@@ -489,3 +489,132 @@ async fn nothing_to_do_and_bad_targets() {
         "{error}"
     );
 }
+
+/// Serves the fake over HTTP on loopback and writes a kubeconfig for it.
+async fn serve_over_http(fake: FakeApiserver) -> (tempfile_path::Path, tokio::task::JoinHandle<()>) {
+    use axum::body::{Body as AxumBody, to_bytes};
+    let app = axum::Router::new().fallback(move |request: http::Request<AxumBody>| {
+        let fake = fake.clone();
+        async move {
+            let (parts, body) = request.into_parts();
+            let bytes = to_bytes(body, 64 << 20).await.unwrap_or_default();
+            let response = fake
+                .handle(http::Request::from_parts(
+                    parts,
+                    kube::client::Body::from(bytes.to_vec()),
+                ))
+                .await;
+            let (parts, body) = response.into_parts();
+            let bytes = body.collect_bytes().await.unwrap_or_default();
+            http::Response::from_parts(parts, AxumBody::from(bytes))
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"http://{address}\"}}\n\
+         contexts:\n- name: fake\n  context: {{cluster: fake, user: fake}}\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n"
+    );
+    (tempfile_path::write(&kubeconfig), server)
+}
+
+/// A file in the temp directory, removed on drop.
+mod tempfile_path {
+    pub struct Path(pub std::path::PathBuf);
+
+    impl Drop for Path {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    pub fn write(text: &str) -> Path {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let path =
+            std::env::temp_dir().join(format!("crd-lifecycle-test-{}-{nanos}.yaml", std::process::id()));
+        std::fs::write(&path, text).expect("write kubeconfig");
+        Path(path)
+    }
+}
+
+async fn migrate_cli(kubeconfig: &tempfile_path::Path, extra: &[&str]) -> std::process::Output {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"));
+    command
+        .arg("migrate")
+        .arg(CRD)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig.0)
+        .args(extra);
+    command.output().await.expect("the binary runs")
+}
+
+#[tokio::test]
+async fn the_migrate_command_reports_and_exits_by_outcome() {
+    let fake = cluster(700);
+    let (kubeconfig, server) = serve_over_http(fake.clone()).await;
+
+    // Preflight first: reads everything, writes nothing, exit 0.
+    let output = migrate_cli(&kubeconfig, &["--dry-run", "--page-size", "100"]).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("every object converts (700 listed, 700 converted"),
+        "{stdout}"
+    );
+    assert_eq!(fake.encodings(CRD), [("v1alpha1".to_owned(), 700)].into());
+
+    // A broken object: exit 1, the object listed, storedVersions untouched.
+    fake.set_fault(
+        "ns2",
+        "w00011",
+        ObjectFault::ConversionFails("spec.size must be an integer".into()),
+    );
+    let output = migrate_cli(&kubeconfig, &["--page-size", "100", "--concurrency", "4"]).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("failed: 700 listed, 699 rewritten, 0 skipped, 1 failed"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("  ns2/w00011: 500"), "{stdout}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("error: the migration did not complete"));
+    assert_eq!(stored_versions(&fake), json!(["v1alpha1", "v1"]));
+
+    // Fixed: exit 0, trimmed.
+    fake.lock().faults.clear();
+    let output = migrate_cli(&kubeconfig, &["--page-size", "100"]).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("status.storedVersions trimmed from [v1alpha1, v1] to [v1]"),
+        "{stdout}"
+    );
+    assert_eq!(stored_versions(&fake), json!(["v1"]));
+
+    // A CRD that does not exist, and bad arguments: exit 2.
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"));
+    let output = command
+        .args(["migrate", "gadgets.example.com", "--kubeconfig"])
+        .arg(&kubeconfig.0)
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("CustomResourceDefinition gadgets.example.com not found")
+    );
+    let output = migrate_cli(&kubeconfig, &["--concurrency", "0"]).await;
+    assert_eq!(output.status.code(), Some(2));
+    server.abort();
+}

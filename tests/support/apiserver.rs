@@ -269,7 +269,7 @@ impl FakeApiserver {
             .push_back((code, message.to_owned()));
     }
 
-    async fn handle(&self, request: Request<Body>) -> Response<Body> {
+    pub async fn handle(&self, request: Request<Body>) -> Response<Body> {
         let (parts, body) = request.into_parts();
         let bytes = body.collect_bytes().await.unwrap_or_default();
         let body: Value = if bytes.is_empty() {

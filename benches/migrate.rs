@@ -1,0 +1,263 @@
+//! Migrator throughput and memory: `cargo bench --bench migrate`.
+//!
+//! Runs the migrator against an in-process HTTP API on 127.0.0.1 that serves N objects
+//! (generated on the fly, so the server's own memory does not grow with N), next to a raw
+//! client issuing the same requests (paged metadata lists, one merge patch per object) with
+//! the same concurrency and no bookkeeping. Each run is a child process, so that its peak
+//! memory (VmHWM) is its own. Prints objects/s, peak memory and the migrator/raw ratio.
+//!
+//! `BENCH_SIZES=1000,5000 cargo bench --bench migrate` picks other sizes.
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{get, patch};
+use crd_lifecycle::migrate::{self, Settings};
+use futures::StreamExt;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::client::Body;
+use kube::core::{DynamicObject, ObjectList, PartialObjectMeta};
+use serde_json::{Value, json};
+
+const CONCURRENCY: usize = 16;
+const PAGE_SIZE: u32 = 500;
+const NAMESPACES: u64 = 10;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(position) = args.iter().position(|a| a == "--child") {
+        let mode = args.get(position + 1).cloned().unwrap_or_default();
+        let objects: u64 = args
+            .get(position + 2)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1000);
+        child(&mode, objects);
+        return;
+    }
+    let sizes: Vec<u64> = std::env::var("BENCH_SIZES")
+        .ok()
+        .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![10_000, 100_000]);
+    let exe = std::env::current_exe().expect("own path");
+    println!(
+        "migrator vs raw client, concurrency {CONCURRENCY}, page size {PAGE_SIZE}, in-process HTTP API on loopback"
+    );
+    println!(
+        "{:>9}  {:>8}  {:>10}  {:>14}  {:>9}",
+        "objects", "client", "objects/s", "peak memory", "vs raw"
+    );
+    for objects in sizes {
+        let mut raw_rate = None;
+        for mode in ["raw", "migrator"] {
+            let output = Command::new(&exe)
+                .args(["--child", mode, &objects.to_string()])
+                .output()
+                .expect("child runs");
+            let text = String::from_utf8_lossy(&output.stdout);
+            let Some(line) = text.lines().find(|l| l.starts_with("result ")) else {
+                eprintln!(
+                    "{mode} {objects}: no result\n{text}\n{}",
+                    String::from_utf8_lossy(&output.stderr)
+                );
+                std::process::exit(1);
+            };
+            let field = |name: &str| -> f64 {
+                line.split_whitespace()
+                    .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0.0)
+            };
+            let rate = field("objects") / field("seconds").max(1e-9);
+            let ratio = match (mode, raw_rate) {
+                ("migrator", Some(raw)) => format!("{:.0}%", 100.0 * rate / raw),
+                _ => String::from("-"),
+            };
+            if mode == "raw" {
+                raw_rate = Some(rate);
+            }
+            println!(
+                "{objects:>9}  {mode:>8}  {rate:>10.0}  {:>10.1} MiB  {ratio:>9}",
+                field("peak_kib") / 1024.0
+            );
+        }
+    }
+}
+
+/// One measured run in this (child) process.
+fn child(mode: &str, objects: u64) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let address = serve(objects).await;
+        let config = kube::Config::new(format!("http://{address}").parse().expect("url"));
+        let client = kube::Client::try_from(config).expect("client");
+        let started = Instant::now();
+        let done = match mode {
+            "raw" => raw(&client).await,
+            _ => {
+                let settings = Settings {
+                    concurrency: CONCURRENCY,
+                    page_size: PAGE_SIZE,
+                    ..Settings::default()
+                };
+                let report = migrate::migrate(&client, "widgets.example.com", &settings, &migrate::Quiet)
+                    .await
+                    .expect("migration runs");
+                assert!(report.succeeded(), "{}", report.summary());
+                report.counts.rewritten
+            }
+        };
+        let seconds = started.elapsed().as_secs_f64();
+        assert_eq!(done, objects, "every object processed");
+        println!(
+            "result objects={done} seconds={seconds:.3} peak_kib={}",
+            peak_kib()
+        );
+    });
+}
+
+/// The baseline: the same requests, a pool of the same size, nothing else.
+async fn raw(client: &kube::Client) -> u64 {
+    let mut token: Option<String> = None;
+    let mut done = 0;
+    loop {
+        let mut params = ListParams::default().limit(PAGE_SIZE);
+        if let Some(t) = &token {
+            params = params.continue_token(t);
+        }
+        let request = kube::core::Request::new("/apis/example.com/v1/widgets")
+            .list_metadata(&params)
+            .expect("request");
+        let list: ObjectList<PartialObjectMeta<DynamicObject>> = client.request(request).await.expect("list");
+        token = list.metadata.continue_.clone().filter(|t| !t.is_empty());
+        done += futures::stream::iter(list.items)
+            .map(|item| async move {
+                let ns = item.metadata.namespace.unwrap_or_default();
+                let name = item.metadata.name.unwrap_or_default();
+                let patch = json!({"metadata": {"resourceVersion": item.metadata.resource_version}});
+                let request =
+                    kube::core::Request::new(format!("/apis/example.com/v1/namespaces/{ns}/widgets"))
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .expect("request");
+                let response = client.send(request.map(Body::from)).await.expect("patch");
+                let _ = response.into_body().collect_bytes().await;
+                1u64
+            })
+            .buffer_unordered(CONCURRENCY)
+            .fold(0, |sum, n| async move { sum + n })
+            .await;
+        if token.is_none() {
+            return done;
+        }
+    }
+}
+
+fn peak_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+#[derive(Clone)]
+struct Api {
+    objects: u64,
+    trimmed: Arc<AtomicU64>,
+}
+
+/// Serves the CRD and `objects` widgets (generated from their index) on a loopback port.
+async fn serve(objects: u64) -> SocketAddr {
+    let state = Api {
+        objects,
+        trimmed: Arc::new(AtomicU64::new(0)),
+    };
+    let app = Router::new()
+        .route(
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
+            get(crd),
+        )
+        .route(
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}/status",
+            patch(trim),
+        )
+        .route("/apis/example.com/v1/widgets", get(list))
+        .route(
+            "/apis/example.com/v1/namespaces/{ns}/widgets/{name}",
+            patch(rewrite),
+        )
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    address
+}
+
+async fn crd(State(api): State<Api>) -> impl IntoResponse {
+    let stored = if api.trimmed.load(Ordering::Relaxed) > 0 {
+        json!(["v1"])
+    } else {
+        json!(["v1alpha1", "v1"])
+    };
+    axum::Json(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com", "generation": 2, "resourceVersion": "100"},
+        "spec": {"group": "example.com", "names": {"kind": "Widget", "plural": "widgets"}, "scope": "Namespaced",
+                 "versions": [{"name": "v1alpha1", "served": true, "storage": false},
+                              {"name": "v1", "served": true, "storage": true}]},
+        "status": {"storedVersions": stored},
+    }))
+}
+
+async fn trim(State(api): State<Api>) -> impl IntoResponse {
+    api.trimmed.fetch_add(1, Ordering::Relaxed);
+    crd(State(api)).await
+}
+
+async fn list(
+    State(api): State<Api>,
+    Query(query): Query<std::collections::HashMap<String, String>>,
+) -> impl IntoResponse {
+    let limit: u64 = query
+        .get("limit")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(api.objects);
+    let start: u64 = query.get("continue").and_then(|c| c.parse().ok()).unwrap_or(0);
+    let end = (start + limit).min(api.objects);
+    let items: Vec<Value> = (start..end)
+        .map(|i| {
+            json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                   "metadata": {"name": format!("w{i}"), "namespace": format!("ns{}", i % NAMESPACES),
+                                "resourceVersion": (1000 + i).to_string()}})
+        })
+        .collect();
+    let mut metadata = json!({"resourceVersion": "100"});
+    if end < api.objects {
+        metadata["continue"] = json!(end.to_string());
+    }
+    axum::Json(
+        json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+                      "metadata": metadata, "items": items}),
+    )
+}
+
+async fn rewrite(Path((ns, name)): Path<(String, String)>) -> impl IntoResponse {
+    (
+        StatusCode::OK,
+        axum::Json(json!({"apiVersion": "example.com/v1", "kind": "Widget",
+                          "metadata": {"name": name, "namespace": ns, "resourceVersion": "2000"},
+                          "spec": {"size": 1}})),
+    )
+}

@@ -1,0 +1,453 @@
+//! The cluster the suite runs against, the controller it starts, and helpers that create
+//! (and remember, to clean up) everything a scenario needs.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use http::HeaderMap;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::client::Body;
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+pub type Outcome = Result<(), String>;
+
+/// Fails the scenario with a message.
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $($arg:tt)+) => {
+        if !$cond {
+            return Err(format!($($arg)+));
+        }
+    };
+}
+
+pub struct Env {
+    pub client: Client,
+    /// Unique per run: every name the suite creates contains it.
+    pub run_id: String,
+    pub in_cluster: bool,
+    /// `major.minor` of the apiserver, e.g. (1, 21).
+    pub server_version: (u32, u32),
+    controller: Mutex<Option<Child>>,
+    created_policy_crd: Mutex<bool>,
+    cleanup: Mutex<Vec<Cleanup>>,
+}
+
+enum Cleanup {
+    Crd(String),
+    Policy(String),
+}
+
+impl Env {
+    /// Connects to the cluster of `KUBECONFIG` (or in-cluster); `Err` says why not.
+    pub async fn connect() -> Result<Env, String> {
+        let client = tokio::time::timeout(Duration::from_secs(10), Client::try_default())
+            .await
+            .map_err(|_| "timed out loading the cluster configuration".to_owned())?
+            .map_err(|e| e.to_string())?;
+        let version = tokio::time::timeout(Duration::from_secs(10), client.apiserver_version())
+            .await
+            .map_err(|_| "the apiserver did not answer within 10 s".to_owned())?
+            .map_err(|e| e.to_string())?;
+        let number = |s: &str| s.trim_end_matches('+').parse::<u32>().unwrap_or(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        Ok(Env {
+            client,
+            run_id: format!("e2e{:x}{:x}", std::process::id() % 0xfff, nanos % 0xfffff),
+            in_cluster: std::env::var("E2E_IN_CLUSTER").is_ok_and(|v| v == "1"),
+            server_version: (number(&version.major), number(&version.minor)),
+            controller: Mutex::new(None),
+            created_policy_crd: Mutex::new(false),
+            cleanup: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Whether the apiserver evaluates CEL validation rules (1.25+).
+    pub fn has_cel(&self) -> bool {
+        self.server_version >= (1, 25)
+    }
+
+    /// Installs the VersionPolicy CRD if the cluster lacks it (removed again at the end).
+    pub async fn install_policy_crd(&self) -> Outcome {
+        let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        if api
+            .get_opt("versionpolicies.crdlifecycle.io")
+            .await
+            .map_err(|e| e.to_string())?
+            .is_some()
+        {
+            return Ok(());
+        }
+        if self.in_cluster {
+            return Err(
+                "E2E_IN_CLUSTER=1 but the VersionPolicy CRD is not installed (apply crds/ and deploy/)"
+                    .into(),
+            );
+        }
+        let text = include_str!("../../crds/versionpolicy.yaml");
+        let crd: CustomResourceDefinition = serde_saphyr::from_str(text).map_err(|e| e.to_string())?;
+        api.create(&PostParams::default(), &crd)
+            .await
+            .map_err(|e| e.to_string())?;
+        *self.created_policy_crd.lock().expect("lock") = true;
+        self.wait_established("versionpolicies.crdlifecycle.io").await
+    }
+
+    /// Starts `crd-lifecycle run` as a child process (local-controller mode).
+    pub fn start_controller(&self) -> Outcome {
+        if self.in_cluster {
+            return Ok(());
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let log_path = std::env::temp_dir().join(format!("crd-lifecycle-{}.log", self.run_id));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| e.to_string())?;
+        let child = Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"))
+            .args(["run", "--leader-election=false", "--resync", "30s"])
+            .arg(format!("--metrics-addr=127.0.0.1:{port}"))
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log.try_clone().map_err(|e| e.to_string())?)
+            .spawn()
+            .map_err(|e| format!("cannot start the controller: {e}"))?;
+        println!(
+            "e2e: controller started (pid {}), log: {}",
+            child.id(),
+            log_path.display()
+        );
+        *self.controller.lock().expect("lock") = Some(child);
+        Ok(())
+    }
+
+    /// Kills the local controller at once (no graceful shutdown), as a crash would.
+    pub fn kill_controller(&self) {
+        if let Some(mut child) = self.controller.lock().expect("lock").take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Removes everything the suite created, and stops the controller.
+    pub async fn teardown(&self) {
+        self.cleanup_scenario().await;
+        self.kill_controller();
+        if *self.created_policy_crd.lock().expect("lock") {
+            let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+            let _ = api
+                .delete("versionpolicies.crdlifecycle.io", &DeleteParams::default())
+                .await;
+        }
+    }
+
+    /// Deletes what the last scenario created (on success and on failure).
+    pub async fn cleanup_scenario(&self) {
+        let items: Vec<Cleanup> = self.cleanup.lock().expect("lock").drain(..).collect();
+        for item in items.into_iter().rev() {
+            let result = match &item {
+                Cleanup::Policy(name) => {
+                    let api: Api<kube::core::DynamicObject> = self.policy_api();
+                    api.delete(name, &DeleteParams::default()).await.map(|_| ())
+                }
+                Cleanup::Crd(name) => {
+                    let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+                    api.delete(name, &DeleteParams::default()).await.map(|_| ())
+                }
+            };
+            if let Err(kube::Error::Api(status)) = &result
+                && status.code != 404
+            {
+                println!("e2e: cleanup failed: {}", status.message);
+            }
+        }
+    }
+
+    fn policy_api(&self) -> Api<kube::core::DynamicObject> {
+        let resource = kube::discovery::ApiResource {
+            group: "crdlifecycle.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "crdlifecycle.io/v1alpha1".into(),
+            kind: "VersionPolicy".into(),
+            plural: "versionpolicies".into(),
+        };
+        Api::all_with(self.client.clone(), &resource)
+    }
+
+    /// Creates a cluster-scoped CRD `widgets.<run>-<suffix>.e2e.crdlifecycle.test` with
+    /// the given versions `(name, served, storage)`; objects have `spec` with any fields.
+    pub async fn create_crd(&self, suffix: &str, versions: &[(&str, bool, bool)]) -> Result<TestCrd, String> {
+        let group = format!("{}-{suffix}.e2e.crdlifecycle.test", self.run_id);
+        let name = format!("widgets.{group}");
+        let versions: Vec<Value> = versions
+            .iter()
+            .map(|(v, served, storage)| {
+                json!({"name": v, "served": served, "storage": storage,
+                       "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                           "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}})
+            })
+            .collect();
+        let crd: CustomResourceDefinition = serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": name, "labels": {"e2e.crdlifecycle.io/run": self.run_id}},
+            "spec": {"group": group, "scope": "Cluster", "versions": versions,
+                     "names": {"kind": "Widget", "plural": "widgets", "singular": "widget", "listKind": "WidgetList"}},
+        }))
+        .map_err(|e| e.to_string())?;
+        let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        api.create(&PostParams::default(), &crd)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.cleanup
+            .lock()
+            .expect("lock")
+            .push(Cleanup::Crd(name.clone()));
+        self.wait_established(&name).await?;
+        Ok(TestCrd { name, group })
+    }
+
+    pub async fn wait_established(&self, name: &str) -> Outcome {
+        let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let established = kube::runtime::conditions::is_crd_established();
+        let waited = kube::runtime::wait::await_condition(api, name, established);
+        tokio::time::timeout(Duration::from_secs(30), waited)
+            .await
+            .map_err(|_| format!("{name} not Established within 30 s"))?
+            .map_err(|e| e.to_string())?;
+        // The new resource's endpoints appear in discovery a moment after Established.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Ok(())
+    }
+
+    pub async fn crd(&self, name: &str) -> Result<CustomResourceDefinition, String> {
+        let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        api.get(name).await.map_err(|e| e.to_string())
+    }
+
+    /// The CRD's versions as `name:flags` (s served, S storage, d deprecated).
+    pub async fn flags(&self, name: &str) -> Result<String, String> {
+        let crd = self.crd(name).await?;
+        Ok(crd
+            .spec
+            .versions
+            .iter()
+            .map(|v| {
+                let mut f = String::new();
+                if v.served {
+                    f.push('s');
+                }
+                if v.storage {
+                    f.push('S');
+                }
+                if v.deprecated == Some(true) {
+                    f.push('d');
+                }
+                format!("{}:{}", v.name, if f.is_empty() { "-" } else { &f })
+            })
+            .collect::<Vec<_>>()
+            .join(" "))
+    }
+
+    pub async fn stored_versions(&self, name: &str) -> Result<Vec<String>, String> {
+        Ok(self
+            .crd(name)
+            .await?
+            .status
+            .and_then(|s| s.stored_versions)
+            .unwrap_or_default())
+    }
+
+    /// Creates a VersionPolicy (any JSON, so that invalid ones reach the apiserver).
+    pub async fn create_policy(&self, policy: Value) -> Result<(), String> {
+        let object: kube::core::DynamicObject = serde_json::from_value(policy).map_err(|e| e.to_string())?;
+        let name = object.name_any();
+        self.policy_api()
+            .create(&PostParams::default(), &object)
+            .await
+            .map_err(|e| match e {
+                kube::Error::Api(status) => format!("{} {}: {}", status.code, status.reason, status.message),
+                other => other.to_string(),
+            })?;
+        self.cleanup.lock().expect("lock").push(Cleanup::Policy(name));
+        Ok(())
+    }
+
+    pub async fn policy(&self, name: &str) -> Result<Value, String> {
+        let object = self.policy_api().get(name).await.map_err(|e| e.to_string())?;
+        serde_json::to_value(object).map_err(|e| e.to_string())
+    }
+
+    /// `(status, reason, message)` of a policy condition.
+    pub async fn condition(&self, policy: &str, type_: &str) -> Result<(String, String, String), String> {
+        let policy = self.policy(policy).await?;
+        let condition = policy["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+            .cloned()
+            .unwrap_or(Value::Null);
+        let text = |k: &str| condition[k].as_str().unwrap_or_default().to_owned();
+        Ok((text("status"), text("reason"), text("message")))
+    }
+
+    /// Creates `count` objects through `version`, 16 at a time; returns their names and
+    /// resourceVersions.
+    pub async fn create_objects(
+        &self,
+        crd: &TestCrd,
+        version: &str,
+        count: usize,
+    ) -> Result<Vec<(String, String)>, String> {
+        let results: Vec<Result<(String, String), String>> = futures::stream::iter(0..count)
+            .map(|i| async move {
+                let name = format!("w{i:05}");
+                let body = json!({"apiVersion": format!("{}/{version}", crd.group), "kind": "Widget",
+                                  "metadata": {"name": name}, "spec": {"size": i, "color": "blue"}});
+                let request = http::Request::post(format!("/apis/{}/{version}/widgets", crd.group))
+                    .header("content-type", "application/json")
+                    .body(serde_json::to_vec(&body).unwrap_or_default())
+                    .map_err(|e| e.to_string())?;
+                let created: Value = self.client.request(request).await.map_err(|e| e.to_string())?;
+                Ok((
+                    name,
+                    created["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                ))
+            })
+            .buffer_unordered(16)
+            .collect()
+            .await;
+        results.into_iter().collect()
+    }
+
+    /// GET an object through a version: status code, headers, body.
+    pub async fn get_via(
+        &self,
+        crd: &TestCrd,
+        version: &str,
+        name: &str,
+    ) -> Result<(u16, HeaderMap, Value), String> {
+        let request = http::Request::get(format!("/apis/{}/{version}/widgets/{name}", crd.group))
+            .body(Body::empty())
+            .map_err(|e| e.to_string())?;
+        let response = self.client.send(request).await.map_err(|e| e.to_string())?;
+        let code = response.status().as_u16();
+        let headers = response.headers().clone();
+        let bytes = response
+            .into_body()
+            .collect_bytes()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((
+            code,
+            headers,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        ))
+    }
+
+    /// Every object through a version (all pages).
+    pub async fn list_via(&self, crd: &TestCrd, version: &str) -> Result<Vec<Value>, String> {
+        let mut items = Vec::new();
+        let mut token = String::new();
+        loop {
+            let mut uri = format!("/apis/{}/{version}/widgets?limit=500", crd.group);
+            if !token.is_empty() {
+                uri.push_str(&format!("&continue={token}"));
+            }
+            let request = http::Request::get(uri)
+                .body(Vec::new())
+                .map_err(|e| e.to_string())?;
+            let list: Value = self.client.request(request).await.map_err(|e| e.to_string())?;
+            items.extend(list["items"].as_array().cloned().unwrap_or_default());
+            token = list["metadata"]["continue"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if token.is_empty() {
+                return Ok(items);
+            }
+        }
+    }
+
+    /// Reasons of the events about a policy (cluster-scoped: in `default`).
+    pub async fn event_reasons(&self, policy: &str) -> Result<Vec<String>, String> {
+        let request = http::Request::get("/apis/events.k8s.io/v1/namespaces/default/events?limit=500")
+            .body(Vec::new())
+            .map_err(|e| e.to_string())?;
+        let list: Value = self.client.request(request).await.map_err(|e| e.to_string())?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["regarding"]["name"] == policy && e["regarding"]["kind"] == "VersionPolicy")
+            .filter_map(|e| e["reason"].as_str().map(str::to_owned))
+            .collect())
+    }
+
+    /// The `kubectl get vp NAME` columns, from the apiserver's Table rendering.
+    pub async fn policy_columns(&self, name: &str) -> Result<Vec<(String, String)>, String> {
+        let request = http::Request::get(format!("/apis/crdlifecycle.io/v1alpha1/versionpolicies/{name}"))
+            .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+            .body(Vec::new())
+            .map_err(|e| e.to_string())?;
+        let table: Value = self.client.request(request).await.map_err(|e| e.to_string())?;
+        let names: Vec<String> = table["columnDefinitions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        let cells = table["rows"][0]["cells"].as_array().cloned().unwrap_or_default();
+        Ok(names
+            .into_iter()
+            .zip(cells)
+            .map(|(n, c)| (n, c.as_str().map_or_else(|| c.to_string(), str::to_owned)))
+            .collect())
+    }
+}
+
+/// A CRD a scenario created.
+pub struct TestCrd {
+    pub name: String,
+    pub group: String,
+}
+
+/// Polls `check` every 200 ms until it returns `Ok(true)`, failing after `limit`.
+pub async fn wait_for<F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<Instant, String>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool, String>>,
+{
+    let started = Instant::now();
+    let mut last_error = String::new();
+    while started.elapsed() < limit {
+        match check().await {
+            Ok(true) => return Ok(Instant::now()),
+            Ok(false) => {}
+            Err(error) => last_error = error,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(format!(
+        "timed out after {limit:?} waiting until {what} {last_error}"
+    ))
+}
+
+/// An RFC 3339 instant `seconds` from now.
+pub fn in_seconds(seconds: i64) -> (String, Instant) {
+    let at = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(seconds);
+    let instant = Instant::now() + Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
+    (at.round(jiff::Unit::Second).unwrap_or(at).to_string(), instant)
+}
