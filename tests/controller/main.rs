@@ -2,6 +2,8 @@
 
 #[path = "../support/apiserver.rs"]
 mod apiserver;
+#[path = "../support/flags.rs"]
+mod flags;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -170,21 +172,9 @@ impl Harness {
             .expect("versions")
             .iter()
             .map(|v| {
-                let mut f = String::new();
-                if v["served"] == true {
-                    f.push('s');
-                }
-                if v["storage"] == true {
-                    f.push('S');
-                }
-                if v["deprecated"] == true {
-                    f.push('d');
-                }
-                format!(
-                    "{}:{}",
-                    v["name"].as_str().unwrap_or_default(),
-                    if f.is_empty() { "-" } else { &f }
-                )
+                let letters =
+                    flags::letters(v["served"] == true, v["storage"] == true, v["deprecated"] == true);
+                format!("{}:{letters}", v["name"].as_str().unwrap_or_default())
             })
             .collect::<Vec<_>>()
             .join(" ")

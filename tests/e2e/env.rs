@@ -243,17 +243,11 @@ impl Env {
             .versions
             .iter()
             .map(|v| {
-                let mut f = String::new();
-                if v.served {
-                    f.push('s');
-                }
-                if v.storage {
-                    f.push('S');
-                }
-                if v.deprecated == Some(true) {
-                    f.push('d');
-                }
-                format!("{}:{}", v.name, if f.is_empty() { "-" } else { &f })
+                format!(
+                    "{}:{}",
+                    v.name,
+                    crate::flags::letters(v.served, v.storage, v.deprecated == Some(true))
+                )
             })
             .collect::<Vec<_>>()
             .join(" "))

@@ -8,6 +8,8 @@
 //! run id and is deleted afterwards, on success and on failure.
 
 mod env;
+#[path = "../support/flags.rs"]
+mod flags;
 mod scenarios;
 
 use std::future::Future;

@@ -53,20 +53,11 @@ pub fn flags(evaluation: &Evaluation) -> String {
         .iter()
         .filter(|v| v.present)
         .map(|v| {
-            let mut f = String::new();
-            if v.served {
-                f.push('s');
-            }
-            if v.storage {
-                f.push('S');
-            }
-            if v.deprecated {
-                f.push('d');
-            }
-            if f.is_empty() {
-                f.push('-');
-            }
-            format!("{}:{f}", v.name)
+            format!(
+                "{}:{}",
+                v.name,
+                crate::flags::letters(v.served, v.storage, v.deprecated)
+            )
         })
         .collect::<Vec<_>>()
         .join(" ")

@@ -1,5 +1,8 @@
 //! Engine, plan and CLI tests: one test binary, so the suite links once.
 
+#[path = "../support/flags.rs"]
+mod flags;
+
 mod cli;
 mod example;
 mod fixtures;
