@@ -84,6 +84,8 @@ pub fn decide(lease: Option<&Lease>, identity: &str, unchanged_for_a_lease_durat
 /// Errors of leader election.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
+    #[error("lease {namespace}/{name} is held by another replica")]
+    Taken { namespace: String, name: String },
     #[error("could not renew lease {namespace}/{name} for {deadline:?}; giving up leadership")]
     Lost {
         namespace: String,
@@ -126,15 +128,21 @@ impl LeaderElector {
         }
     }
 
-    /// Renews the lease until renewal fails for longer than the renew deadline; returns
-    /// only then.
+    /// Renews the lease until renewal fails for longer than the renew deadline, or another
+    /// replica holds it; returns only then.
     pub async fn hold(&self) -> LeaseError {
         let mut last_renewal = Instant::now();
         loop {
             tokio::time::sleep(self.settings.retry_period).await;
             match self.try_acquire_or_renew().await {
                 Ok(true) => last_renewal = Instant::now(),
-                Ok(false) => warn!("lease is held by another replica"),
+                // Another replica holds the lease now: stop acting at once.
+                Ok(false) => {
+                    return LeaseError::Taken {
+                        namespace: self.settings.namespace.clone(),
+                        name: self.settings.name.clone(),
+                    };
+                }
                 Err(error) => warn!(error = %error, "lease renewal failed"),
             }
             if last_renewal.elapsed() > self.settings.renew_deadline {

@@ -20,7 +20,7 @@ use tracing::{info, warn};
 
 use super::metrics::{CrdLabels, Metrics, MigrationResultLabels};
 use crate::api::{MigrationPhase, MigrationStatus, VersionPolicy};
-use crate::migrate::{self, Checkpoint, Counts, Mode, Report};
+use crate::migrate::{self, Checkpoint, Counts, Mode, Outcome, Report};
 
 /// Field manager of `status.migration`, separate from the reconciler's so that the two
 /// server-side applies never take each other's fields.
@@ -28,6 +28,10 @@ pub const MIGRATION_FIELD_MANAGER: &str = "crd-lifecycle-migrator";
 
 /// How long after a failed run a new one may start.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(300);
+
+/// How often a run that could not trim because the CRD changed meanwhile is repeated at
+/// once.
+const MAX_RERUNS: usize = 5;
 
 /// How often a running migration writes its progress.
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
@@ -217,7 +221,23 @@ impl Migrations {
             progress.clone(),
         ));
         let started = Instant::now();
-        let result = migrate::migrate(&self.client, &crd, &migrate_settings, progress.as_ref()).await;
+        let mut result = migrate::migrate(&self.client, &crd, &migrate_settings, progress.as_ref()).await;
+        // The controller's own transitions (a deprecation right after a store) change the
+        // CRD's generation during a run, which forbids the trim: run again at once, with
+        // nothing to resume (bounded).
+        let fresh = migrate::Settings {
+            resume: None,
+            ..migrate_settings.clone()
+        };
+        for _ in 0..MAX_RERUNS {
+            let Ok(report) = &result else { break };
+            let Outcome::NotTrimmed { reason } = &report.outcome else {
+                break;
+            };
+            info!(crd, "{reason}; running the migration again");
+            *lock(&progress.migrated) = 0;
+            result = migrate::migrate(&self.client, &crd, &fresh, progress.as_ref()).await;
+        }
         drop(reporter);
 
         self.metrics.objects_remaining.remove(&labels);

@@ -216,3 +216,31 @@ async fn a_restarted_controller_resumes_from_the_checkpoint() {
         h.fake.event_summaries()
     );
 }
+
+#[tokio::test]
+async fn a_run_that_could_not_trim_is_repeated_at_once() {
+    let mut h = Harness::with_example_and_objects(200);
+    // During the first run the CRD's generation changes (as a transition would change it).
+    h.fake.after_next_list_page(|state| {
+        let mut crd = state.crds[CRD].clone();
+        crd["metadata"]["annotations"] = json!({"edited": "yes"});
+        crd["spec"]["versions"][1]["deprecationWarning"] = json!("changed by hand");
+        state.store_crd(crd, true);
+    });
+    h.edit_policy("widgets", |p| p["spec"]["migration"]["pageSize"] = json!(50));
+    h.at("2026-02-01T00:00:00Z");
+    h.reconcile("widgets").await;
+    wait_until("the repeated run succeeds", || {
+        migration(&h)["phase"] == "Succeeded"
+    })
+    .await;
+    let first_pages = h
+        .fake
+        .object_requests()
+        .iter()
+        .filter(|r| r.method == "GET" && !r.query.contains("continue="))
+        .count();
+    assert_eq!(first_pages, 2, "two runs: the first could not trim");
+    assert_eq!(h.stored_versions(), json!(["v1"]));
+    assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 200)].into());
+}

@@ -102,3 +102,19 @@ async fn only_one_replica_holds_the_lease() {
     assert_eq!(lease["spec"]["holderIdentity"], "replica-b");
     assert_eq!(lease["spec"]["leaseTransitions"], 1);
 }
+
+#[tokio::test]
+async fn a_leader_whose_lease_was_taken_stops_at_once() {
+    let h = Harness::new();
+    let mut settings = LeaseSettings::new("default".into(), "crd-lifecycle".into(), "replica-a".into());
+    settings.retry_period = std::time::Duration::from_millis(20);
+    let leader = LeaderElector::new(h.fake.client(), settings);
+    leader.acquire().await;
+    // Another replica took the lease over (e.g. after this one stalled).
+    h.fake.lock().leases.get_mut("crd-lifecycle").expect("lease")["spec"]["holderIdentity"] =
+        "replica-b".into();
+    let lost = tokio::time::timeout(std::time::Duration::from_secs(2), leader.hold())
+        .await
+        .expect("hold returns once the lease is taken");
+    assert!(lost.to_string().contains("held by another replica"), "{lost}");
+}
