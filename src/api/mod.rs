@@ -73,6 +73,11 @@ pub struct VersionPolicySpec {
     /// How objects are rewritten into a new storage version after a `store` transition.
     #[serde(default)]
     pub migration: MigrationSettings,
+
+    /// `KubernetesDeprecationPolicy`: also reject schedules that break the Kubernetes API
+    /// deprecation policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforce: Option<Enforce>,
 }
 
 /// The milestones of one version. Every milestone is optional; those given must be in the
@@ -100,7 +105,7 @@ pub struct VersionSchedule {
     /// When the version stops being served (`served: false`). Requires an earlier or
     /// equal `deprecate`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unserve: Option<Milestone>,
+    pub unserve: Option<UnserveMilestone>,
 
     /// When the version is deleted from the CRD's `spec.versions`. Requires an earlier or
     /// equal `unserve`, and is held back while the version is listed in the CRD's
@@ -125,6 +130,53 @@ pub struct Milestone {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(r"^([0-9]+[dhms])+$"))]
     pub after: Option<String>,
+
+    /// `Required`: when due, the milestone waits until approved with
+    /// `kubectl annotate vp NAME crdlifecycle.io/approve=<version>.<milestone>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Approval>,
+}
+
+/// When a version stops being served, and what must hold first.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.at) != has(self.after)").message("exactly one of at or after must be set"))]
+pub struct UnserveMilestone {
+    /// An RFC 3339 instant, e.g. `2026-03-01T00:00:00Z`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "date-time"))]
+    pub at: Option<String>,
+
+    /// A duration after the scheduled instant of this version's previous milestone that
+    /// has one, e.g. `90d`. Units: d, h, m, s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^([0-9]+[dhms])+$"))]
+    pub after: Option<String>,
+
+    /// `Required`: when due, the milestone waits for an approval annotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Approval>,
+
+    /// Traffic gate: the version stops being served only once the controller has observed
+    /// no client request to it (apiserver `/metrics`) for this long, e.g. `24h`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^([0-9]+[dhms])+$"))]
+    pub require_no_traffic_for: Option<String>,
+}
+
+/// Whether a milestone needs a human's approval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum Approval {
+    /// The milestone waits for the approval annotation.
+    Required,
+}
+
+/// Extra rules the policy's schedule must follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum Enforce {
+    /// The Kubernetes API deprecation policy: no deprecation in favour of a less stable
+    /// version, beta versions served 9 months after deprecation, GA versions never removed.
+    KubernetesDeprecationPolicy,
 }
 
 /// When a version is deprecated, and the warning clients get.
@@ -149,6 +201,10 @@ pub struct DeprecateMilestone {
     #[schemars(length(max = 256))]
     #[x_kube(validation = Rule::new("size(self) <= 256").message("warning must be at most 256 characters"))]
     pub warning: Option<String>,
+
+    /// `Required`: when due, the milestone waits for an approval annotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Approval>,
 }
 
 /// Settings of the storage-version migration that follows a `store` transition.
@@ -175,6 +231,11 @@ pub struct MigrationSettings {
     #[serde(default)]
     #[schemars(range(min = 0, max = 10000))]
     pub qps: u32,
+
+    /// Conversion preflight: before a `store` transition, read every object through the
+    /// new storage version; any failure holds the switch. Only with `enabled`.
+    #[serde(default = "default_true")]
+    pub preflight: bool,
 }
 
 impl Default for MigrationSettings {
@@ -184,6 +245,7 @@ impl Default for MigrationSettings {
             concurrency: default_concurrency(),
             page_size: default_page_size(),
             qps: 0,
+            preflight: true,
         }
     }
 }
@@ -251,6 +313,18 @@ impl std::fmt::Display for MilestoneKind {
 }
 
 impl VersionSchedule {
+    /// Whether the milestone of the given kind needs an approval.
+    pub fn needs_approval(&self, kind: MilestoneKind) -> bool {
+        let approval = match kind {
+            MilestoneKind::Introduce => self.introduce.as_ref().and_then(|m| m.approval),
+            MilestoneKind::Store => self.store.as_ref().and_then(|m| m.approval),
+            MilestoneKind::Deprecate => self.deprecate.as_ref().and_then(|m| m.approval),
+            MilestoneKind::Unserve => self.unserve.as_ref().and_then(|m| m.approval),
+            MilestoneKind::Remove => self.remove.as_ref().and_then(|m| m.approval),
+        };
+        approval == Some(Approval::Required)
+    }
+
     /// The `at` / `after` of the milestone of the given kind, if the policy sets it.
     pub fn timing(&self, kind: MilestoneKind) -> Option<(Option<&str>, Option<&str>)> {
         fn pair<'a>(at: &'a Option<String>, after: &'a Option<String>) -> (Option<&'a str>, Option<&'a str>) {

@@ -27,16 +27,28 @@ pub enum BlockedReason {
     UnsafeState,
     /// `spec.suspend` is true.
     Suspended,
+    /// A due milestone needs an approval annotation.
+    AwaitingApproval,
+    /// Clients still call a version whose `unserve` has a traffic gate.
+    VersionInUse,
+    /// A `store` waits for the conversion preflight.
+    AwaitingPreflight,
+    /// Objects failed to convert to the version a `store` switches to.
+    ConversionPreflightFailed,
 }
 
 impl BlockedReason {
-    pub const ALL: [BlockedReason; 6] = [
+    pub const ALL: [BlockedReason; 10] = [
         BlockedReason::CrdNotFound,
         BlockedReason::InvalidPolicy,
         BlockedReason::Conflict,
         BlockedReason::AwaitingMigration,
         BlockedReason::UnsafeState,
         BlockedReason::Suspended,
+        BlockedReason::AwaitingApproval,
+        BlockedReason::VersionInUse,
+        BlockedReason::AwaitingPreflight,
+        BlockedReason::ConversionPreflightFailed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -47,6 +59,10 @@ impl BlockedReason {
             BlockedReason::AwaitingMigration => "AwaitingMigration",
             BlockedReason::UnsafeState => "UnsafeState",
             BlockedReason::Suspended => "Suspended",
+            BlockedReason::AwaitingApproval => "AwaitingApproval",
+            BlockedReason::VersionInUse => "VersionInUse",
+            BlockedReason::AwaitingPreflight => "AwaitingPreflight",
+            BlockedReason::ConversionPreflightFailed => "ConversionPreflightFailed",
         }
     }
 }
@@ -56,6 +72,10 @@ impl From<BlockReason> for BlockedReason {
         match reason {
             BlockReason::AwaitingMigration => BlockedReason::AwaitingMigration,
             BlockReason::UnsafeState => BlockedReason::UnsafeState,
+            BlockReason::AwaitingApproval => BlockedReason::AwaitingApproval,
+            BlockReason::VersionInUse => BlockedReason::VersionInUse,
+            BlockReason::AwaitingPreflight => BlockedReason::AwaitingPreflight,
+            BlockReason::ConversionPreflightFailed => BlockedReason::ConversionPreflightFailed,
         }
     }
 }

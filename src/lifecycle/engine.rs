@@ -49,6 +49,14 @@ pub enum BlockReason {
     AwaitingMigration,
     /// The resulting CRD would break an invariant; nothing is changed.
     UnsafeState,
+    /// A milestone that needs approval has none yet.
+    AwaitingApproval,
+    /// Clients still call the version an `unserve` with a traffic gate applies to.
+    VersionInUse,
+    /// A `store` waits for the conversion preflight to finish.
+    AwaitingPreflight,
+    /// A `store` is held because objects failed to convert to the new version.
+    ConversionPreflightFailed,
 }
 
 impl BlockReason {
@@ -56,6 +64,10 @@ impl BlockReason {
         match self {
             BlockReason::AwaitingMigration => "AwaitingMigration",
             BlockReason::UnsafeState => "UnsafeState",
+            BlockReason::AwaitingApproval => "AwaitingApproval",
+            BlockReason::VersionInUse => "VersionInUse",
+            BlockReason::AwaitingPreflight => "AwaitingPreflight",
+            BlockReason::ConversionPreflightFailed => "ConversionPreflightFailed",
         }
     }
 }
@@ -90,6 +102,8 @@ pub struct Evaluation {
     pub blocked: Vec<Blocked>,
     /// Objects still stored in old versions, if any.
     pub migration: Option<MigrationNeed>,
+    /// When a held transition may proceed by time alone (a traffic window ending).
+    pub wake_at: Option<Timestamp>,
 }
 
 impl Evaluation {
@@ -222,6 +236,7 @@ impl Schedule {
             timeline: self.transitions(),
             blocked,
             migration,
+            wake_at: None,
         }
     }
 }

@@ -3,9 +3,11 @@
 //! transition and what is blocked. No I/O and no kube client here.
 
 mod crd;
+pub mod deprecation_policy;
 mod duration;
 mod engine;
 mod error;
+mod gates;
 mod render;
 mod schedule;
 
@@ -16,6 +18,7 @@ pub use engine::{
     phase_of_flags,
 };
 pub use error::{Error, FieldError, FieldErrors};
+pub use gates::{GateInputs, PreflightResult, TrafficObservation};
 pub use render::{as_manifest, render_crd};
 pub use schedule::{Schedule, ScheduledVersion, Transition};
 

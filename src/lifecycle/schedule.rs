@@ -5,7 +5,9 @@ use jiff::{SignedDuration, Timestamp};
 use super::crd::CrdState;
 use super::duration::parse_duration;
 use super::error::{Error, FieldErrors};
-use crate::api::{MAX_VERSIONS, MAX_WARNING_LEN, MigrationSettings, MilestoneKind, VersionPolicySpec};
+use crate::api::{
+    Enforce, MAX_VERSIONS, MAX_WARNING_LEN, MigrationSettings, MilestoneKind, VersionPolicySpec,
+};
 
 /// One governed version with every milestone resolved to an instant.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,12 +19,31 @@ pub struct ScheduledVersion {
     instants: [Option<Timestamp>; 5],
     /// The deprecation warning, if the policy gives one.
     pub warning: Option<String>,
+    /// Which milestones need an approval.
+    approvals: [bool; 5],
+    /// The traffic gate of `unserve`: no client request for this long first.
+    pub no_traffic_for: Option<SignedDuration>,
 }
 
 impl ScheduledVersion {
     /// The instant of the milestone of this kind, if the policy sets it.
     pub fn at(&self, kind: MilestoneKind) -> Option<Timestamp> {
         self.instants[kind as usize]
+    }
+
+    /// Whether the milestone of this kind needs an approval.
+    pub fn needs_approval(&self, kind: MilestoneKind) -> bool {
+        self.approvals[kind as usize]
+    }
+
+    /// Holds a milestone (and every later one of this version) back: they are treated as
+    /// not reached, whatever the instant.
+    pub(crate) fn postpone_from(&mut self, kind: MilestoneKind) {
+        for later in MilestoneKind::ALL.into_iter().filter(|k| *k >= kind) {
+            if self.instants[later as usize].is_some() {
+                self.instants[later as usize] = Some(Timestamp::MAX);
+            }
+        }
     }
 
     /// Whether the milestone of this kind is set and due at `t`.
@@ -65,6 +86,8 @@ pub struct Schedule {
     pub versions: Vec<ScheduledVersion>,
     /// Migration settings, as given.
     pub migration: MigrationSettings,
+    /// Extra rules the schedule follows.
+    pub enforce: Option<Enforce>,
 }
 
 /// One milestone of one version at its instant.
@@ -94,6 +117,9 @@ impl Schedule {
         // they would report the consequences of errors already listed.
         if complete {
             schedule.check_timeline(crd, &mut errors);
+            if schedule.enforce == Some(Enforce::KubernetesDeprecationPolicy) {
+                super::deprecation_policy::check(&schedule, crd, &mut errors);
+            }
         }
         errors.into_result(schedule)
     }
@@ -356,17 +382,29 @@ fn resolve(spec: &VersionPolicySpec, errors: &mut FieldErrors) -> (Schedule, boo
             "unserve",
             errors,
         );
+        let no_traffic_for = entry
+            .unserve
+            .as_ref()
+            .and_then(|u| u.require_no_traffic_for.as_deref())
+            .and_then(|text| {
+                parse_duration(text)
+                    .map_err(|message| errors.push(format!("{base}.unserve.requireNoTrafficFor"), message))
+                    .ok()
+            });
         versions.push(ScheduledVersion {
             name: entry.name.clone(),
             index,
             instants,
             warning,
+            approvals: MilestoneKind::ALL.map(|kind| entry.needs_approval(kind)),
+            no_traffic_for,
         });
     }
     let schedule = Schedule {
         crd_name: spec.crd_name.clone(),
         versions,
         migration: spec.migration.clone(),
+        enforce: spec.enforce,
     };
     (schedule, complete)
 }

@@ -1,7 +1,7 @@
 //! Property tests: generated valid policies and instants keep every engine invariant.
 
 use crd_lifecycle::api::{
-    DeprecateMilestone, MigrationSettings, Milestone, VersionPolicySpec, VersionSchedule,
+    DeprecateMilestone, MigrationSettings, Milestone, UnserveMilestone, VersionPolicySpec, VersionSchedule,
 };
 use crd_lifecycle::lifecycle::{self, BlockReason, CrdState, CrdVersion, Evaluation, Schedule};
 use jiff::{SignedDuration, Timestamp};
@@ -122,6 +122,7 @@ fn build(choices: &[VersionChoice]) -> Case {
         dry_run: false,
         versions,
         migration: MigrationSettings::default(),
+        enforce: None,
     };
     Case { spec, crd }
 }
@@ -141,18 +142,28 @@ fn schedule_entry(name: &str, choice: &VersionChoice, instants: [Option<i64>; 5]
         });
         previous = Some(at);
     }
-    let milestone =
-        |t: &Option<(Option<String>, Option<String>)>| t.clone().map(|(at, after)| Milestone { at, after });
+    let milestone = |t: &Option<(Option<String>, Option<String>)>| {
+        t.clone().map(|(at, after)| Milestone {
+            at,
+            after,
+            approval: None,
+        })
+    };
     VersionSchedule {
         name: name.to_owned(),
         introduce: milestone(&timings[0]),
         store: milestone(&timings[1]),
         deprecate: timings[2].clone().map(|(at, after)| DeprecateMilestone {
+            approval: None,
             at,
             after,
             warning: choice.warning.then(|| format!("{name} is deprecated")),
         }),
-        unserve: milestone(&timings[3]),
+        unserve: timings[3].clone().map(|(at, after)| UnserveMilestone {
+            at,
+            after,
+            ..UnserveMilestone::default()
+        }),
         remove: milestone(&timings[4]),
     }
 }

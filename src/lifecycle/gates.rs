@@ -1,0 +1,202 @@
+//! Gates: conditions a due transition must meet before it happens (an approval, no
+//! traffic to a version, a passed conversion preflight). A held transition, and every later
+//! milestone of its version, is treated as not reached; so is the unserving or removal of
+//! a version that stays the storage version because the `store` that would replace it is
+//! held. Plain data in, plain data out, like the rest of the engine.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use jiff::Timestamp;
+
+use super::crd::CrdState;
+use super::engine::{BlockReason, Blocked, CompletedMigration, Evaluation};
+use super::schedule::Schedule;
+use crate::api::MilestoneKind;
+
+/// What the controller knows about the gates.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GateInputs {
+    /// Approved milestones, as (version, milestone).
+    pub approvals: BTreeSet<(String, MilestoneKind)>,
+    /// Transitions already applied (the policy's history): their gates are not checked again.
+    pub applied: BTreeSet<(String, MilestoneKind)>,
+    /// Client requests observed per version.
+    pub traffic: BTreeMap<String, TrafficObservation>,
+    /// Conversion preflights, per version they read through.
+    pub preflight: BTreeMap<String, PreflightResult>,
+}
+
+/// What the controller saw of the requests to one version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrafficObservation {
+    /// Since when requests to the version are being counted.
+    pub watching_since: Timestamp,
+    /// The last instant a client request was seen (counters moved), if any.
+    pub last_request: Option<Timestamp>,
+}
+
+impl TrafficObservation {
+    /// When a window of `quiet` without requests will have been observed.
+    pub fn quiet_since(&self) -> Timestamp {
+        self.last_request
+            .map_or(self.watching_since, |last| last.max(self.watching_since))
+    }
+}
+
+/// The outcome of a conversion preflight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PreflightResult {
+    Running,
+    Passed,
+    Failed(String),
+}
+
+impl Schedule {
+    /// Evaluates with gates: due transitions whose gate is not met are held back and
+    /// reported (`AwaitingApproval`, `VersionInUse`, `AwaitingPreflight`,
+    /// `ConversionPreflightFailed`). `wake_at` says when a held transition may proceed by
+    /// time alone (a traffic window ending).
+    pub fn evaluate_with_gates(
+        &self,
+        crd: &CrdState,
+        migrations: &[CompletedMigration],
+        gates: &GateInputs,
+        at: Timestamp,
+    ) -> Evaluation {
+        let mut effective = self.clone();
+        let mut held: Vec<Blocked> = Vec::new();
+        let mut wake_at: Option<Timestamp> = None;
+        for version in &self.versions {
+            for kind in MilestoneKind::ALL {
+                if !version.reached(kind, at) || gates.applied.contains(&(version.name.clone(), kind)) {
+                    continue;
+                }
+                if effect_visible(crd, &version.name, kind) {
+                    continue;
+                }
+                let hold = self.gate(version, kind, gates, at, &mut wake_at);
+                if let Some((reason, message)) = hold {
+                    held.push(Blocked {
+                        reason,
+                        version: version.name.clone(),
+                        milestone: Some(kind),
+                        message,
+                    });
+                    if let Some(v) = effective.versions.iter_mut().find(|v| v.name == version.name) {
+                        v.postpone_from(kind);
+                    }
+                    break;
+                }
+            }
+        }
+        // A held `store` keeps the previous storage version: it must stay served and
+        // present, so its own unserve and remove wait too.
+        for _ in 0..=self.versions.len() {
+            let storage = effective
+                .storage_at(at)
+                .map(|v| v.name.clone())
+                .or_else(|| crd.storage_version().map(str::to_owned));
+            let Some(storage) = storage else { break };
+            let Some(version) = effective.versions.iter_mut().find(|v| v.name == storage) else {
+                break;
+            };
+            let kind = [MilestoneKind::Unserve, MilestoneKind::Remove]
+                .into_iter()
+                .find(|k| version.reached(*k, at));
+            let Some(kind) = kind else { break };
+            version.postpone_from(kind);
+            let cause = held
+                .iter()
+                .find(|b| b.milestone == Some(MilestoneKind::Store))
+                .cloned();
+            held.push(Blocked {
+                reason: cause.as_ref().map_or(BlockReason::UnsafeState, |c| c.reason),
+                version: storage.clone(),
+                milestone: Some(kind),
+                message: format!(
+                    "{storage} stays the storage version while {} is held, so its {kind} waits",
+                    cause.map_or_else(|| "the next store".to_owned(), |c| format!("{} store", c.version))
+                ),
+            });
+        }
+        let mut evaluation = effective.evaluate(crd, migrations, at);
+        evaluation.timeline = self.transitions();
+        evaluation.blocked.splice(0..0, held);
+        evaluation.wake_at = wake_at;
+        evaluation
+    }
+
+    fn gate(
+        &self,
+        version: &super::schedule::ScheduledVersion,
+        kind: MilestoneKind,
+        gates: &GateInputs,
+        at: Timestamp,
+        wake_at: &mut Option<Timestamp>,
+    ) -> Option<(BlockReason, String)> {
+        let name = &version.name;
+        if version.needs_approval(kind) && !gates.approvals.contains(&(name.clone(), kind)) {
+            return Some((
+                BlockReason::AwaitingApproval,
+                format!(
+                    "{name} {kind} is due and needs approval: kubectl annotate versionpolicy <name> \
+                     crdlifecycle.io/approve={name}.{kind}"
+                ),
+            ));
+        }
+        if kind == MilestoneKind::Unserve
+            && let Some(window) = version.no_traffic_for
+        {
+            let Some(observed) = gates.traffic.get(name) else {
+                return Some((
+                    BlockReason::VersionInUse,
+                    format!(
+                        "{name} unserve waits for {window:#} without requests to {name}; traffic is not observed yet"
+                    ),
+                ));
+            };
+            let satisfied_at = observed.quiet_since() + window;
+            if satisfied_at > at {
+                *wake_at = Some(wake_at.map_or(satisfied_at, |w| w.min(satisfied_at)));
+                let last = observed
+                    .last_request
+                    .map_or_else(|| "none seen".to_owned(), |t| format!("last request seen at {t}"));
+                return Some((
+                    BlockReason::VersionInUse,
+                    format!(
+                        "{name} unserve waits for {window:#} without requests to {name} ({last}); satisfied at {satisfied_at} if no request comes"
+                    ),
+                ));
+            }
+        }
+        if kind == MilestoneKind::Store && self.migration.enabled && self.migration.preflight {
+            return match gates.preflight.get(name) {
+                Some(PreflightResult::Passed) => None,
+                Some(PreflightResult::Failed(message)) => Some((
+                    BlockReason::ConversionPreflightFailed,
+                    format!("{name} store is held: reading the objects through {name} failed: {message}"),
+                )),
+                Some(PreflightResult::Running) | None => Some((
+                    BlockReason::AwaitingPreflight,
+                    format!(
+                        "{name} store waits for the conversion preflight (every object read through {name})"
+                    ),
+                )),
+            };
+        }
+        None
+    }
+}
+
+/// Whether the CRD already shows the effect of a milestone (then no gate applies: it
+/// happened, by this controller or by hand).
+fn effect_visible(crd: &CrdState, version: &str, kind: MilestoneKind) -> bool {
+    let current = crd.version(version);
+    match kind {
+        MilestoneKind::Introduce => current.is_some_and(|v| v.served),
+        MilestoneKind::Store => current.is_some_and(|v| v.storage),
+        MilestoneKind::Deprecate => current.is_some_and(|v| v.deprecated),
+        MilestoneKind::Unserve => current.is_none_or(|v| !v.served),
+        MilestoneKind::Remove => current.is_none(),
+    }
+}
