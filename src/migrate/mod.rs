@@ -79,6 +79,9 @@ pub struct Settings {
     pub max_reported_failures: usize,
     /// How often the whole run may start over because the storage version changed.
     pub max_restarts: usize,
+    /// With `Mode::Preflight`: read through this version instead of the storage version
+    /// (the version a `store` is about to switch to).
+    pub through_version: Option<String>,
 }
 
 impl Default for Settings {
@@ -92,6 +95,7 @@ impl Default for Settings {
             resume: None,
             max_reported_failures: 20,
             max_restarts: 3,
+            through_version: None,
         }
     }
 }
@@ -130,6 +134,7 @@ pub enum Outcome {
 #[derive(Clone, Debug)]
 pub struct Report {
     pub target: Target,
+    pub mode: Mode,
     pub outcome: Outcome,
     pub counts: Counts,
     /// The first failures (at most `max_reported_failures`).
@@ -179,14 +184,16 @@ impl Report {
             ),
             Outcome::PreflightPassed => format!(
                 "preflight of {} through {}: every object converts ({counts})",
-                target.crd, target.storage_version
+                target.crd, target.version
             ),
             Outcome::Failed => {
                 let first: Vec<String> = self.failures.iter().take(3).map(ToString::to_string).collect();
+                let what = match self.mode {
+                    Mode::Rewrite => format!("migration of {} to {}", target.crd, target.version),
+                    Mode::Preflight => format!("preflight of {} through {}", target.crd, target.version),
+                };
                 format!(
-                    "migration of {} to {} failed: {counts}; status.storedVersions left untouched; first failures: {}",
-                    target.crd,
-                    target.storage_version,
+                    "{what} failed: {counts}; status.storedVersions left untouched; first failures: {}",
                     first.join("; ")
                 )
             }
@@ -246,13 +253,18 @@ pub async fn migrate(
     let mut restarts = 0;
     let mut resume = settings.resume.clone();
     loop {
-        let target = read_target(client, crd_name).await?;
+        let through = settings
+            .through_version
+            .as_deref()
+            .filter(|_| settings.mode == Mode::Preflight);
+        let target = read_target(client, crd_name, through).await?;
         if settings.mode == Mode::Rewrite
             && target.stale_versions().is_empty()
             && !target.stored_versions.is_empty()
         {
             return Ok(Report {
                 target,
+                mode: settings.mode,
                 outcome: Outcome::AlreadyMigrated,
                 counts: Counts::default(),
                 failures: Vec::new(),
@@ -274,6 +286,7 @@ pub async fn migrate(
         let failures = run.failures.into_inner().unwrap_or_else(|p| p.into_inner());
         let report = |outcome| Report {
             target: target.clone(),
+            mode: settings.mode,
             outcome,
             counts,
             failures: failures.clone(),
@@ -308,16 +321,21 @@ pub async fn migrate(
     }
 }
 
-async fn read_target(client: &Client, crd_name: &str) -> Result<Target, Error> {
+async fn read_target(client: &Client, crd_name: &str, through: Option<&str>) -> Result<Target, Error> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd = crds
         .get_opt(crd_name)
         .await?
         .ok_or_else(|| Error::CrdNotFound(crd_name.to_owned()))?;
-    Target::from_crd(&crd).map_err(|reason| Error::Unmigratable {
+    let unmigratable = |reason| Error::Unmigratable {
         crd: crd_name.to_owned(),
         reason,
-    })
+    };
+    let target = Target::from_crd(&crd).map_err(unmigratable)?;
+    match through {
+        Some(version) => target.through(&crd, version).map_err(unmigratable),
+        None => Ok(target),
+    }
 }
 
 /// One run over the objects of one target.
@@ -463,7 +481,7 @@ impl Run<'_> {
     fn list_error(&self, message: String) -> Error {
         Error::List {
             crd: self.target.crd.clone(),
-            version: self.target.storage_version.clone(),
+            version: self.target.version.clone(),
             message,
         }
     }

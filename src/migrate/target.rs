@@ -10,6 +10,9 @@ pub struct Target {
     pub group: String,
     pub plural: String,
     pub storage_version: String,
+    /// The version requests go through: the storage version, or for a conversion
+    /// preflight the version a `store` is about to switch to.
+    pub version: String,
     pub namespaced: bool,
     /// The CRD's generation when the run started.
     pub generation: Option<i64>,
@@ -41,6 +44,7 @@ impl Target {
             group: crd.spec.group.clone(),
             plural: crd.spec.names.plural.clone(),
             storage_version: storage.name.clone(),
+            version: storage.name.clone(),
             namespaced: crd.spec.scope == "Namespaced",
             generation: crd.metadata.generation,
             stored_versions: crd
@@ -49,6 +53,18 @@ impl Target {
                 .and_then(|s| s.stored_versions.clone())
                 .unwrap_or_default(),
         })
+    }
+
+    /// Reads through another (served) version of the CRD instead of the storage version.
+    pub fn through(mut self, crd: &CustomResourceDefinition, version: &str) -> Result<Target, String> {
+        match crd.spec.versions.iter().find(|v| v.name == version) {
+            Some(v) if v.served => {
+                self.version = version.to_owned();
+                Ok(self)
+            }
+            Some(_) => Err(format!("version {version} of {} is not served", self.crd)),
+            None => Err(format!("{} has no version {version}", self.crd)),
+        }
     }
 
     /// Stored versions other than the storage version: what the migration gets rid of.
@@ -62,7 +78,7 @@ impl Target {
 
     /// `/apis/<group>/<version>/<plural>`: every object, across namespaces.
     pub fn list_path(&self) -> String {
-        format!("/apis/{}/{}/{}", self.group, self.storage_version, self.plural)
+        format!("/apis/{}/{}/{}", self.group, self.version, self.plural)
     }
 
     /// The collection an object belongs to (its URL without the name).
@@ -70,7 +86,7 @@ impl Target {
         match namespace.filter(|_| self.namespaced) {
             Some(ns) => format!(
                 "/apis/{}/{}/namespaces/{ns}/{}",
-                self.group, self.storage_version, self.plural
+                self.group, self.version, self.plural
             ),
             None => self.list_path(),
         }

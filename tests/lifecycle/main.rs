@@ -6,5 +6,6 @@ mod flags;
 mod cli;
 mod example;
 mod fixtures;
+mod gates;
 mod properties;
 mod validation;

@@ -1,0 +1,301 @@
+//! Gates hold due transitions back until their condition holds, then let them proceed.
+
+use crate::fixtures::{crd, crd_yaml, flags, policy, policy_yaml, ts};
+use crd_lifecycle::api::MilestoneKind;
+use crd_lifecycle::lifecycle::{
+    BlockReason, CrdState, GateInputs, PreflightResult, Schedule, TrafficObservation,
+};
+
+fn three_versions() -> CrdState {
+    crd(&crd_yaml(&[
+        ("v1alpha1", true, true),
+        ("v1beta1", true, false),
+        ("v1", false, false),
+    ]))
+}
+
+fn schedule(versions: &str, crd: &CrdState) -> Schedule {
+    let mut text = policy_yaml(versions);
+    text.push_str("  migration: {enabled: false}\n");
+    Schedule::new(&policy(&text).spec, crd, ts("2026-01-01T00:00:00Z")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn approved(pairs: &[(&str, MilestoneKind)]) -> GateInputs {
+    GateInputs {
+        approvals: pairs.iter().map(|(v, k)| ((*v).to_owned(), *k)).collect(),
+        ..GateInputs::default()
+    }
+}
+
+const APPROVED_STORE: &str = "  - name: v1\n    introduce: {at: \"2026-01-15T00:00:00Z\"}\n    \
+     store: {at: \"2026-02-01T00:00:00Z\", approval: Required}\n\
+     \x20 - name: v1alpha1\n    deprecate: {at: \"2026-03-01T00:00:00Z\"}\n    unserve: {at: \"2026-04-01T00:00:00Z\"}\n";
+
+#[test]
+fn an_approval_gate_holds_the_milestone_and_what_depends_on_it() {
+    let crd = three_versions();
+    let schedule = schedule(APPROVED_STORE, &crd);
+    let at = ts("2026-04-15T00:00:00Z");
+    let evaluation = schedule.evaluate_with_gates(&crd, &[], &GateInputs::default(), at);
+    // v1 is introduced but not stored; v1alpha1 stays the storage version, so its
+    // unserve waits too (deprecation has no reason to wait).
+    assert_eq!(flags(&evaluation), "v1alpha1:sSd v1beta1:s v1:s");
+    let blocked: Vec<(BlockReason, &str, Option<MilestoneKind>)> = evaluation
+        .blocked
+        .iter()
+        .map(|b| (b.reason, b.version.as_str(), b.milestone))
+        .collect();
+    assert_eq!(
+        blocked,
+        [
+            (BlockReason::AwaitingApproval, "v1", Some(MilestoneKind::Store)),
+            (
+                BlockReason::AwaitingApproval,
+                "v1alpha1",
+                Some(MilestoneKind::Unserve)
+            ),
+        ]
+    );
+    assert!(
+        evaluation.blocked[0]
+            .message
+            .contains("crdlifecycle.io/approve=v1.store"),
+        "{}",
+        evaluation.blocked[0].message
+    );
+    assert!(
+        evaluation.blocked[1]
+            .message
+            .contains("stays the storage version while v1 store is held")
+    );
+
+    // Approved: everything due happens.
+    let evaluation = schedule.evaluate_with_gates(&crd, &[], &approved(&[("v1", MilestoneKind::Store)]), at);
+    assert_eq!(flags(&evaluation), "v1alpha1:d v1beta1:s v1:sS");
+    assert!(evaluation.blocked.is_empty(), "{:?}", evaluation.blocked);
+}
+
+#[test]
+fn gates_are_not_checked_again_once_applied() {
+    let crd = three_versions();
+    let schedule = schedule(APPROVED_STORE, &crd);
+    let at = ts("2026-02-15T00:00:00Z");
+    // The CRD already shows v1 as the storage version (applied earlier, approval since
+    // withdrawn): nothing is rolled back.
+    let stored = crd_lifecycle::lifecycle::CrdState {
+        versions: crd
+            .versions
+            .iter()
+            .cloned()
+            .map(|mut v| {
+                v.storage = v.name == "v1";
+                v.served = true;
+                v
+            })
+            .collect(),
+        ..crd.clone()
+    };
+    let evaluation = schedule.evaluate_with_gates(&stored, &[], &GateInputs::default(), at);
+    assert_eq!(flags(&evaluation), "v1alpha1:s v1beta1:s v1:sS");
+    assert!(evaluation.blocked.is_empty());
+    // Recorded in history: not gated either.
+    let gates = GateInputs {
+        applied: [("v1".to_owned(), MilestoneKind::Store)].into(),
+        ..GateInputs::default()
+    };
+    let evaluation = schedule.evaluate_with_gates(&crd, &[], &gates, at);
+    assert_eq!(
+        flags(&evaluation),
+        "v1alpha1:s v1beta1:s v1:sS",
+        "drift corrected without a new approval"
+    );
+}
+
+const TRAFFIC_GATED: &str = "  - name: v1\n    introduce: {at: \"2026-01-15T00:00:00Z\"}\n    store: {at: \"2026-02-01T00:00:00Z\"}\n\
+     \x20 - name: v1beta1\n    deprecate: {at: \"2026-03-01T00:00:00Z\"}\n    \
+     unserve: {at: \"2026-04-01T00:00:00Z\", requireNoTrafficFor: 24h}\n    remove: {after: 1d}\n";
+
+#[test]
+fn a_traffic_gate_waits_for_a_quiet_window() {
+    let crd = three_versions();
+    let schedule = schedule(TRAFFIC_GATED, &crd);
+    let at = ts("2026-04-01T06:00:00Z");
+    let watching = |since: &str, last: Option<&str>| GateInputs {
+        traffic: [(
+            "v1beta1".to_owned(),
+            TrafficObservation {
+                watching_since: ts(since),
+                last_request: last.map(ts),
+            },
+        )]
+        .into(),
+        ..GateInputs::default()
+    };
+
+    // Not observed at all yet.
+    let evaluation = schedule.evaluate_with_gates(&crd, &[], &GateInputs::default(), at);
+    assert_eq!(evaluation.blocked[0].reason, BlockReason::VersionInUse);
+    assert!(evaluation.version("v1beta1").is_some_and(|v| v.served));
+
+    // A request three hours ago: the window ends 21 hours from now.
+    let gates = watching("2026-03-01T00:00:00Z", Some("2026-04-01T03:00:00Z"));
+    let evaluation = schedule.evaluate_with_gates(&crd, &[], &gates, at);
+    assert_eq!(evaluation.blocked[0].reason, BlockReason::VersionInUse);
+    let message = &evaluation.blocked[0].message;
+    assert!(
+        message.contains("last request seen at 2026-04-01T03:00:00Z"),
+        "{message}"
+    );
+    assert!(message.contains("satisfied at 2026-04-02T03:00:00Z"), "{message}");
+    assert_eq!(evaluation.wake_at, Some(ts("2026-04-02T03:00:00Z")));
+    // The removal after it waits too.
+    let later = schedule.evaluate_with_gates(&crd, &[], &gates, ts("2026-04-02T01:00:00Z"));
+    assert!(later.version("v1beta1").is_some_and(|v| v.present && v.served));
+
+    // Watching for less than the window, no request: still waiting.
+    let gates = watching("2026-04-01T00:00:00Z", None);
+    let evaluation = schedule.evaluate_with_gates(&crd, &[], &gates, at);
+    assert_eq!(evaluation.wake_at, Some(ts("2026-04-02T00:00:00Z")));
+
+    // Quiet for a whole day: it proceeds.
+    let gates = watching("2026-03-01T00:00:00Z", Some("2026-03-31T05:00:00Z"));
+    let evaluation = schedule.evaluate_with_gates(&crd, &[], &gates, at);
+    assert!(evaluation.blocked.is_empty(), "{:?}", evaluation.blocked);
+    assert!(evaluation.version("v1beta1").is_some_and(|v| !v.served));
+}
+
+#[test]
+fn a_conversion_preflight_gates_the_store() {
+    let crd = three_versions();
+    let mut text = policy_yaml(
+        "  - name: v1\n    introduce: {at: \"2026-01-15T00:00:00Z\"}\n    store: {at: \"2026-02-01T00:00:00Z\"}\n",
+    );
+    text.push_str("  migration: {enabled: true}\n");
+    let schedule = Schedule::new(&policy(&text).spec, &crd, ts("2026-01-01T00:00:00Z")).expect("valid");
+    let at = ts("2026-02-01T00:00:01Z");
+    let with = |result: Option<PreflightResult>| GateInputs {
+        preflight: result.map(|r| ("v1".to_owned(), r)).into_iter().collect(),
+        ..GateInputs::default()
+    };
+    let pending = schedule.evaluate_with_gates(&crd, &[], &with(None), at);
+    assert_eq!(pending.blocked[0].reason, BlockReason::AwaitingPreflight);
+    assert_eq!(
+        flags(&pending),
+        "v1alpha1:sS v1beta1:s v1:s",
+        "introduced, not stored"
+    );
+    let failed = schedule.evaluate_with_gates(
+        &crd,
+        &[],
+        &with(Some(PreflightResult::Failed("w7: bad".into()))),
+        at,
+    );
+    assert_eq!(failed.blocked[0].reason, BlockReason::ConversionPreflightFailed);
+    assert!(failed.blocked[0].message.contains("w7: bad"));
+    let passed = schedule.evaluate_with_gates(&crd, &[], &with(Some(PreflightResult::Passed)), at);
+    assert!(passed.blocked.is_empty());
+    assert_eq!(flags(&passed), "v1alpha1:s v1beta1:s v1:sS");
+
+    // Turned off: no gate.
+    let mut text = policy_yaml("  - name: v1\n    store: {at: \"2026-02-01T00:00:00Z\"}\n");
+    text.push_str("  migration: {enabled: true, preflight: false}\n");
+    let schedule = Schedule::new(&policy(&text).spec, &crd, ts("2026-01-01T00:00:00Z")).expect("valid");
+    assert!(
+        schedule
+            .evaluate_with_gates(&crd, &[], &GateInputs::default(), at)
+            .blocked
+            .is_empty()
+    );
+}
+
+#[test]
+fn gates_wait_only_when_due() {
+    let crd = three_versions();
+    let schedule = schedule(APPROVED_STORE, &crd);
+    let before = schedule.evaluate_with_gates(&crd, &[], &GateInputs::default(), ts("2026-01-20T00:00:00Z"));
+    assert!(before.blocked.is_empty());
+    assert_eq!(
+        before.next_transition().map(|t| t.at),
+        Some(ts("2026-02-01T00:00:00Z")),
+        "the timeline is the schedule's"
+    );
+}
+
+mod deprecation_policy {
+    use crate::fixtures::{crd, crd_yaml, policy, ts};
+    use crd_lifecycle::lifecycle::{self, Schedule};
+
+    fn problems(versions: &str) -> Vec<(String, String)> {
+        let text = format!(
+            "apiVersion: crdlifecycle.io/v1alpha1\nkind: VersionPolicy\nmetadata: {{name: w}}\n\
+             spec:\n  crdName: widgets.example.com\n  enforce: KubernetesDeprecationPolicy\n  versions:\n{versions}"
+        );
+        let crd = crd(&crd_yaml(&[
+            ("v1alpha1", true, true),
+            ("v1beta1", true, false),
+            ("v1", false, false),
+        ]));
+        match Schedule::new(&policy(&text).spec, &crd, ts("2026-01-01T00:00:00Z")) {
+            Ok(_) => Vec::new(),
+            Err(lifecycle::Error::InvalidPolicy(errors)) => errors
+                .iter()
+                .map(|e| (e.path.clone(), e.message.clone()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_compliant_schedule_passes() {
+        let found = problems(
+            "  - name: v1\n    introduce: {at: \"2026-01-15T00:00:00Z\"}\n    store: {at: \"2026-02-01T00:00:00Z\"}\n\
+             \x20 - name: v1beta1\n    deprecate: {at: \"2026-02-01T00:00:00Z\"}\n    unserve: {at: \"2026-11-01T00:00:00Z\"}\n\
+             \x20 - name: v1alpha1\n    deprecate: {at: \"2026-02-02T00:00:00Z\"}\n    unserve: {after: 1d}\n    remove: {after: 1d}\n",
+        );
+        assert_eq!(found, []);
+    }
+
+    #[test]
+    fn rule_3_no_deprecation_in_favour_of_a_less_stable_version() {
+        // v1beta1 deprecated before v1 (the only GA) is served.
+        let found = problems(
+            "  - name: v1\n    introduce: {at: \"2026-03-01T00:00:00Z\"}\n    store: {at: \"2026-03-02T00:00:00Z\"}\n\
+             \x20 - name: v1beta1\n    deprecate: {at: \"2026-02-01T00:00:00Z\"}\n",
+        );
+        assert!(
+            found
+                .iter()
+                .any(|(p, m)| p == "spec.versions[1].deprecate" && m.contains("rule #3")),
+            "{found:#?}"
+        );
+    }
+
+    #[test]
+    fn rule_4a_beta_served_nine_months_after_deprecation_and_ga_never_removed() {
+        let found = problems(
+            "  - name: v1\n    introduce: {at: \"2026-01-15T00:00:00Z\"}\n    store: {at: \"2026-02-01T00:00:00Z\"}\n    \
+             deprecate: {at: \"2026-03-01T00:00:00Z\"}\n\
+             \x20 - name: v1beta1\n    deprecate: {at: \"2026-02-01T00:00:00Z\"}\n    unserve: {at: \"2026-08-01T00:00:00Z\"}\n",
+        );
+        assert!(
+            found.iter().any(|(p, m)| p == "spec.versions[1].unserve"
+                && m.contains("rule #4a")
+                && m.contains("not be unserved before 2026-11-01T00:00:00Z")),
+            "{found:#?}"
+        );
+        let found = problems(
+            "  - name: v1\n    introduce: {at: \"2026-01-15T00:00:00Z\"}\n    store: {at: \"2026-02-01T00:00:00Z\"}\n\
+             \x20 - name: v1alpha1\n    deprecate: {at: \"2026-02-01T00:00:00Z\"}\n    unserve: {after: 1d}\n    remove: {after: 1d}\n",
+        );
+        assert_eq!(found, [], "alpha versions may go at once");
+        let found = problems(
+            "  - name: v1
+    introduce: {at: \"2026-01-15T00:00:00Z\"}\n    deprecate: {at: \"2026-02-01T00:00:00Z\"}\n    \
+             unserve: {after: 1d}\n    remove: {after: 1d}\n",
+        );
+        assert!(
+            found.iter().any(|(p, m)| p == "spec.versions[0].remove"
+                && m.contains("GA version v1 may be deprecated but must not be removed")),
+            "{found:#?}"
+        );
+    }
+}
