@@ -117,6 +117,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", env = "CRD_LIFECYCLE_PARALLEL_MIGRATIONS", default_value_t = 2,
           value_parser = clap::value_parser!(u32).range(1..=32))]
     pub parallel_migrations: u32,
+
+    /// How often the apiserver's /metrics is sampled for traffic gates (1s to 10m).
+    #[arg(long, value_name = "DURATION", env = "CRD_LIFECYCLE_TRAFFIC_SAMPLE_INTERVAL", default_value = "30s",
+          value_parser = parse_resync)]
+    pub traffic_sample_interval: Duration,
 }
 
 /// Arguments of `crd-lifecycle plan`.

@@ -68,6 +68,7 @@ async fn run(args: RunArgs) -> Result<(), (u8, String)> {
         resync: args.resync,
         identity,
         parallel_migrations: usize::try_from(args.parallel_migrations).unwrap_or(2),
+        traffic_sample_interval: args.traffic_sample_interval,
     };
     controller::run(client, settings)
         .await

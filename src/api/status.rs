@@ -44,6 +44,60 @@ pub struct VersionPolicyStatus {
     /// Progress of the storage-version migration of the CRD's objects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<MigrationStatus>,
+
+    /// The last conversion preflight (every object read through the version a `store`
+    /// switches to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preflight: Option<PreflightStatus>,
+
+    /// Client requests observed for versions whose `unserve` has a traffic gate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub traffic: Vec<TrafficStatus>,
+}
+
+/// A conversion preflight.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PreflightStatus {
+    /// The version objects were read through.
+    pub version: String,
+    /// Running, Succeeded or Failed.
+    pub phase: MigrationPhase,
+    /// When it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+    /// Objects read.
+    #[serde(default)]
+    pub read: u64,
+    /// Objects that failed to convert.
+    #[serde(default)]
+    pub failed: u64,
+    /// The first failures, as `namespace/name: message`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<String>,
+    /// A human-readable summary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// What the controller saw of the requests to one version.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrafficStatus {
+    /// The version.
+    pub version: String,
+    /// Since when requests to it are observed (this controller's start, at the earliest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_since: Option<Time>,
+    /// The last sample in which requests to it had happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_request_at: Option<Time>,
+    /// When the required quiet window is complete if no request comes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_satisfied_at: Option<Time>,
+    /// Why traffic cannot be observed, if it cannot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// Where a version is in its life.
@@ -114,6 +168,13 @@ pub struct HistoryEntry {
     pub scheduled_at: Time,
     /// When the CRD was patched.
     pub applied_at: Time,
+    /// Who approved it (the field manager that set the approval annotation), for
+    /// milestones that needed an approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_by: Option<String>,
+    /// When the approval annotation was set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_at: Option<Time>,
 }
 
 /// Where a storage-version migration is.

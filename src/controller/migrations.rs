@@ -19,12 +19,15 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::metrics::{CrdLabels, Metrics, MigrationResultLabels};
-use crate::api::{MigrationPhase, MigrationStatus, VersionPolicy};
+use crate::api::{MigrationPhase, MigrationStatus, PreflightStatus, VersionPolicy};
 use crate::migrate::{self, Checkpoint, Counts, Mode, Outcome, Report};
 
 /// Field manager of `status.migration`, separate from the reconciler's so that the two
 /// server-side applies never take each other's fields.
 pub const MIGRATION_FIELD_MANAGER: &str = "crd-lifecycle-migrator";
+
+/// Field manager of `status.preflight`.
+pub const PREFLIGHT_FIELD_MANAGER: &str = "crd-lifecycle-preflight";
 
 /// How long after a failed run a new one may start.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(300);
@@ -51,6 +54,7 @@ pub struct Migrations {
     failed_at: Mutex<HashMap<String, Instant>>,
     progress_interval: Duration,
     retry: migrate::RetryPolicy,
+    retry_after_failure: Duration,
 }
 
 impl Migrations {
@@ -65,7 +69,14 @@ impl Migrations {
             failed_at: Mutex::new(HashMap::new()),
             progress_interval: PROGRESS_INTERVAL,
             retry: migrate::RetryPolicy::default(),
+            retry_after_failure: RETRY_AFTER_FAILURE,
         }
+    }
+
+    /// How long after a failed run (or preflight) a new one may start (default 5 min).
+    pub fn with_retry_after_failure(mut self, wait: Duration) -> Self {
+        self.retry_after_failure = wait;
+        self
     }
 
     /// How requests that may succeed later are retried (default: 6 attempts, 0.2 s
@@ -104,7 +115,7 @@ impl Migrations {
         }
         if lock(&self.failed_at)
             .get(&crd)
-            .is_some_and(|at| at.elapsed() < RETRY_AFTER_FAILURE)
+            .is_some_and(|at| at.elapsed() < self.retry_after_failure)
         {
             return false;
         }
@@ -120,6 +131,125 @@ impl Migrations {
             },
         );
         true
+    }
+
+    /// Starts a conversion preflight of the policy's CRD through `version` (every object
+    /// read through it, nothing written) unless one runs or failed recently; the result
+    /// goes to `status.preflight`.
+    pub fn ensure_preflight(self: &Arc<Self>, policy: &VersionPolicy, version: &str) {
+        let key = format!("preflight/{}/{version}", policy.spec.crd_name);
+        let mut running = lock(&self.running);
+        if running.get(&key).is_some_and(|r| !r.handle.is_finished()) {
+            return;
+        }
+        if lock(&self.failed_at)
+            .get(&key)
+            .is_some_and(|at| at.elapsed() < self.retry_after_failure)
+        {
+            return;
+        }
+        let this = self.clone();
+        let policy = policy.clone();
+        let target = version.to_owned();
+        let handle = tokio::spawn(async move { this.run_preflight(policy, target).await });
+        running.insert(
+            key,
+            Running {
+                storage_version: version.to_owned(),
+                handle,
+            },
+        );
+    }
+
+    async fn run_preflight(self: Arc<Self>, policy: VersionPolicy, version: String) {
+        let Ok(_slot) = self.slots.clone().acquire_owned().await else {
+            return;
+        };
+        let crd = policy.spec.crd_name.clone();
+        let name = policy.metadata.name.clone().unwrap_or_default();
+        let reference = policy.object_ref(&());
+        let key = format!("preflight/{crd}/{version}");
+        let mut status = PreflightStatus {
+            version: version.clone(),
+            phase: MigrationPhase::Running,
+            finished_at: None,
+            read: 0,
+            failed: 0,
+            failures: Vec::new(),
+            message: Some(format!("reading every object of {crd} through {version}")),
+        };
+        self.write_preflight(&name, &status).await;
+        let note = format!("conversion preflight: reading every object of {crd} through {version}");
+        self.event(&reference, EventType::Normal, "PreflightStarted", note)
+            .await;
+        let settings = migrate::Settings {
+            concurrency: usize::try_from(policy.spec.migration.concurrency).unwrap_or(16),
+            page_size: policy.spec.migration.page_size,
+            qps: policy.spec.migration.qps,
+            mode: Mode::Preflight,
+            through_version: Some(version.clone()),
+            retry: self.retry.clone(),
+            ..migrate::Settings::default()
+        };
+        let result = migrate::migrate(&self.client, &crd, &settings, &migrate::Quiet).await;
+        status.finished_at = Some(Time(Timestamp::now()));
+        match result {
+            Ok(report) => {
+                status.read = report.counts.rewritten;
+                status.failed = report.counts.failed;
+                status.failures = report.failures.iter().map(ToString::to_string).collect();
+                status.message = Some(report.summary());
+                if report.succeeded() {
+                    status.phase = MigrationPhase::Succeeded;
+                    self.write_preflight(&name, &status).await;
+                    self.event(
+                        &reference,
+                        EventType::Normal,
+                        "PreflightSucceeded",
+                        report.summary(),
+                    )
+                    .await;
+                    lock(&self.failed_at).remove(&key);
+                } else {
+                    status.phase = MigrationPhase::Failed;
+                    self.write_preflight(&name, &status).await;
+                    self.event(
+                        &reference,
+                        EventType::Warning,
+                        "ConversionPreflightFailed",
+                        report.summary(),
+                    )
+                    .await;
+                    lock(&self.failed_at).insert(key, Instant::now());
+                }
+            }
+            Err(error) => {
+                status.phase = MigrationPhase::Failed;
+                status.message = Some(error.to_string());
+                self.write_preflight(&name, &status).await;
+                self.event(
+                    &reference,
+                    EventType::Warning,
+                    "ConversionPreflightFailed",
+                    error.to_string(),
+                )
+                .await;
+                lock(&self.failed_at).insert(key, Instant::now());
+            }
+        }
+    }
+
+    async fn write_preflight(&self, name: &str, status: &PreflightStatus) {
+        let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(self.client.clone());
+        let patch = json!({
+            "apiVersion": "crdlifecycle.io/v1alpha1",
+            "kind": "VersionPolicy",
+            "status": {"preflight": status},
+        });
+        let params = PatchParams::apply(PREFLIGHT_FIELD_MANAGER).force();
+        if let Err(error) = api.patch_status(name, &params, &Patch::Apply(&patch)).await {
+            warn!(policy = name, error = %error, "cannot write the preflight status");
+        }
     }
 
     /// Stops every migration (on shutdown); their checkpoints let the next leader resume.

@@ -2,6 +2,7 @@
 //! metrics, leader election and graceful shutdown.
 
 mod error;
+pub mod gates;
 pub mod http;
 pub mod leader;
 pub mod metrics;
@@ -9,6 +10,7 @@ pub mod migrations;
 pub mod patch;
 mod reconcile;
 pub mod status;
+pub mod traffic;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,6 +36,7 @@ use http::Health;
 use leader::{LeaderElector, LeaseSettings};
 use metrics::Metrics;
 use migrations::Migrations;
+use traffic::TrafficMonitor;
 
 /// Settings of `crd-lifecycle run`.
 #[derive(Clone, Debug)]
@@ -46,6 +49,8 @@ pub struct RunSettings {
     pub identity: String,
     /// Storage-version migrations that may run at once.
     pub parallel_migrations: usize,
+    /// How often the apiserver's `/metrics` is sampled for traffic gates.
+    pub traffic_sample_interval: Duration,
 }
 
 /// Why `run` stopped other than by a shutdown signal.
@@ -151,6 +156,8 @@ async fn controller(
         metrics.clone(),
         settings.parallel_migrations,
     ));
+    let traffic = TrafficMonitor::new(client.clone(), settings.traffic_sample_interval);
+    let sampler = tokio::spawn(traffic.clone().run());
     let context = Arc::new(Context {
         client,
         recorder,
@@ -159,6 +166,7 @@ async fn controller(
         clock: Arc::new(jiff::Timestamp::now),
         resync: settings.resync,
         migrations: migrations.clone(),
+        traffic,
     });
     health.ready.store(true, Ordering::Relaxed);
     info!("controller started");
@@ -188,6 +196,7 @@ async fn controller(
         .await;
     // Interrupted migrations resume from their checkpoints under the next leader.
     migrations.shutdown();
+    sampler.abort();
     info!("controller stopped");
 }
 

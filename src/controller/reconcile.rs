@@ -16,12 +16,14 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::error::{Error, status_code};
+use super::gates;
 use super::metrics::Metrics;
 use super::migrations::Migrations;
 use super::patch::{as_json_patch, crd_patch};
 use super::status::{BlockedReason, Observation, build_status};
-use crate::api::{FIELD_MANAGER, MigrationPhase, MilestoneKind, VersionPolicy};
-use crate::lifecycle::{CompletedMigration, CrdState, Evaluation, Schedule, Transition};
+use super::traffic::TrafficMonitor;
+use crate::api::{FIELD_MANAGER, MigrationPhase, MilestoneKind, TrafficStatus, VersionPolicy};
+use crate::lifecycle::{BlockReason, CompletedMigration, CrdState, Evaluation, Schedule, Transition};
 
 /// How often a guarded patch is recomputed after the CRD changed under it, per reconcile.
 const PATCH_ATTEMPTS: usize = 3;
@@ -41,6 +43,8 @@ pub struct Context {
     pub resync: Duration,
     /// The storage-version migrations running in the background.
     pub migrations: Arc<Migrations>,
+    /// Samples the apiserver's request counters for traffic gates.
+    pub traffic: Arc<TrafficMonitor>,
 }
 
 impl Context {
@@ -110,6 +114,27 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         observation.blocked = outcome.blocked;
         observation.applied = outcome.applied;
         observation.dry_run_patch = outcome.dry_run_patch;
+        observation.traffic = outcome.traffic;
+        // A `store` waiting for its conversion preflight: run it in the background, once
+        // the version is served (this reconcile's patch may just have introduced it).
+        let waiting = evaluation.iter().flat_map(|e| &e.blocked).filter(|b| {
+            b.milestone == Some(MilestoneKind::Store)
+                && matches!(
+                    b.reason,
+                    BlockReason::AwaitingPreflight | BlockReason::ConversionPreflightFailed
+                )
+        });
+        for blocked in waiting {
+            if crd_after
+                .as_ref()
+                .and_then(|c| c.version(&blocked.version))
+                .is_some_and(|v| v.served)
+            {
+                ctx.migrations.ensure_preflight(policy, &blocked.version);
+            }
+        }
+        observation.approved = outcome.approved;
+        observation.approver = gates::approver(policy);
         drift = outcome.drift;
         // Objects may still be stored in old versions (after a `store` transition, or
         // before a due `remove`): migrate them in the background. Decided on the CRD as it
@@ -141,7 +166,10 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
 
     let status = build_status(policy, &observation, now);
     write_status(ctx, &name, &status).await?;
-    Ok(Action::requeue(requeue_after(now, next, ctx.resync)))
+    // Wake at the next transition, or when a held one may proceed by time alone.
+    let wake_at = evaluation.as_ref().and_then(|e| e.wake_at);
+    let wake = [next, wake_at].into_iter().flatten().min();
+    Ok(Action::requeue(requeue_after(now, wake, ctx.resync)))
 }
 
 /// How long to wait before the next reconcile: until the next transition (so that it lands
@@ -167,6 +195,9 @@ struct Applied {
     applied: Vec<Transition>,
     dry_run_patch: Option<String>,
     drift: Vec<Transition>,
+    traffic: Vec<TrafficStatus>,
+    /// The milestones that needed an approval.
+    approved: Vec<(String, MilestoneKind)>,
 }
 
 /// Reads the CRD, evaluates the policy and applies the guarded patch, recomputing it when
@@ -194,7 +225,23 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 return Ok(outcome);
             }
         };
-        let evaluation = schedule.evaluate(&state, &completed_migrations(policy), now);
+        let gates = gates::gates(policy, &crd, &ctx.traffic);
+        outcome.traffic = gates.traffic;
+        if !gates.invalid_approvals.is_empty() {
+            warn!(policy = policy.name_any(), entries = ?gates.invalid_approvals, "ignoring approval entries that are not <version>.<milestone>");
+        }
+        let evaluation =
+            schedule.evaluate_with_gates(&state, &completed_migrations(policy), &gates.inputs, now);
+        outcome.approved = schedule
+            .versions
+            .iter()
+            .flat_map(|v| {
+                MilestoneKind::ALL
+                    .into_iter()
+                    .filter(|k| v.needs_approval(*k))
+                    .map(|k| (v.name.clone(), k))
+            })
+            .collect();
         outcome.blocked.extend(
             evaluation
                 .blocked

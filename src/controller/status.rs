@@ -4,8 +4,8 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::{
-    HistoryEntry, MilestoneKind, NextTransition, VersionPhase, VersionPolicy, VersionPolicyStatus,
-    VersionStatus,
+    HistoryEntry, MilestoneKind, NextTransition, TrafficStatus, VersionPhase, VersionPolicy,
+    VersionPolicyStatus, VersionStatus,
 };
 use crate::lifecycle::{BlockReason, CrdState, Evaluation, Transition, phase_of_flags};
 
@@ -95,6 +95,12 @@ pub struct Observation<'a> {
     pub dry_run_patch: Option<String>,
     /// Whether a storage-version migration of the CRD is running.
     pub migrating: bool,
+    /// Applied transitions that needed an approval, and who approved (field manager of
+    /// the approval annotation) and when.
+    pub approved: Vec<(String, MilestoneKind)>,
+    pub approver: Option<(String, Time)>,
+    /// Traffic observed for versions with a traffic gate.
+    pub traffic: Vec<TrafficStatus>,
 }
 
 /// The status to write. Condition transition times and history are carried over from the
@@ -109,11 +115,20 @@ pub fn build_status(
     let previous = policy.status.clone().unwrap_or_default();
     let generation = policy.metadata.generation;
     let mut history = previous.history.clone();
-    history.extend(observation.applied.iter().map(|t| HistoryEntry {
-        version: t.version.clone(),
-        milestone: t.milestone,
-        scheduled_at: Time(t.at),
-        applied_at: Time(now),
+    history.extend(observation.applied.iter().map(|t| {
+        let approval = observation
+            .approved
+            .contains(&(t.version.clone(), t.milestone))
+            .then(|| observation.approver.clone())
+            .flatten();
+        HistoryEntry {
+            version: t.version.clone(),
+            milestone: t.milestone,
+            scheduled_at: Time(t.at),
+            applied_at: Time(now),
+            approved_by: approval.as_ref().map(|(who, _)| who.clone()),
+            approved_at: approval.map(|(_, when)| when),
+        }
     }));
     if history.len() > HISTORY_LIMIT {
         history.drain(..history.len() - HISTORY_LIMIT);
@@ -162,8 +177,10 @@ pub fn build_status(
         next_transition,
         history,
         dry_run_patch: observation.dry_run_patch.clone(),
-        // Written by the migration task under its own field manager.
+        // Written by the migration and preflight tasks under their own field manager.
         migration: None,
+        preflight: None,
+        traffic: observation.traffic.clone(),
     }
 }
 

@@ -13,9 +13,34 @@ use super::engine::{BlockReason, Blocked, CompletedMigration, Evaluation};
 use super::schedule::Schedule;
 use crate::api::MilestoneKind;
 
+/// The annotation that approves milestones: `<version>.<milestone>`, comma-separated.
+pub const APPROVE_ANNOTATION: &str = "crdlifecycle.io/approve";
+
+/// Parses the approval annotation; returns the approvals and the entries that are not of
+/// the form `<version>.<milestone>`.
+pub fn parse_approvals(value: &str) -> (BTreeSet<(String, MilestoneKind)>, Vec<String>) {
+    let mut approvals = BTreeSet::new();
+    let mut invalid = Vec::new();
+    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let parsed = entry.rsplit_once('.').and_then(|(version, milestone)| {
+            let kind = MilestoneKind::ALL.into_iter().find(|k| k.as_str() == milestone)?;
+            (!version.is_empty()).then(|| (version.to_owned(), kind))
+        });
+        match parsed {
+            Some(approval) => {
+                approvals.insert(approval);
+            }
+            None => invalid.push(entry.to_owned()),
+        }
+    }
+    (approvals, invalid)
+}
+
 /// What the controller knows about the gates.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GateInputs {
+    /// The policy's name, for the approval command in messages.
+    pub policy_name: String,
     /// Approved milestones, as (version, milestone).
     pub approvals: BTreeSet<(String, MilestoneKind)>,
     /// Transitions already applied (the policy's history): their gates are not checked again.
@@ -74,6 +99,11 @@ impl Schedule {
                 if effect_visible(crd, &version.name, kind) {
                     continue;
                 }
+                // A `store` superseded by a later one that is also due has no effect.
+                if kind == MilestoneKind::Store && self.storage_at(at).is_some_and(|s| s.name != version.name)
+                {
+                    continue;
+                }
                 let hold = self.gate(version, kind, gates, at, &mut wake_at);
                 if let Some((reason, message)) = hold {
                     held.push(Blocked {
@@ -86,6 +116,17 @@ impl Schedule {
                         v.postpone_from(kind);
                     }
                     break;
+                }
+            }
+        }
+        // While a `store` is held, the CRD keeps its current storage version: superseded
+        // stores do not happen in between either.
+        if held.iter().any(|b| b.milestone == Some(MilestoneKind::Store)) {
+            for version in &mut effective.versions {
+                if version.reached(MilestoneKind::Store, at)
+                    && !effect_visible(crd, &version.name, MilestoneKind::Store)
+                {
+                    version.postpone_only(MilestoneKind::Store);
                 }
             }
         }
@@ -136,11 +177,20 @@ impl Schedule {
     ) -> Option<(BlockReason, String)> {
         let name = &version.name;
         if version.needs_approval(kind) && !gates.approvals.contains(&(name.clone(), kind)) {
+            // Keep the approvals already given: the annotation holds them all.
+            let mut value: Vec<String> = gates.approvals.iter().map(|(v, k)| format!("{v}.{k}")).collect();
+            value.push(format!("{name}.{kind}"));
+            let policy = if gates.policy_name.is_empty() {
+                "<name>"
+            } else {
+                gates.policy_name.as_str()
+            };
             return Some((
                 BlockReason::AwaitingApproval,
                 format!(
-                    "{name} {kind} is due and needs approval: kubectl annotate versionpolicy <name> \
-                     crdlifecycle.io/approve={name}.{kind}"
+                    "{name} {kind} is due and needs approval: kubectl annotate --overwrite versionpolicy {policy} \
+                     {APPROVE_ANNOTATION}={}",
+                    value.join(",")
                 ),
             ));
         }

@@ -46,6 +46,13 @@ impl ScheduledVersion {
         }
     }
 
+    /// Holds this one milestone back (a superseded `store`).
+    pub(crate) fn postpone_only(&mut self, kind: MilestoneKind) {
+        if self.instants[kind as usize].is_some() {
+            self.instants[kind as usize] = Some(Timestamp::MAX);
+        }
+    }
+
     /// Whether the milestone of this kind is set and due at `t`.
     pub fn reached(&self, kind: MilestoneKind, t: Timestamp) -> bool {
         self.at(kind).is_some_and(|at| at <= t)

@@ -67,7 +67,8 @@ pub fn run(args: &PlanArgs, out: &mut impl Write) -> Result<(), Error> {
         .map_err(|e| Error::Output(e.to_string()))
 }
 
-/// A validated policy evaluated for one CRD at one instant.
+/// A validated policy evaluated for one CRD at one instant. Offline, every gate (approval,
+/// traffic, conversion preflight) is assumed to pass at its milestone's instant.
 pub struct Plan {
     pub crd: CrdState,
     pub schedule: Schedule,

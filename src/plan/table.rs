@@ -129,6 +129,25 @@ fn detail(policy: &VersionPolicy, transition: &Transition) -> String {
     {
         parts.push(format!("warning: {warning:?}"));
     }
+    // Gates: offline they are assumed to pass at the milestone's instant.
+    if entry.needs_approval(transition.milestone) {
+        parts.push(format!(
+            "gate: approval (crdlifecycle.io/approve={}.{})",
+            transition.version, transition.milestone
+        ));
+    }
+    if transition.milestone == MilestoneKind::Unserve
+        && let Some(window) = entry
+            .unserve
+            .as_ref()
+            .and_then(|u| u.require_no_traffic_for.as_deref())
+    {
+        parts.push(format!("gate: no requests for {window}"));
+    }
+    let migration = &policy.spec.migration;
+    if transition.milestone == MilestoneKind::Store && migration.enabled && migration.preflight {
+        parts.push("gate: conversion preflight".to_owned());
+    }
     parts.join("; ")
 }
 

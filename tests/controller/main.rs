@@ -12,6 +12,7 @@ use apiserver::FakeApiserver;
 use crd_lifecycle::api::VersionPolicy;
 use crd_lifecycle::controller::metrics::Metrics;
 use crd_lifecycle::controller::migrations::Migrations;
+use crd_lifecycle::controller::traffic::TrafficMonitor;
 use crd_lifecycle::controller::{Context, reconcile};
 use jiff::Timestamp;
 use kube::core::DeserializeGuard;
@@ -57,6 +58,7 @@ impl Harness {
         let metrics = Arc::new(Metrics::default());
         let migrations = Migrations::new(client.clone(), recorder.clone(), metrics.clone(), 2)
             .with_progress_interval(Duration::from_millis(20))
+            .with_retry_after_failure(Duration::from_millis(100))
             .with_retry(crd_lifecycle::migrate::RetryPolicy {
                 attempts: 3,
                 base_delay: Duration::from_millis(1),
@@ -70,6 +72,7 @@ impl Harness {
             clock: Arc::new(move || *now.lock().expect("clock")),
             resync: Duration::from_secs(600),
             migrations: Arc::new(migrations),
+            traffic: TrafficMonitor::new(fake.client(), Duration::from_secs(1)),
         });
         Self {
             fake,
@@ -184,6 +187,25 @@ impl Harness {
         self.fake.crd(CRD)["status"]["storedVersions"].clone()
     }
 
+    /// Reconciles; while a `store` waits for its conversion preflight (which runs in the
+    /// background), waits for the preflight's result and reconciles again, as the
+    /// preflight's status write would make the controller do.
+    async fn reconcile_through_preflight(&mut self, name: &str) {
+        self.reconcile(name).await;
+        for _ in 0..3 {
+            if self.condition(name, "Blocked").1 != "AwaitingPreflight" {
+                return;
+            }
+            let fake = self.fake.clone();
+            wait_until("the preflight ends", || {
+                let phase = fake.policy(name)["status"]["preflight"]["phase"].clone();
+                phase == "Succeeded" || phase == "Failed"
+            })
+            .await;
+            self.reconcile(name).await;
+        }
+    }
+
     /// What the migrator does once every object is rewritten.
     fn trim_stored_versions(&self, to: &[&str]) {
         self.fake
@@ -191,6 +213,18 @@ impl Harness {
     }
 }
 
+/// Polls until `check` holds (real time: migrations and preflights run on their own tasks).
+async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+mod gates;
 mod lifecycle;
 mod migration;
 mod operations;

@@ -7,19 +7,8 @@ use crd_lifecycle::controller::Context;
 use crd_lifecycle::controller::migrations::Migrations;
 use serde_json::{Value, json};
 
-use super::{CRD, Harness};
+use super::{CRD, Harness, wait_until};
 use crate::apiserver::ObjectFault;
-
-/// Polls until `check` holds (real time; migrations run on their own tasks).
-async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
-    for _ in 0..500 {
-        if check() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting until {what}");
-}
 
 fn migration(h: &Harness) -> Value {
     h.status("widgets")["migration"].clone()
@@ -30,8 +19,13 @@ async fn a_due_removal_waits_for_the_migration_then_proceeds() {
     let mut h = Harness::with_example_and_objects(1200);
     // Everything up to v1alpha1's removal is due at once.
     h.at("2026-06-29T00:00:00Z");
-    h.reconcile("widgets").await;
-    assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS", "removal held");
+    h.reconcile_through_preflight("widgets").await;
+    assert_eq!(
+        h.flags(),
+        "v1alpha1:d v1beta1:sd v1:sS",
+        "removal held: {:#}",
+        h.status("widgets")
+    );
     assert_eq!(h.condition("widgets", "Blocked").1, "AwaitingMigration");
     assert_eq!(h.condition("widgets", "Progressing").1, "Migrating");
 
@@ -74,7 +68,7 @@ async fn a_due_removal_waits_for_the_migration_then_proceeds() {
 async fn each_store_transition_is_followed_by_a_migration() {
     let mut h = Harness::with_example_and_objects(300);
     h.at("2026-01-05T00:00:00Z");
-    h.reconcile("widgets").await;
+    h.reconcile_through_preflight("widgets").await;
     wait_until("migrated to v1beta1", || {
         h.stored_versions() == json!(["v1beta1"])
     })
@@ -82,7 +76,7 @@ async fn each_store_transition_is_followed_by_a_migration() {
     assert_eq!(h.fake.encodings(CRD), [("v1beta1".to_owned(), 300)].into());
 
     h.at("2026-02-01T00:00:00Z");
-    h.reconcile("widgets").await;
+    h.reconcile_through_preflight("widgets").await;
     wait_until("migrated to v1", || h.stored_versions() == json!(["v1"])).await;
     assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 300)].into());
     wait_until("status written", || {
@@ -107,6 +101,7 @@ async fn a_failed_migration_keeps_the_removal_held() {
         ObjectFault::ConversionFails("spec.size must be an integer".into()),
     );
     h.at("2026-06-29T00:00:00Z");
+    h.edit_policy("widgets", |p| p["spec"]["migration"]["preflight"] = json!(false));
     h.reconcile("widgets").await;
     wait_until("the migration fails", || migration(&h)["phase"] == "Failed").await;
     let status = migration(&h);
@@ -141,9 +136,13 @@ async fn a_failed_migration_keeps_the_removal_held() {
 async fn a_restarted_controller_resumes_from_the_checkpoint() {
     let mut h = Harness::with_example_and_objects(600);
     h.fake.lock().latency = Duration::from_millis(2);
-    h.edit_policy("widgets", |p| {
-        p["spec"]["migration"] = json!({"enabled": true, "concurrency": 2, "pageSize": 50})
-    });
+    h.edit_policy(
+        "widgets",
+        |p| {
+            p["spec"]["migration"] =
+                json!({"enabled": true, "concurrency": 2, "pageSize": 50, "preflight": false})
+        },
+    );
     h.at("2026-02-01T00:00:00Z");
     h.reconcile("widgets").await;
     wait_until("a checkpoint is saved", || {
@@ -173,6 +172,7 @@ async fn a_restarted_controller_resumes_from_the_checkpoint() {
             ctx.metrics.clone(),
             2,
         )),
+        traffic: ctx.traffic.clone(),
     });
     h.fake.clear_requests();
     h.reconcile("widgets").await;
@@ -229,7 +229,7 @@ async fn a_run_that_could_not_trim_is_repeated_at_once() {
     });
     h.edit_policy("widgets", |p| p["spec"]["migration"]["pageSize"] = json!(50));
     h.at("2026-02-01T00:00:00Z");
-    h.reconcile("widgets").await;
+    h.reconcile_through_preflight("widgets").await;
     wait_until("the repeated run succeeds", || {
         migration(&h)["phase"] == "Succeeded"
     })
@@ -238,7 +238,7 @@ async fn a_run_that_could_not_trim_is_repeated_at_once() {
         .fake
         .object_requests()
         .iter()
-        .filter(|r| r.method == "GET" && !r.query.contains("continue="))
+        .filter(|r| r.method == "GET" && r.path.ends_with("/widgets") && !r.query.contains("continue="))
         .count();
     assert_eq!(first_pages, 2, "two runs: the first could not trim");
     assert_eq!(h.stored_versions(), json!(["v1"]));

@@ -71,7 +71,9 @@ async fn an_apiserver_rejection_is_reported_not_retried_forever() {
 #[tokio::test]
 async fn a_missing_crd_blocks_until_it_appears() {
     let mut h = Harness::new();
-    h.add_policy(yaml(EXAMPLE_POLICY), "2025-11-01T00:00:00Z");
+    let mut policy = yaml(EXAMPLE_POLICY);
+    policy["spec"]["migration"]["enabled"] = json!(false);
+    h.add_policy(policy, "2025-11-01T00:00:00Z");
     h.at("2026-01-20T00:00:00Z");
     h.reconcile("widgets").await;
     let (status, reason, message) = h.condition("widgets", "Blocked");

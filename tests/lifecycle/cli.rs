@@ -235,3 +235,42 @@ fn crd_subcommand_prints_the_checked_in_crd() {
         "run `cargo run -- crd > crds/versionpolicy.yaml`"
     );
 }
+
+#[test]
+fn plan_table_shows_gates_next_to_their_milestones() {
+    let policy = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/widgets/policy.yaml"
+    ))
+    .expect("example policy")
+    .replace(
+        "store: {at: \"2026-02-01T00:00:00Z\"}",
+        "store: {at: \"2026-02-01T00:00:00Z\", approval: Required}",
+    )
+    .replace(
+        "unserve: {after: 120d}",
+        "unserve: {after: 120d, requireNoTrafficFor: 24h}",
+    );
+    let output = run(
+        &[
+            "plan",
+            "--policy",
+            "-",
+            "--crd",
+            EXAMPLE_CRD,
+            "--at",
+            "2026-01-01T00:00:00Z",
+            "-o",
+            "table",
+        ],
+        Some(&policy),
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let table = text(&output.stdout);
+    for expected in [
+        "v1        store      upcoming     gate: approval (crdlifecycle.io/approve=v1.store); gate: conversion preflight",
+        "v1beta1   unserve    upcoming     120d after deprecate; gate: no requests for 24h",
+    ] {
+        assert!(table.contains(expected), "missing {expected:?} in\n{table}");
+    }
+}

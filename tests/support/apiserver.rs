@@ -54,6 +54,8 @@ pub struct State {
     /// Custom objects of every CRD, by (crd, namespace, name).
     pub objects: BTreeMap<(String, String, String), StoredObject>,
     pub faults: BTreeMap<String, ObjectFault>,
+    /// What `GET /metrics` answers.
+    pub metrics_text: String,
     /// Top-level status fields each (policy, field manager) applied last.
     status_owners: BTreeMap<(String, String), Vec<String>>,
     /// Bumped to make every continue token issued before expire (410, sample 16).
@@ -309,6 +311,13 @@ impl FakeApiserver {
         }
         let mut state = self.lock();
         state.requests.push(recorded.clone());
+        if recorded.method == "GET" && recorded.path == "/metrics" {
+            return Response::builder()
+                .status(StatusCode::OK)
+                .header(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")
+                .body(Body::from(state.metrics_text.clone().into_bytes()))
+                .unwrap_or_else(|_| Response::new(Body::from(Vec::new())));
+        }
         let (code, reply) = route(&mut state, &recorded, &segments, body);
         respond(code, &reply)
     }

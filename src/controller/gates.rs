@@ -1,0 +1,115 @@
+//! What the controller feeds the engine's gates: approvals from the policy's annotation
+//! (and who set it, from managedFields), applied transitions from the history, observed
+//! traffic, and conversion preflight results.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::traffic::TrafficMonitor;
+use crate::api::{MigrationPhase, TrafficStatus, VersionPolicy};
+use crate::lifecycle::{APPROVE_ANNOTATION, GateInputs, PreflightResult, parse_approvals, parse_duration};
+
+/// The gate inputs of a policy, the traffic part of its status, and the approval
+/// entries that could not be read.
+pub struct Gates {
+    pub inputs: GateInputs,
+    pub traffic: Vec<TrafficStatus>,
+    pub invalid_approvals: Vec<String>,
+}
+
+pub fn gates(policy: &VersionPolicy, crd: &CustomResourceDefinition, traffic: &TrafficMonitor) -> Gates {
+    let annotation = policy
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(APPROVE_ANNOTATION))
+        .map(String::as_str)
+        .unwrap_or_default();
+    let (approvals, invalid_approvals) = parse_approvals(annotation);
+    let status = policy.status.clone().unwrap_or_default();
+    let applied = status
+        .history
+        .iter()
+        .map(|h| (h.version.clone(), h.milestone))
+        .collect();
+    let preflight = status
+        .preflight
+        .iter()
+        .map(|p| {
+            let result = match p.phase {
+                MigrationPhase::Running => PreflightResult::Running,
+                MigrationPhase::Succeeded => PreflightResult::Passed,
+                MigrationPhase::Failed => {
+                    PreflightResult::Failed(p.message.clone().unwrap_or_else(|| p.failures.join("; ")))
+                }
+            };
+            (p.version.clone(), result)
+        })
+        .collect();
+
+    let mut observed = std::collections::BTreeMap::new();
+    let mut traffic_status = Vec::new();
+    for version in &policy.spec.versions {
+        let Some(window) = version
+            .unserve
+            .as_ref()
+            .and_then(|u| u.require_no_traffic_for.as_deref())
+            .and_then(|w| parse_duration(w).ok())
+        else {
+            continue;
+        };
+        let key = (
+            crd.spec.group.clone(),
+            version.name.clone(),
+            crd.spec.names.plural.clone(),
+        );
+        let observation = traffic.observation(&key);
+        if let Some(observation) = observation {
+            observed.insert(version.name.clone(), observation);
+        }
+        traffic_status.push(TrafficStatus {
+            version: version.name.clone(),
+            observed_since: observation.map(|o| Time(o.watching_since)),
+            last_request_at: observation.and_then(|o| o.last_request).map(Time),
+            window_satisfied_at: observation.map(|o| Time(o.quiet_since() + window)),
+            message: observation.is_none().then(|| {
+                traffic
+                    .last_error()
+                    .unwrap_or_else(|| "waiting for the first sample of the apiserver's /metrics".to_owned())
+            }),
+        });
+    }
+    Gates {
+        inputs: GateInputs {
+            policy_name: policy.metadata.name.clone().unwrap_or_default(),
+            approvals,
+            applied,
+            traffic: observed,
+            preflight,
+        },
+        traffic: traffic_status,
+        invalid_approvals,
+    }
+}
+
+/// Who set the approval annotation, and when: the field manager that owns it in
+/// managedFields (the API does not record the user).
+pub fn approver(policy: &VersionPolicy) -> Option<(String, Time)> {
+    let pointer = format!(
+        "/f:metadata/f:annotations/f:{}",
+        APPROVE_ANNOTATION.replace('/', "~1")
+    );
+    policy
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|entry| {
+            entry
+                .fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.pointer(&pointer).is_some())
+        })
+        .filter_map(|entry| Some((entry.manager.clone()?, entry.time.clone()?)))
+        .max_by_key(|(_, time)| time.0)
+}
