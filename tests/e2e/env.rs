@@ -69,6 +69,10 @@ impl Env {
         })
     }
 
+    pub fn clone_client(&self) -> Client {
+        self.client.clone()
+    }
+
     /// Whether the apiserver evaluates CEL validation rules (1.25+).
     pub fn has_cel(&self) -> bool {
         self.server_version >= (1, 25)
@@ -116,7 +120,14 @@ impl Env {
             .open(&log_path)
             .map_err(|e| e.to_string())?;
         let child = Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"))
-            .args(["run", "--leader-election=false", "--resync", "30s"])
+            .args([
+                "run",
+                "--leader-election=false",
+                "--resync",
+                "30s",
+                "--traffic-sample-interval",
+                "1s",
+            ])
             .arg(format!("--metrics-addr=127.0.0.1:{port}"))
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())

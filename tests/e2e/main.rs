@@ -26,6 +26,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("migration", |env| Box::pin(scenarios::migration(env))),
     ("bad_input", |env| Box::pin(scenarios::bad_input(env))),
     ("restart", |env| Box::pin(scenarios::restart(env))),
+    ("gates", |env| Box::pin(scenarios::gates(env))),
 ];
 
 fn main() -> ExitCode {

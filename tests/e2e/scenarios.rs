@@ -394,3 +394,114 @@ pub async fn restart(env: &Env) -> Outcome {
     );
     Ok(())
 }
+
+/// Gates on a real apiserver: an approval holds a `store` until the annotation names it
+/// (after a conversion preflight has passed), and a traffic gate holds an `unserve` while
+/// a client keeps calling the version.
+pub async fn gates(env: &Env) -> Outcome {
+    let crd = env
+        .create_crd("gates", &[("v1alpha1", true, true), ("v1", true, false)])
+        .await?;
+    env.create_objects(&crd, "v1alpha1", 20).await?;
+    let (store, _) = in_seconds(3);
+    let (deprecate, _) = in_seconds(4);
+    let (unserve, _) = in_seconds(6);
+    let name = format!("{}-gates", env.run_id);
+    env.create_policy(policy(
+        &name,
+        &crd.name,
+        json!([
+            {"name": "v1", "store": {"at": store, "approval": "Required"}},
+            {"name": "v1alpha1", "deprecate": {"at": deprecate},
+             "unserve": {"at": unserve, "requireNoTrafficFor": "8s"}},
+        ]),
+        json!({"enabled": true}),
+    ))
+    .await?;
+    wait_for(
+        "the store waits for approval",
+        Duration::from_secs(30),
+        || async { Ok(env.condition(&name, "Blocked").await?.1 == "AwaitingApproval") },
+    )
+    .await?;
+    ensure!(
+        env.flags(&crd.name).await?.starts_with("v1alpha1:sS"),
+        "storage unchanged while held"
+    );
+    let message = env.condition(&name, "Blocked").await?.2;
+    ensure!(message.contains("crdlifecycle.io/approve=v1.store"), "{message}");
+
+    // A client keeps calling v1alpha1 while the approval is given.
+    let client = env.clone_client();
+    let crd_for_client = crate::env::TestCrd {
+        name: crd.name.clone(),
+        group: crd.group.clone(),
+    };
+    let caller = tokio::spawn(async move {
+        for _ in 0..30 {
+            let request =
+                http::Request::get(format!("/apis/{}/v1alpha1/widgets/w00001", crd_for_client.group))
+                    .body(Vec::new())
+                    .expect("request");
+            let _ = client.request_text(request).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    let api: kube::Api<kube::core::DynamicObject> = kube::Api::all_with(
+        env.client.clone(),
+        &kube::discovery::ApiResource {
+            group: "crdlifecycle.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "crdlifecycle.io/v1alpha1".into(),
+            kind: "VersionPolicy".into(),
+            plural: "versionpolicies".into(),
+        },
+    );
+    let patch = json!({"metadata": {"annotations": {"crdlifecycle.io/approve": "v1.store"}}});
+    api.patch(
+        &name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    wait_for(
+        "the approved store lands (after its preflight)",
+        Duration::from_secs(60),
+        || async { Ok(env.flags(&crd.name).await?.contains("v1:sS")) },
+    )
+    .await?;
+    let status = env.policy(&name).await?["status"].clone();
+    ensure!(
+        status["preflight"]["phase"] == "Succeeded",
+        "preflight: {}",
+        status["preflight"]
+    );
+    let approved = status["history"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|h| h["milestone"] == "store" && h["approvedBy"].is_string());
+    ensure!(approved, "approval recorded in history: {}", status["history"]);
+
+    wait_for(
+        "the unserve waits for the client",
+        Duration::from_secs(20),
+        || async { Ok(env.condition(&name, "Blocked").await?.1 == "VersionInUse") },
+    )
+    .await?;
+    ensure!(
+        env.flags(&crd.name).await?.starts_with("v1alpha1:sd"),
+        "still served while called"
+    );
+    caller.await.map_err(|e| e.to_string())?;
+    wait_for(
+        "the quiet version stops being served",
+        Duration::from_secs(60),
+        || async { Ok(env.flags(&crd.name).await?.starts_with("v1alpha1:d")) },
+    )
+    .await?;
+    let traffic = env.policy(&name).await?["status"]["traffic"][0].clone();
+    ensure!(traffic["lastRequestAt"].is_string(), "traffic status {traffic}");
+    Ok(())
+}
