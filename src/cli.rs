@@ -34,9 +34,32 @@ pub enum Command {
     Crd,
     /// Run the controller against the current cluster.
     Run(RunArgs),
+    /// Convert objects (YAML or JSON, several documents) with a policy's spec.conversion,
+    /// offline.
+    Convert(ConvertArgs),
     /// Rewrite every object of a CRD into its storage version, then trim
     /// status.storedVersions (exit 0 only when trimmed, 1 on failures, 2 on bad arguments).
     Migrate(MigrateArgs),
+}
+
+/// Arguments of `crd-lifecycle convert`.
+#[derive(Args, Debug, Clone)]
+pub struct ConvertArgs {
+    /// The VersionPolicy whose spec.conversion to use (`-` for stdin).
+    #[arg(long, value_name = "FILE")]
+    pub policy: String,
+
+    /// The version to convert to, e.g. v1.
+    #[arg(long, value_name = "VERSION")]
+    pub to: String,
+
+    /// Output format of the converted objects.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = ObjectFormat::Yaml)]
+    pub output: ObjectFormat,
+
+    /// The objects (YAML or JSON, several documents allowed); `-` or nothing for stdin.
+    #[arg(value_name = "FILE", default_value = "-")]
+    pub objects: String,
 }
 
 /// Arguments of `crd-lifecycle migrate`.
@@ -147,6 +170,13 @@ pub struct PlanArgs {
     /// migration is assumed to complete the moment its storage switch happens.
     #[arg(long, value_name = "VERSIONS", value_delimiter = ',')]
     pub stored_versions: Option<Vec<String>>,
+}
+
+/// How objects are written.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ObjectFormat {
+    Yaml,
+    Json,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

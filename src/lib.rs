@@ -3,6 +3,8 @@
 pub mod api;
 pub mod cli;
 pub mod controller;
+pub mod conversion;
+pub mod convert;
 pub mod kubeclient;
 pub mod lifecycle;
 pub mod manifest;

@@ -6,7 +6,7 @@ use crd_lifecycle::cli::{Cli, Command, LogFormat, MigrateArgs, RunArgs};
 use crd_lifecycle::controller::leader::LeaseSettings;
 use crd_lifecycle::controller::{self, RunSettings};
 use crd_lifecycle::migrate::{self, Mode};
-use crd_lifecycle::{api, kubeclient, plan};
+use crd_lifecycle::{api, convert, kubeclient, plan};
 
 /// Exit code for invalid input (bad arguments, files or policies), as clap uses.
 const EXIT_INVALID_INPUT: u8 = 2;
@@ -17,6 +17,8 @@ fn main() -> ExitCode {
         Command::Plan(args) => {
             plan::run(&args, &mut std::io::stdout().lock()).map_err(|e| (EXIT_INVALID_INPUT, e.to_string()))
         }
+        Command::Convert(args) => convert::run(&args, &mut std::io::stdout().lock())
+            .map_err(|e| (EXIT_INVALID_INPUT, e.to_string())),
         Command::Crd => api::versionpolicy_crd_yaml()
             .map_err(|e| (1, e.to_string()))
             .and_then(|yaml| {

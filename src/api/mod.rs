@@ -78,6 +78,76 @@ pub struct VersionPolicySpec {
     /// deprecation policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enforce: Option<Enforce>,
+
+    /// Declarative conversion between adjacent versions, served by the operator's
+    /// conversion webhook.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversion: Option<ConversionSpec>,
+}
+
+/// How objects convert between the CRD's versions.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversionSpec {
+    /// The operator's conversion webhook.
+    #[serde(default)]
+    pub webhook: ConversionWebhook,
+
+    /// What changes between adjacent versions, oldest to newest; converting across
+    /// several versions chains these steps up or down.
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    pub changes: Vec<ConversionStep>,
+}
+
+/// The operator's conversion webhook for the CRD.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversionWebhook {
+    /// Point the CRD's `spec.conversion` at the operator's webhook (strategy Webhook).
+    #[serde(default)]
+    pub enabled: bool,
+}
+
+/// The changes from one version to the next.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversionStep {
+    /// The older version.
+    pub from: String,
+    /// The next version.
+    pub to: String,
+    /// Fields that moved: dotted paths inside the object, e.g. `spec.size` → `spec.replicas`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub renamed: Vec<RenamedField>,
+    /// Fields the newer version adds, with the value they take when converting up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub added: Vec<AddedField>,
+    /// Fields the newer version no longer has (kept in an annotation, restored going back).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<String>,
+}
+
+/// A field that moved between two versions.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RenamedField {
+    /// Its path in the older version, e.g. `spec.size`.
+    pub from: String,
+    /// Its path in the newer version, e.g. `spec.scale.replicas`.
+    pub to: String,
+}
+
+/// A field a newer version adds.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AddedField {
+    /// Its path, e.g. `spec.color`.
+    pub path: String,
+    /// The value it takes when an object converts up (any JSON value).
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+    pub default: serde_json::Value,
 }
 
 /// The milestones of one version. Every milestone is optional; those given must be in the

@@ -120,6 +120,13 @@ impl Schedule {
         let (schedule, complete) = resolve(spec, &mut errors);
         schedule.check_versions(&mut errors);
         schedule.check_against_crd(crd, now, &mut errors);
+        if let Some(conversion) = &spec.conversion {
+            let versions: Vec<String> = crd.versions.iter().map(|v| v.name.clone()).collect();
+            let governed: Vec<String> = spec.versions.iter().map(|v| v.name.clone()).collect();
+            if let Err(problems) = crate::conversion::Converter::new(conversion, &versions, &governed) {
+                errors.0.extend(problems.0);
+            }
+        }
         // Timeline rules only make sense once every milestone has an instant; otherwise
         // they would report the consequences of errors already listed.
         if complete {

@@ -274,3 +274,82 @@ fn plan_table_shows_gates_next_to_their_milestones() {
         assert!(table.contains(expected), "missing {expected:?} in\n{table}");
     }
 }
+
+#[test]
+fn convert_is_lossless_through_the_binary() {
+    let output = run(
+        &[
+            "convert",
+            "--policy",
+            "examples/conversion/policy.yaml",
+            "--to",
+            "v1",
+            "examples/conversion/objects.yaml",
+        ],
+        None,
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let v1 = text(&output.stdout);
+    let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(&v1).expect("YAML documents");
+    assert_eq!(documents.len(), 2);
+    assert_eq!(
+        documents[0]["spec"],
+        serde_json::json!({"color": "blue", "scale": {"replicas": 1}})
+    );
+    assert_eq!(documents[1]["apiVersion"], "example.com/v1");
+    // And back, from stdin, as JSON.
+    let output = run(
+        &[
+            "convert",
+            "--policy",
+            "examples/conversion/policy.yaml",
+            "--to",
+            "v1alpha1",
+            "-o",
+            "json",
+        ],
+        Some(&v1),
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let list: serde_json::Value = serde_json::from_slice(&output.stdout).expect("a JSON List");
+    assert_eq!(list["kind"], "List");
+    let back = list["items"].as_array().cloned().expect("items");
+    let original: Vec<serde_json::Value> = serde_saphyr::from_multiple(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/conversion/objects.yaml"
+        ))
+        .expect("objects"),
+    )
+    .expect("YAML");
+    assert_eq!(back, original);
+}
+
+#[test]
+fn convert_reports_objects_it_cannot_convert() {
+    let objects = "apiVersion: example.com/v1alpha1\nkind: Gadget\nmetadata: {name: odd, namespace: ns}\nspec: {size: 1, replicas: 2}\n";
+    let output = run(
+        &[
+            "convert",
+            "--policy",
+            "examples/conversion/policy.yaml",
+            "--to",
+            "v1",
+        ],
+        Some(objects),
+    );
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains(
+            "document 1 (Gadget ns/odd): cannot move spec.size to spec.replicas: spec.replicas is already set"
+        ),
+        "{stderr}"
+    );
+    let output = run(
+        &["convert", "--policy", EXAMPLE_POLICY, "--to", "v1"],
+        Some(objects),
+    );
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("the policy has no spec.conversion"));
+}

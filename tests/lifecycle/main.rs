@@ -4,6 +4,7 @@
 mod flags;
 
 mod cli;
+mod conversion;
 mod example;
 mod fixtures;
 mod gates;

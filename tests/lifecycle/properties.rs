@@ -123,6 +123,7 @@ fn build(choices: &[VersionChoice]) -> Case {
         versions,
         migration: MigrationSettings::default(),
         enforce: None,
+        conversion: None,
     };
     Case { spec, crd }
 }

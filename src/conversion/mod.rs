@@ -1,0 +1,343 @@
+//! Declarative conversion between a CRD's versions (pure; the webhook and `convert` use
+//! it).
+//!
+//! Each step between adjacent versions renames, adds and removes fields. Converting up a
+//! step (older → newer): removed fields are saved, renamed fields move, added fields are
+//! restored from what was saved or take their default. Down (newer → older): added fields
+//! are saved (unless they hold the default) and dropped, renamed fields move back, removed
+//! fields are restored. What a version cannot hold is saved in the annotation
+//! `crdlifecycle.io/conversion-data` (JSON, keyed by the version the data belongs to), the
+//! way Kubernetes round-trips fields through annotations between built-in API versions, so
+//! that A → B → A gives back the original object exactly (apart from the annotation, which
+//! is gone again once nothing is saved).
+
+mod path;
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use crate::api::ConversionSpec;
+use crate::lifecycle::FieldErrors;
+pub use path::FieldPath;
+
+/// The annotation holding what a version cannot hold.
+pub const CONVERSION_DATA_ANNOTATION: &str = "crdlifecycle.io/conversion-data";
+
+/// Why an object cannot be converted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConversionError {
+    #[error("object has no apiVersion of the form <group>/<version>")]
+    NoApiVersion,
+    #[error("unknown version {version} (the conversion chain has {known})")]
+    UnknownVersion { version: String, known: String },
+    #[error("cannot move {from} to {to}: {to} is already set")]
+    TargetTaken { from: String, to: String },
+    #[error("{path} cannot be set: {blocker} is not an object")]
+    NotAnObject { path: String, blocker: String },
+    #[error("the {CONVERSION_DATA_ANNOTATION} annotation is not valid JSON: {0}")]
+    BadAnnotation(String),
+}
+
+struct Step {
+    from: String,
+    to: String,
+    renamed: Vec<(FieldPath, FieldPath)>,
+    added: Vec<(FieldPath, Value)>,
+    removed: Vec<FieldPath>,
+}
+
+/// A validated chain of conversion steps.
+pub struct Converter {
+    /// The versions, oldest first.
+    versions: Vec<String>,
+    /// `steps[i]` converts `versions[i]` ↔ `versions[i + 1]`.
+    steps: Vec<Step>,
+}
+
+impl Converter {
+    /// Validates the steps (one chain over `crd_versions`, well-formed paths, no path both
+    /// renamed and removed in a step) and builds the converter. The chain may also name
+    /// `former_versions` (versions the policy governs that are already gone from the CRD).
+    /// Errors name their field path, e.g. `spec.conversion.changes[1].renamed[0].to`.
+    pub fn new(
+        spec: &ConversionSpec,
+        crd_versions: &[String],
+        former_versions: &[String],
+    ) -> Result<Converter, FieldErrors> {
+        let mut errors = FieldErrors::default();
+        let mut versions: Vec<String> = Vec::new();
+        let mut steps = Vec::new();
+        for (i, change) in spec.changes.iter().enumerate() {
+            let base = format!("spec.conversion.changes[{i}]");
+            match versions.last() {
+                None => versions.push(change.from.clone()),
+                Some(last) if *last == change.from => {}
+                Some(last) => errors.push(
+                    format!("{base}.from"),
+                    format!("steps must form one chain: this step starts at {} but the previous one ends at {last}", change.from),
+                ),
+            }
+            if versions.contains(&change.to) {
+                errors.push(
+                    format!("{base}.to"),
+                    format!("{} appears twice in the chain", change.to),
+                );
+            }
+            versions.push(change.to.clone());
+            for (field, version) in [("from", &change.from), ("to", &change.to)] {
+                if !crd_versions.contains(version) && !former_versions.contains(version) {
+                    errors.push(
+                        format!("{base}.{field}"),
+                        format!(
+                            "{version} is not a version of the CRD ({})",
+                            crd_versions.join(", ")
+                        ),
+                    );
+                }
+            }
+            let mut parse = |text: &str, at: String| match FieldPath::parse(text) {
+                Ok(path) => Some(path),
+                Err(message) => {
+                    errors.push(at, message);
+                    None
+                }
+            };
+            let renamed: Vec<(FieldPath, FieldPath)> = change
+                .renamed
+                .iter()
+                .enumerate()
+                .filter_map(|(j, r)| {
+                    let from = parse(&r.from, format!("{base}.renamed[{j}].from"));
+                    let to = parse(&r.to, format!("{base}.renamed[{j}].to"));
+                    from.zip(to)
+                })
+                .collect();
+            let added: Vec<(FieldPath, Value)> = change
+                .added
+                .iter()
+                .enumerate()
+                .filter_map(|(j, a)| {
+                    parse(&a.path, format!("{base}.added[{j}].path")).map(|p| (p, a.default.clone()))
+                })
+                .collect();
+            let removed: Vec<FieldPath> = change
+                .removed
+                .iter()
+                .enumerate()
+                .filter_map(|(j, r)| parse(r, format!("{base}.removed[{j}]")))
+                .collect();
+            for (j, path) in removed.iter().enumerate() {
+                if renamed.iter().any(|(from, to)| from == path || to == path) {
+                    errors.push(
+                        format!("{base}.removed[{j}]"),
+                        format!("{path} is both renamed and removed in this step"),
+                    );
+                }
+            }
+            steps.push(Step {
+                from: change.from.clone(),
+                to: change.to.clone(),
+                renamed,
+                added,
+                removed,
+            });
+        }
+        if !spec.changes.is_empty() {
+            for version in crd_versions.iter().filter(|v| !versions.contains(v)) {
+                errors.push(
+                    "spec.conversion.changes",
+                    format!("the chain does not reach version {version} of the CRD, so objects could not convert to it"),
+                );
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        Ok(Converter { versions, steps })
+    }
+
+    /// The versions of the chain, oldest first.
+    pub fn versions(&self) -> &[String] {
+        &self.versions
+    }
+
+    /// Converts one object to `to_version`, chaining the steps up or down.
+    pub fn convert(&self, object: &Value, to_version: &str) -> Result<Value, ConversionError> {
+        let api_version = object
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .ok_or(ConversionError::NoApiVersion)?;
+        let (group, from_version) = api_version
+            .rsplit_once('/')
+            .ok_or(ConversionError::NoApiVersion)?;
+        let index = |version: &str| {
+            self.versions
+                .iter()
+                .position(|v| v == version)
+                .ok_or_else(|| ConversionError::UnknownVersion {
+                    version: version.to_owned(),
+                    known: self.versions.join(", "),
+                })
+        };
+        let (from, to) = (index(from_version)?, index(to_version)?);
+        let mut object = object.clone();
+        let mut saved = take_saved(&mut object)?;
+        if from < to {
+            for step in &self.steps[from..to] {
+                step.up(&mut object, &mut saved)?;
+            }
+        } else {
+            for step in self.steps[to..from].iter().rev() {
+                step.down(&mut object, &mut saved)?;
+            }
+        }
+        put_saved(&mut object, saved);
+        object["apiVersion"] = Value::String(format!("{group}/{to_version}"));
+        Ok(object)
+    }
+}
+
+/// What one version's fields were, kept while the object is in a version without them.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+struct SavedFields {
+    /// Field values, by path.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    values: BTreeMap<String, Value>,
+    /// Added fields that were absent (so that converting back does not add the default).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    absent: std::collections::BTreeSet<String>,
+}
+
+impl SavedFields {
+    fn is_empty(&self) -> bool {
+        self.values.is_empty() && self.absent.is_empty()
+    }
+}
+
+/// What versions cannot hold: version → its saved fields.
+type Saved = BTreeMap<String, SavedFields>;
+
+impl Step {
+    fn up(&self, object: &mut Value, saved: &mut Saved) -> Result<(), ConversionError> {
+        for path in &self.removed {
+            if let Some(value) = path.take(object) {
+                saved
+                    .entry(self.from.clone())
+                    .or_default()
+                    .values
+                    .insert(path.to_string(), value);
+            }
+        }
+        for (from, to) in &self.renamed {
+            move_field(object, from, to)?;
+        }
+        for (path, default) in &self.added {
+            let key = path.to_string();
+            let kept = saved.get_mut(&self.to);
+            let was_absent = kept.as_ref().is_some_and(|s| s.absent.contains(&key));
+            let restored = kept.and_then(|s| {
+                s.absent.remove(&key);
+                s.values.remove(&key)
+            });
+            match restored {
+                Some(value) => path.set(object, value)?,
+                None if !was_absent && path.get(object).is_none() => path.set(object, default.clone())?,
+                None => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn down(&self, object: &mut Value, saved: &mut Saved) -> Result<(), ConversionError> {
+        for (path, default) in self.added.iter().rev() {
+            match path.take(object) {
+                // The default comes back by itself when converting up.
+                Some(value) if value == *default => {}
+                Some(value) => {
+                    saved
+                        .entry(self.to.clone())
+                        .or_default()
+                        .values
+                        .insert(path.to_string(), value);
+                }
+                None => {
+                    saved
+                        .entry(self.to.clone())
+                        .or_default()
+                        .absent
+                        .insert(path.to_string());
+                }
+            }
+        }
+        for (from, to) in self.renamed.iter().rev() {
+            move_field(object, to, from)?;
+        }
+        for path in &self.removed {
+            if let Some(value) = saved
+                .get_mut(&self.from)
+                .and_then(|s| s.values.remove(&path.to_string()))
+            {
+                path.set(object, value)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn move_field(object: &mut Value, from: &FieldPath, to: &FieldPath) -> Result<(), ConversionError> {
+    if from.get(object).is_none() {
+        return Ok(());
+    }
+    if to.get(object).is_some() {
+        return Err(ConversionError::TargetTaken {
+            from: from.to_string(),
+            to: to.to_string(),
+        });
+    }
+    if let Some(value) = from.take(object) {
+        to.set(object, value)?;
+    }
+    Ok(())
+}
+
+fn take_saved(object: &mut Value) -> Result<Saved, ConversionError> {
+    let Some(annotations) = object
+        .pointer_mut("/metadata/annotations")
+        .and_then(Value::as_object_mut)
+    else {
+        return Ok(Saved::new());
+    };
+    let Some(text) = annotations.remove(CONVERSION_DATA_ANNOTATION) else {
+        return Ok(Saved::new());
+    };
+    if annotations.is_empty()
+        && let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut)
+    {
+        meta.remove("annotations");
+    }
+    let text = text.as_str().unwrap_or_default().to_owned();
+    serde_json::from_str(&text).map_err(|e| ConversionError::BadAnnotation(e.to_string()))
+}
+
+fn put_saved(object: &mut Value, mut saved: Saved) {
+    saved.retain(|_, fields| !fields.is_empty());
+    if saved.is_empty() {
+        return;
+    }
+    let text = serde_json::to_string(&saved).unwrap_or_default();
+    let Some(object) = object.as_object_mut() else {
+        return;
+    };
+    let metadata = object
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if let Some(metadata) = metadata.as_object_mut() {
+        let annotations = metadata
+            .entry("annotations")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Some(annotations) = annotations.as_object_mut() {
+            annotations.insert(CONVERSION_DATA_ANNOTATION.to_owned(), Value::String(text));
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! Declarative conversion: golden tests per change kind, a three-version chain, validation,
+//! and property tests that round trips are lossless.
+
+use crd_lifecycle::api::{AddedField, ConversionSpec, ConversionStep, RenamedField};
+use crd_lifecycle::conversion::{CONVERSION_DATA_ANNOTATION, ConversionError, Converter};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+fn versions(names: &[&str]) -> Vec<String> {
+    names.iter().map(|v| (*v).to_owned()).collect()
+}
+
+/// The example: v1alpha1 → v1beta1 → v1.
+fn example() -> ConversionSpec {
+    serde_json::from_value(json!({
+        "webhook": {"enabled": true},
+        "changes": [
+            {"from": "v1alpha1", "to": "v1beta1",
+             "renamed": [{"from": "spec.size", "to": "spec.replicas"}],
+             "added": [{"path": "spec.color", "default": "blue"}],
+             "removed": ["spec.legacyMode"]},
+            {"from": "v1beta1", "to": "v1",
+             "renamed": [{"from": "spec.replicas", "to": "spec.scale.replicas"}]},
+        ]
+    }))
+    .expect("conversion spec")
+}
+
+fn converter() -> Converter {
+    Converter::new(&example(), &versions(&["v1alpha1", "v1beta1", "v1"]), &[]).expect("valid")
+}
+
+fn widget(version: &str, spec: Value) -> Value {
+    json!({"apiVersion": format!("example.com/{version}"), "kind": "Widget",
+           "metadata": {"name": "w1", "namespace": "ns1", "uid": "u1", "resourceVersion": "7"},
+           "spec": spec})
+}
+
+#[test]
+fn a_rename_moves_the_field_both_ways() {
+    let c = converter();
+    let beta = c
+        .convert(&widget("v1alpha1", json!({"size": 3})), "v1beta1")
+        .expect("up");
+    assert_eq!(beta, widget("v1beta1", json!({"replicas": 3, "color": "blue"})));
+    let alpha = c.convert(&beta, "v1alpha1").expect("down");
+    assert_eq!(alpha, widget("v1alpha1", json!({"size": 3})));
+}
+
+#[test]
+fn an_added_field_takes_its_default_and_survives_a_trip_down() {
+    let c = converter();
+    let red = widget("v1beta1", json!({"replicas": 1, "color": "red"}));
+    let alpha = c.convert(&red, "v1alpha1").expect("down");
+    let saved = alpha["metadata"]["annotations"][CONVERSION_DATA_ANNOTATION]
+        .as_str()
+        .expect("saved");
+    assert_eq!(
+        serde_json::from_str::<Value>(saved).expect("json"),
+        json!({"v1beta1": {"values": {"spec.color": "red"}}})
+    );
+    assert_eq!(alpha["spec"], json!({"size": 1}));
+    assert_eq!(
+        c.convert(&alpha, "v1beta1").expect("up"),
+        red,
+        "restored, annotation gone"
+    );
+    // The default needs no saving.
+    let blue = widget("v1beta1", json!({"replicas": 1, "color": "blue"}));
+    let alpha = c.convert(&blue, "v1alpha1").expect("down");
+    assert!(alpha["metadata"].get("annotations").is_none(), "{alpha}");
+    // An absent added field stays absent through a round trip.
+    let colourless = widget("v1beta1", json!({"replicas": 1}));
+    let alpha = c.convert(&colourless, "v1alpha1").expect("down");
+    assert_eq!(c.convert(&alpha, "v1beta1").expect("up"), colourless);
+}
+
+#[test]
+fn a_removed_field_is_kept_in_the_annotation() {
+    let c = converter();
+    let original = widget("v1alpha1", json!({"size": 2, "legacyMode": {"on": true}}));
+    let beta = c.convert(&original, "v1beta1").expect("up");
+    assert!(beta["spec"].get("legacyMode").is_none());
+    let saved = beta["metadata"]["annotations"][CONVERSION_DATA_ANNOTATION]
+        .as_str()
+        .expect("saved");
+    assert_eq!(
+        serde_json::from_str::<Value>(saved).expect("json"),
+        json!({"v1alpha1": {"values": {"spec.legacyMode": {"on": true}}}})
+    );
+    assert_eq!(c.convert(&beta, "v1alpha1").expect("down"), original);
+}
+
+#[test]
+fn a_chain_of_three_versions_converts_up_and_down() {
+    let c = converter();
+    let original = widget("v1alpha1", json!({"size": 5, "legacyMode": true, "note": "kept"}));
+    let ga = c.convert(&original, "v1").expect("up two steps");
+    assert_eq!(ga["apiVersion"], "example.com/v1");
+    assert_eq!(
+        ga["spec"],
+        json!({"scale": {"replicas": 5}, "color": "blue", "note": "kept"})
+    );
+    assert_eq!(c.convert(&ga, "v1alpha1").expect("down two steps"), original);
+    // Other annotations and metadata are untouched.
+    let mut annotated = original.clone();
+    annotated["metadata"]["annotations"] = json!({"team": "a"});
+    let back = c
+        .convert(&c.convert(&annotated, "v1").expect("up"), "v1alpha1")
+        .expect("down");
+    assert_eq!(back, annotated);
+    // The same version: nothing changes.
+    assert_eq!(c.convert(&ga, "v1").expect("same"), ga);
+}
+
+#[test]
+fn objects_that_cannot_convert_say_why() {
+    let c = converter();
+    let taken = widget("v1alpha1", json!({"size": 1, "replicas": 2}));
+    assert_eq!(
+        c.convert(&taken, "v1beta1"),
+        Err(ConversionError::TargetTaken {
+            from: "spec.size".into(),
+            to: "spec.replicas".into()
+        })
+    );
+    let unknown = widget("v2", json!({}));
+    assert!(matches!(
+        c.convert(&unknown, "v1"),
+        Err(ConversionError::UnknownVersion { .. })
+    ));
+    assert!(matches!(
+        c.convert(&widget("v1", json!({})), "v9"),
+        Err(ConversionError::UnknownVersion { .. })
+    ));
+    assert_eq!(
+        c.convert(&json!({"kind": "Widget"}), "v1"),
+        Err(ConversionError::NoApiVersion)
+    );
+    let mut bad = widget("v1beta1", json!({}));
+    bad["metadata"]["annotations"] = json!({CONVERSION_DATA_ANNOTATION: "{not json"});
+    assert!(matches!(
+        c.convert(&bad, "v1alpha1"),
+        Err(ConversionError::BadAnnotation(_))
+    ));
+}
+
+#[test]
+fn validation_names_the_field() {
+    let spec: ConversionSpec = serde_json::from_value(json!({
+        "changes": [
+            {"from": "v1alpha1", "to": "v1beta1", "renamed": [{"from": "spec.a", "to": "spec..b"}], "removed": ["spec.a"]},
+            {"from": "v1", "to": "v2"},
+        ]
+    }))
+    .expect("spec");
+    let Err(errors) = Converter::new(&spec, &versions(&["v1alpha1", "v1beta1", "v1"]), &[]) else {
+        panic!("invalid chain accepted")
+    };
+    let found: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    let expect = [
+        "spec.conversion.changes[0].renamed[0].to: \"spec..b\" is not a field path",
+        "spec.conversion.changes[1].from: steps must form one chain",
+        "spec.conversion.changes[1].to: v2 is not a version of the CRD",
+    ];
+    for expected in expect {
+        assert!(
+            found.iter().any(|f| f.starts_with(expected)),
+            "missing {expected:?} in {found:#?}"
+        );
+    }
+    let spec: ConversionSpec = serde_json::from_value(json!({
+        "changes": [{"from": "v1alpha1", "to": "v1beta1", "renamed": [{"from": "spec.a", "to": "spec.b"}], "removed": ["spec.b"]}]
+    }))
+    .expect("spec");
+    let Err(errors) = Converter::new(&spec, &versions(&["v1alpha1", "v1beta1", "v1"]), &[]) else {
+        panic!("accepted")
+    };
+    let found: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    assert!(
+        found
+            .iter()
+            .any(|f| f
+                .starts_with("spec.conversion.changes[0].removed[0]: spec.b is both renamed and removed"))
+    );
+    assert!(
+        found.iter().any(|f| f.contains("does not reach version v1")),
+        "{found:#?}"
+    );
+}
+
+// ---- property tests ----
+
+/// A generated chain: for each version, the fields (leaf paths) its objects may have.
+#[derive(Debug, Clone)]
+struct Chain {
+    spec: ConversionSpec,
+    fields: Vec<Vec<String>>,
+}
+
+/// Builds `n` versions; each step removes, renames and adds some fields. Fresh names are
+/// unique leaves (`spec.f7`, `spec.g7.x`), so paths never overlap.
+fn chain() -> impl Strategy<Value = Chain> {
+    (2usize..=4, proptest::collection::vec(any::<[u8; 6]>(), 3)).prop_map(|(n, choices)| {
+        let mut counter = 0;
+        let mut fresh = |nested: bool| {
+            counter += 1;
+            if nested {
+                format!("spec.g{counter}.x")
+            } else {
+                format!("spec.f{counter}")
+            }
+        };
+        let mut fields: Vec<Vec<String>> = vec![(0..3).map(|i| fresh(i == 2)).collect()];
+        let mut changes = Vec::new();
+        for step in 0..n - 1 {
+            let c = choices[step % choices.len()];
+            let mut current = fields[step].clone();
+            let mut removed = Vec::new();
+            let mut renamed = Vec::new();
+            let mut added = Vec::new();
+            if c[0] % 2 == 0 && !current.is_empty() {
+                removed.push(current.remove(usize::from(c[1]) % current.len()));
+            }
+            if c[2] % 2 == 0 && !current.is_empty() {
+                let from = current.remove(usize::from(c[3]) % current.len());
+                let to = fresh(c[4] % 2 == 0);
+                renamed.push(RenamedField { from, to: to.clone() });
+                current.push(to);
+            }
+            if c[5] % 3 != 0 {
+                let path = fresh(c[5] % 2 == 0);
+                added.push(AddedField {
+                    path: path.clone(),
+                    default: json!(format!("default-{step}")),
+                });
+                current.push(path);
+            }
+            changes.push(ConversionStep {
+                from: format!("v{step}"),
+                to: format!("v{}", step + 1),
+                renamed,
+                added,
+                removed,
+            });
+            fields.push(current);
+        }
+        Chain {
+            spec: ConversionSpec {
+                changes,
+                ..ConversionSpec::default()
+            },
+            fields,
+        }
+    })
+}
+
+fn value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        any::<i64>().prop_map(Value::from),
+        "[a-z]{0,6}".prop_map(Value::from),
+        any::<bool>().prop_map(Value::from),
+        Just(json!("default-0")),
+        proptest::collection::vec(any::<u8>(), 0..3).prop_map(|v| json!(v)),
+    ]
+}
+
+/// A chain, a version of it, and an object of that version (a random subset of its fields).
+fn case() -> impl Strategy<Value = (Chain, usize, Value, usize)> {
+    chain().prop_flat_map(|chain| {
+        let versions = chain.fields.len();
+        (Just(chain), 0..versions, 0..versions).prop_flat_map(|(chain, from, to)| {
+            let fields = chain.fields[from].clone();
+            let count = fields.len();
+            (
+                Just(chain),
+                Just(from),
+                proptest::collection::vec(proptest::option::of(value()), count),
+                Just(to),
+            )
+                .prop_map(move |(chain, from, values, to)| {
+                    let mut object = json!({"apiVersion": format!("example.com/v{from}"), "kind": "Widget",
+                                            "metadata": {"name": "w"}, "spec": {"keep": 1}});
+                    for (path, value) in fields.iter().zip(values) {
+                        if let Some(value) = value {
+                            let path = crd_lifecycle::conversion::FieldPath::parse(path).expect("path");
+                            path.set(&mut object, value).expect("set");
+                        }
+                    }
+                    (chain, from, object, to)
+                })
+        })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_round_trip_gives_back_the_original((chain, _from, object, to) in case()) {
+        let names: Vec<String> = (0..chain.fields.len()).map(|i| format!("v{i}")).collect();
+        let converter = Converter::new(&chain.spec, &names, &[]).expect("valid chain");
+        let there = converter.convert(&object, &names[to]).expect("converts");
+        prop_assert_eq!(&there["apiVersion"], &json!(format!("example.com/{}", names[to])));
+        let back = converter.convert(&there, object["apiVersion"].as_str().and_then(|a| a.rsplit('/').next()).expect("version"))
+            .expect("converts back");
+        prop_assert_eq!(&back, &object, "via {}: {}", names[to], there);
+        // Converting in two hops equals converting at once.
+        for middle in &names {
+            let hop = converter.convert(&converter.convert(&object, middle).expect("hop"), &names[to]).expect("hop");
+            let direct_back = converter.convert(&hop, object["apiVersion"].as_str().and_then(|a| a.rsplit('/').next()).expect("v")).expect("back");
+            prop_assert_eq!(&direct_back, &object);
+        }
+    }
+}
