@@ -10,3 +10,4 @@ pub mod lifecycle;
 pub mod manifest;
 pub mod migrate;
 pub mod plan;
+pub mod webhook;

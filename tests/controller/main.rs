@@ -229,3 +229,4 @@ mod lifecycle;
 mod migration;
 mod operations;
 mod safety;
+mod webhook;
