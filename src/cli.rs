@@ -34,6 +34,8 @@ pub enum Command {
     Crd,
     /// Run the controller against the current cluster.
     Run(RunArgs),
+    /// Serve the declarative conversion webhook alone.
+    Webhook(StandaloneWebhookArgs),
     /// Convert objects (YAML or JSON, several documents) with a policy's spec.conversion,
     /// offline.
     Convert(ConvertArgs),
@@ -145,6 +147,102 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", env = "CRD_LIFECYCLE_TRAFFIC_SAMPLE_INTERVAL", default_value = "30s",
           value_parser = parse_resync)]
     pub traffic_sample_interval: Duration,
+
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+}
+
+/// The conversion webhook served by `run`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct WebhookArgs {
+    /// Serve the conversion webhook (HTTPS) on this port; policies with
+    /// spec.conversion.webhook.enabled then get their CRD's spec.conversion pointed at it.
+    #[arg(long, value_name = "PORT", env = "CRD_LIFECYCLE_WEBHOOK_PORT")]
+    pub webhook_port: Option<u16>,
+
+    /// How the apiserver reaches the webhook: a Service, NAMESPACE/NAME[:PORT] (port 443 by
+    /// default).
+    #[arg(
+        long,
+        value_name = "NAMESPACE/NAME[:PORT]",
+        env = "CRD_LIFECYCLE_WEBHOOK_SERVICE",
+        conflicts_with = "webhook_url"
+    )]
+    pub webhook_service: Option<String>,
+
+    /// How the apiserver reaches the webhook: a base URL, e.g. https://10.0.0.5:8443 (a
+    /// controller running outside the cluster).
+    #[arg(long, value_name = "URL", env = "CRD_LIFECYCLE_WEBHOOK_URL")]
+    pub webhook_url: Option<String>,
+
+    /// Secret (in the lease namespace) holding the self-signed CA and serving certificate.
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "CRD_LIFECYCLE_WEBHOOK_SECRET",
+        default_value = "crd-lifecycle-webhook-tls"
+    )]
+    pub webhook_secret: String,
+
+    /// A serving certificate to use instead (PEM, e.g. from cert-manager); with
+    /// --webhook-key-file and --webhook-ca-file. Re-read every minute.
+    #[arg(long, value_name = "FILE", env = "CRD_LIFECYCLE_WEBHOOK_CERT_FILE", requires_all = ["webhook_key_file", "webhook_ca_file"])]
+    pub webhook_cert_file: Option<String>,
+
+    /// The serving certificate's key (PEM).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "CRD_LIFECYCLE_WEBHOOK_KEY_FILE",
+        requires = "webhook_cert_file"
+    )]
+    pub webhook_key_file: Option<String>,
+
+    /// The CA that signed the serving certificate (PEM): the CRDs' caBundle.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "CRD_LIFECYCLE_WEBHOOK_CA_FILE",
+        requires = "webhook_cert_file"
+    )]
+    pub webhook_ca_file: Option<String>,
+}
+
+/// Arguments of `crd-lifecycle webhook`.
+#[derive(Args, Debug, Clone)]
+pub struct StandaloneWebhookArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+
+    /// Port of the HTTPS endpoint (`POST /convert/<policy>`).
+    #[arg(
+        long,
+        value_name = "PORT",
+        env = "CRD_LIFECYCLE_WEBHOOK_PORT",
+        default_value_t = 8443
+    )]
+    pub port: u16,
+
+    /// Serve these policies (repeatable) instead of the cluster's VersionPolicies.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Vec<String>,
+
+    /// Serving certificate (PEM); with --key-file. Without it a self-signed one is made
+    /// for the --name values.
+    #[arg(long, value_name = "FILE", requires = "key_file")]
+    pub cert_file: Option<String>,
+
+    /// The serving certificate's key (PEM).
+    #[arg(long, value_name = "FILE", requires = "cert_file")]
+    pub key_file: Option<String>,
+
+    /// Names for the self-signed certificate (repeatable).
+    #[arg(long, value_name = "DNS_OR_IP", default_values = ["localhost", "127.0.0.1"])]
+    pub name: Vec<String>,
+
+    /// Where to write the self-signed CA certificate (for the CRD's caBundle).
+    #[arg(long, value_name = "FILE")]
+    pub ca_out: Option<String>,
 }
 
 /// Arguments of `crd-lifecycle plan`.

@@ -4,9 +4,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use crd_lifecycle::cli::{Cli, Command, LogFormat, MigrateArgs, RunArgs};
 use crd_lifecycle::controller::leader::LeaseSettings;
-use crd_lifecycle::controller::{self, RunSettings};
+use crd_lifecycle::controller::{self, CertificateSource, RunSettings, WebhookSettings, WebhookTarget};
 use crd_lifecycle::migrate::{self, Mode};
-use crd_lifecycle::{api, convert, kubeclient, plan};
+use crd_lifecycle::{api, convert, kubeclient, plan, webhook};
 
 /// Exit code for invalid input (bad arguments, files or policies), as clap uses.
 const EXIT_INVALID_INPUT: u8 = 2;
@@ -29,6 +29,10 @@ fn main() -> ExitCode {
         Command::Run(args) => {
             init_logging(cli.log_format);
             block_on(run(args))
+        }
+        Command::Webhook(args) => {
+            init_logging(cli.log_format);
+            block_on(async move { webhook::standalone::run(&args).await.map_err(|e| (1, e)) })
         }
         Command::Migrate(args) => {
             init_logging(cli.log_format);
@@ -71,6 +75,7 @@ async fn run(args: RunArgs) -> Result<(), (u8, String)> {
         identity,
         parallel_migrations: usize::try_from(args.parallel_migrations).unwrap_or(2),
         traffic_sample_interval: args.traffic_sample_interval,
+        webhook: webhook_settings(&args)?,
     };
     controller::run(client, settings)
         .await
@@ -115,6 +120,52 @@ async fn run_migrate(args: MigrateArgs) -> Result<(), (u8, String)> {
         Err(error @ migrate::Error::CrdNotFound(_)) => Err((EXIT_INVALID_INPUT, error.to_string())),
         Err(error) => Err((1, error.to_string())),
     }
+}
+
+/// The conversion webhook `run` serves, from its flags.
+fn webhook_settings(args: &RunArgs) -> Result<Option<WebhookSettings>, (u8, String)> {
+    let flags = &args.webhook;
+    let Some(port) = flags.webhook_port else {
+        return Ok(None);
+    };
+    let target = match (&flags.webhook_service, &flags.webhook_url) {
+        (Some(service), None) => WebhookTarget::parse_service(service)
+            .map_err(|e| (EXIT_INVALID_INPUT, format!("--webhook-service: {e}")))?,
+        (None, Some(url)) if url.starts_with("https://") => WebhookTarget::Url(url.clone()),
+        (None, Some(url)) => {
+            return Err((
+                EXIT_INVALID_INPUT,
+                format!("--webhook-url: {url:?} must start with https://"),
+            ));
+        }
+        _ => {
+            return Err((
+                EXIT_INVALID_INPUT,
+                "--webhook-port needs --webhook-service or --webhook-url (how the apiserver reaches it)"
+                    .to_owned(),
+            ));
+        }
+    };
+    let certificates = match (
+        &flags.webhook_cert_file,
+        &flags.webhook_key_file,
+        &flags.webhook_ca_file,
+    ) {
+        (Some(cert), Some(key), Some(ca)) => CertificateSource::Files {
+            cert: cert.clone(),
+            key: key.clone(),
+            ca: ca.clone(),
+        },
+        _ => CertificateSource::Secret {
+            namespace: args.lease_namespace.clone(),
+            name: flags.webhook_secret.clone(),
+        },
+    };
+    Ok(Some(WebhookSettings {
+        address: std::net::SocketAddr::from(([0, 0, 0, 0], port)),
+        target,
+        certificates,
+    }))
 }
 
 fn default_identity() -> String {

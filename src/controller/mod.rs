@@ -11,6 +11,7 @@ pub mod patch;
 mod reconcile;
 pub mod status;
 pub mod traffic;
+pub mod webhook;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,6 +38,9 @@ use leader::{LeaderElector, LeaseSettings};
 use metrics::Metrics;
 use migrations::Migrations;
 use traffic::TrafficMonitor;
+pub use webhook::{WebhookEndpoint, WebhookTarget};
+
+use crate::webhook::CertStore;
 
 /// Settings of `crd-lifecycle run`.
 #[derive(Clone, Debug)]
@@ -51,6 +55,102 @@ pub struct RunSettings {
     pub parallel_migrations: usize,
     /// How often the apiserver's `/metrics` is sampled for traffic gates.
     pub traffic_sample_interval: Duration,
+    /// The conversion webhook to serve, if any.
+    pub webhook: Option<WebhookSettings>,
+}
+
+/// Where the conversion webhook listens, how the apiserver reaches it, and its
+/// certificates.
+#[derive(Clone, Debug)]
+pub struct WebhookSettings {
+    pub address: SocketAddr,
+    pub target: WebhookTarget,
+    pub certificates: CertificateSource,
+}
+
+/// Where the webhook's certificates come from.
+#[derive(Clone, Debug)]
+pub enum CertificateSource {
+    /// Supplied by the user (e.g. cert-manager), re-read every minute.
+    Files { cert: String, key: String, ca: String },
+    /// Self-signed, kept (and renewed) in this Secret.
+    Secret { namespace: String, name: String },
+}
+
+/// Loads the certificates, keeps them fresh, and serves the webhook with a cache of the
+/// policies of its own.
+async fn start_webhook(
+    client: Client,
+    settings: WebhookSettings,
+    shutdown: impl Future<Output = ()> + Send + Clone + 'static,
+) -> Result<Arc<WebhookEndpoint>, RunError> {
+    let endpoint = Arc::new(WebhookEndpoint::new(settings.target.clone()));
+    let certs = Arc::new(CertStore::default());
+    let refresh = {
+        let (client, endpoint, certs, source) = (
+            client.clone(),
+            endpoint.clone(),
+            certs.clone(),
+            settings.certificates.clone(),
+        );
+        let names = settings.target.certificate_names();
+        move || {
+            let (client, endpoint, certs, source, names) = (
+                client.clone(),
+                endpoint.clone(),
+                certs.clone(),
+                source.clone(),
+                names.clone(),
+            );
+            async move {
+                let loaded = match &source {
+                    CertificateSource::Files { cert, key, ca } => {
+                        crate::webhook::certs::read_files(cert, key, ca).map_err(|e| e.to_string())
+                    }
+                    CertificateSource::Secret { namespace, name } => {
+                        crate::webhook::certs::ensure_secret(&client, namespace, name, &names)
+                            .await
+                            .map(|b| (b.cert_pem, b.key_pem, b.ca_pem))
+                            .map_err(|e| e.to_string())
+                    }
+                };
+                match loaded.and_then(|(cert, key, ca)| certs.set_pem(&cert, &key).map(|()| ca)) {
+                    Ok(ca) => {
+                        endpoint.set_ca_bundle(ca);
+                        Ok(())
+                    }
+                    Err(error) => {
+                        warn!(error = %error, "cannot load the conversion webhook's certificates");
+                        Err(error)
+                    }
+                }
+            }
+        }
+    };
+    refresh().await.map_err(RunError::Webhook)?;
+    let interval = match settings.certificates {
+        CertificateSource::Files { .. } => Duration::from_secs(60),
+        CertificateSource::Secret { .. } => Duration::from_secs(3600),
+    };
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(interval).await;
+            let _ = refresh().await;
+        }
+    });
+
+    let (reader, writer) = kube::runtime::reflector::store();
+    let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(client);
+    let stream = kube::runtime::reflector(writer, watcher(api, watcher::Config::default().any_semantic()));
+    tokio::spawn(stream.for_each(|_| async {}));
+    let policies: Arc<dyn crate::webhook::PolicySource> = Arc::new(crate::webhook::CachedPolicies(reader));
+    let serve = crate::webhook::serve(settings.address, certs, policies, shutdown);
+    tokio::spawn(async move {
+        if let Err(error) = serve.await {
+            error!(error = %error, "the conversion webhook stopped");
+        }
+    });
+    Ok(endpoint)
 }
 
 /// Why `run` stopped other than by a shutdown signal.
@@ -62,6 +162,8 @@ pub enum RunError {
     Http(#[source] std::io::Error),
     #[error(transparent)]
     LeaseLost(#[from] leader::LeaseError),
+    #[error("cannot start the conversion webhook: {0}")]
+    Webhook(String),
 }
 
 /// Runs the controller until SIGTERM / SIGINT (or until leadership is lost).
@@ -82,6 +184,15 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
     );
     let server = tokio::spawn(server);
 
+    // Every replica serves the conversion webhook (the Service spreads calls over them),
+    // leader or not.
+    let webhook = match &settings.webhook {
+        Some(webhook_settings) => {
+            Some(start_webhook(client.clone(), webhook_settings.clone(), shutdown.clone()).await?)
+        }
+        None => None,
+    };
+
     let elector = settings
         .lease
         .clone()
@@ -101,6 +212,7 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
         settings,
         metrics.clone(),
         health.clone(),
+        webhook,
         shutdown.clone(),
     );
     let result = match &elector {
@@ -130,6 +242,7 @@ async fn controller(
     settings: RunSettings,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    webhook: Option<Arc<WebhookEndpoint>>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let policies: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
@@ -167,6 +280,7 @@ async fn controller(
         resync: settings.resync,
         migrations: migrations.clone(),
         traffic,
+        webhook,
     });
     health.ready.store(true, Ordering::Relaxed);
     info!("controller started");

@@ -76,6 +76,21 @@ fn flag_changes(
     }
 }
 
+/// Adds the operation that sets `spec.conversion` to `desired` when the CRD's differs
+/// (guarded like the rest); returns whether it did.
+pub fn add_conversion(ops: &mut Vec<Value>, crd: &CustomResourceDefinition, desired: &Value) -> bool {
+    let current = serde_json::to_value(&crd.spec.conversion).unwrap_or(Value::Null);
+    if current == *desired {
+        return false;
+    }
+    if ops.is_empty() {
+        let resource_version = crd.metadata.resource_version.clone().unwrap_or_default();
+        ops.push(json!({"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}));
+    }
+    ops.push(json!({"op": "add", "path": "/spec/conversion", "value": desired}));
+    true
+}
+
 /// The patch as kube sends it.
 pub fn as_json_patch(ops: &[Value]) -> Result<json_patch::Patch, serde_json::Error> {
     serde_json::from_value(Value::Array(ops.to_vec()))

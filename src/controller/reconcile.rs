@@ -19,9 +19,10 @@ use super::error::{Error, status_code};
 use super::gates;
 use super::metrics::Metrics;
 use super::migrations::Migrations;
-use super::patch::{as_json_patch, crd_patch};
+use super::patch::{add_conversion, as_json_patch, crd_patch};
 use super::status::{BlockedReason, Observation, build_status};
 use super::traffic::TrafficMonitor;
+use super::webhook::WebhookEndpoint;
 use crate::api::{FIELD_MANAGER, MigrationPhase, MilestoneKind, TrafficStatus, VersionPolicy};
 use crate::lifecycle::{BlockReason, CompletedMigration, CrdState, Evaluation, Schedule, Transition};
 
@@ -45,6 +46,8 @@ pub struct Context {
     pub migrations: Arc<Migrations>,
     /// Samples the apiserver's request counters for traffic gates.
     pub traffic: Arc<TrafficMonitor>,
+    /// The conversion webhook this controller serves, if any.
+    pub webhook: Option<Arc<WebhookEndpoint>>,
 }
 
 impl Context {
@@ -115,6 +118,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         observation.applied = outcome.applied;
         observation.dry_run_patch = outcome.dry_run_patch;
         observation.traffic = outcome.traffic;
+        observation.conversion_configured = outcome.conversion_changed;
         // A `store` waiting for its conversion preflight: run it in the background, once
         // the version is served (this reconcile's patch may just have introduced it).
         let waiting = evaluation.iter().flat_map(|e| &e.blocked).filter(|b| {
@@ -198,6 +202,8 @@ struct Applied {
     traffic: Vec<TrafficStatus>,
     /// The milestones that needed an approval.
     approved: Vec<(String, MilestoneKind)>,
+    /// Whether the patch pointed the CRD's spec.conversion at the webhook.
+    conversion_changed: bool,
 }
 
 /// Reads the CRD, evaluates the policy and applies the guarded patch, recomputing it when
@@ -248,7 +254,23 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 .iter()
                 .map(|b| (BlockedReason::from(b.reason), b.message.clone())),
         );
-        let ops = crd_patch(&crd, &evaluation);
+        let mut ops = crd_patch(&crd, &evaluation);
+        // Keep spec.conversion pointed at this operator's webhook, in the same guarded patch.
+        if policy.spec.conversion.as_ref().is_some_and(|c| c.webhook.enabled) {
+            match ctx.webhook.as_ref().map(|w| w.desired_conversion(&policy.name_any())) {
+                Some(Some(desired)) => outcome.conversion_changed = add_conversion(&mut ops, &crd, &desired),
+                Some(None) => outcome.blocked.push((
+                    BlockedReason::WebhookNotConfigured,
+                    "the conversion webhook's certificate is not ready yet; spec.conversion is left as it is".to_owned(),
+                )),
+                None => outcome.blocked.push((
+                    BlockedReason::WebhookNotConfigured,
+                    "spec.conversion.webhook.enabled is true but this controller serves no conversion webhook \
+                     (run it with --webhook-port and --webhook-service or --webhook-url); spec.conversion is left as it is"
+                        .to_owned(),
+                )),
+            }
+        }
         let pending: Vec<Transition> = evaluation
             .pending_transitions(&state)
             .into_iter()
@@ -477,6 +499,17 @@ async fn publish_events(
                 reset.join(", ")
             ))),
             action: "CorrectDrift".to_owned(),
+            secondary: None,
+        });
+    }
+    if observation.conversion_configured {
+        events.push(Event {
+            type_: EventType::Normal,
+            reason: "ConversionWebhookConfigured".to_owned(),
+            note: Some(format!(
+                "{crd} now converts between versions through this operator's webhook (spec.conversion)"
+            )),
+            action: "ConfigureConversion".to_owned(),
             secondary: None,
         });
     }

@@ -35,10 +35,13 @@ pub enum BlockedReason {
     AwaitingPreflight,
     /// Objects failed to convert to the version a `store` switches to.
     ConversionPreflightFailed,
+    /// The policy wants the conversion webhook but this controller does not serve one
+    /// (or its certificate is not ready yet).
+    WebhookNotConfigured,
 }
 
 impl BlockedReason {
-    pub const ALL: [BlockedReason; 10] = [
+    pub const ALL: [BlockedReason; 11] = [
         BlockedReason::CrdNotFound,
         BlockedReason::InvalidPolicy,
         BlockedReason::Conflict,
@@ -49,6 +52,7 @@ impl BlockedReason {
         BlockedReason::VersionInUse,
         BlockedReason::AwaitingPreflight,
         BlockedReason::ConversionPreflightFailed,
+        BlockedReason::WebhookNotConfigured,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -63,6 +67,7 @@ impl BlockedReason {
             BlockedReason::VersionInUse => "VersionInUse",
             BlockedReason::AwaitingPreflight => "AwaitingPreflight",
             BlockedReason::ConversionPreflightFailed => "ConversionPreflightFailed",
+            BlockedReason::WebhookNotConfigured => "WebhookNotConfigured",
         }
     }
 }
@@ -101,6 +106,8 @@ pub struct Observation<'a> {
     pub approver: Option<(String, Time)>,
     /// Traffic observed for versions with a traffic gate.
     pub traffic: Vec<TrafficStatus>,
+    /// Whether this reconcile pointed the CRD's spec.conversion at the webhook.
+    pub conversion_configured: bool,
 }
 
 /// The status to write. Condition transition times and history are carried over from the

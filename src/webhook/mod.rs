@@ -3,6 +3,7 @@
 
 pub mod certs;
 mod server;
+pub mod standalone;
 
 use std::sync::Arc;
 

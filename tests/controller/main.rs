@@ -73,6 +73,7 @@ impl Harness {
             resync: Duration::from_secs(600),
             migrations: Arc::new(migrations),
             traffic: TrafficMonitor::new(fake.client(), Duration::from_secs(1)),
+            webhook: None,
         });
         Self {
             fake,
@@ -100,6 +101,22 @@ impl Harness {
         harness.fake.add_objects(CRD, objects, 4, "v1alpha1");
         harness.add_policy(yaml(EXAMPLE_POLICY), "2025-11-01T00:00:00Z");
         harness
+    }
+
+    /// The same controller, serving a conversion webhook at `endpoint`.
+    fn serve_webhook(&mut self, endpoint: Arc<crd_lifecycle::controller::WebhookEndpoint>) {
+        let ctx = &self.ctx;
+        self.ctx = Arc::new(Context {
+            client: ctx.client.clone(),
+            recorder: ctx.recorder.clone(),
+            metrics: ctx.metrics.clone(),
+            policies: ctx.policies.clone(),
+            clock: ctx.clock.clone(),
+            resync: ctx.resync,
+            migrations: ctx.migrations.clone(),
+            traffic: ctx.traffic.clone(),
+            webhook: Some(endpoint),
+        });
     }
 
     fn at(&self, instant: &str) {

@@ -173,6 +173,7 @@ async fn a_restarted_controller_resumes_from_the_checkpoint() {
             2,
         )),
         traffic: ctx.traffic.clone(),
+        webhook: None,
     });
     h.fake.clear_requests();
     h.reconcile("widgets").await;

@@ -203,3 +203,124 @@ fn rustls_pem_to_der(pem: &str) -> Vec<u8> {
         .expect("PEM")
         .to_vec()
 }
+
+mod crd_conversion {
+    use std::sync::Arc;
+
+    use crd_lifecycle::controller::{WebhookEndpoint, WebhookTarget};
+    use serde_json::json;
+
+    use crate::{Harness, yaml};
+
+    const CRD: &str = "gadgets.example.com";
+
+    fn harness() -> Harness {
+        let mut h = Harness::new();
+        h.fake
+            .create_crd(yaml(include_str!("../../examples/conversion/crd.yaml")));
+        let mut policy = yaml(super::CONVERSION_POLICY);
+        policy["spec"]["migration"]["enabled"] = json!(false);
+        h.add_policy(policy, "2025-11-01T00:00:00Z");
+        h
+    }
+
+    #[tokio::test]
+    async fn the_crd_is_pointed_at_the_webhook_in_the_same_guarded_patch() {
+        let mut h = harness();
+        let endpoint = Arc::new(WebhookEndpoint::new(
+            WebhookTarget::parse_service("crd-lifecycle/crd-lifecycle-webhook").expect("service"),
+        ));
+        endpoint.set_ca_bundle("-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n".into());
+        h.serve_webhook(endpoint);
+        h.at("2026-01-20T00:00:00Z");
+        h.reconcile("gadgets").await;
+        let writes = h.fake.crd_writes();
+        assert_eq!(
+            writes.len(),
+            1,
+            "one patch for the introductions and the conversion"
+        );
+        let ops = writes[0].body.as_array().expect("ops").clone();
+        assert_eq!(ops[0]["op"], "test");
+        assert_eq!(ops[0]["path"], "/metadata/resourceVersion");
+        let conversion = ops
+            .iter()
+            .find(|op| op["path"] == "/spec/conversion")
+            .expect("conversion op");
+        assert_eq!(conversion["value"]["strategy"], "Webhook");
+        let crd = h.fake.crd(CRD);
+        let client_config = &crd["spec"]["conversion"]["webhook"]["clientConfig"];
+        assert_eq!(
+            client_config["service"],
+            json!({"namespace": "crd-lifecycle", "name": "crd-lifecycle-webhook", "path": "/convert/gadgets", "port": 443})
+        );
+        assert!(client_config["caBundle"].is_string());
+        assert_eq!(
+            crd["spec"]["conversion"]["webhook"]["conversionReviewVersions"],
+            json!(["v1"])
+        );
+        assert!(
+            h.fake
+                .event_summaries()
+                .iter()
+                .any(|(_, r, _)| r == "ConversionWebhookConfigured")
+        );
+        // In step: the next reconcile patches nothing.
+        h.fake.clear_requests();
+        h.reconcile("gadgets").await;
+        assert!(h.fake.crd_writes().is_empty());
+        // Someone resets spec.conversion: it is put back.
+        h.fake
+            .edit_crd(CRD, |crd| crd["spec"]["conversion"] = json!({"strategy": "None"}));
+        h.reconcile("gadgets").await;
+        assert_eq!(h.fake.crd(CRD)["spec"]["conversion"]["strategy"], "Webhook");
+    }
+
+    #[tokio::test]
+    async fn without_a_webhook_the_policy_says_so_and_the_conversion_is_left_alone() {
+        let mut h = harness();
+        h.at("2026-01-20T00:00:00Z");
+        h.reconcile("gadgets").await;
+        let (status, reason, message) = h.condition("gadgets", "Blocked");
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("True", "WebhookNotConfigured")
+        );
+        assert!(message.contains("--webhook-port"), "{message}");
+        assert!(h.fake.crd(CRD)["spec"].get("conversion").is_none());
+        // The schedule itself still proceeds.
+        assert_eq!(
+            h.fake.crd(CRD)["spec"]["versions"][2]["served"],
+            true,
+            "v1 introduced"
+        );
+    }
+}
+
+#[tokio::test]
+async fn certificates_are_kept_in_a_secret_and_renewed_with_the_same_ca() {
+    let h = crate::Harness::new();
+    let client = h.fake.client();
+    let names = vec!["hook.ops.svc".to_owned()];
+    let first = certs::ensure_secret(&client, "ops", "hook-tls", &names)
+        .await
+        .expect("created");
+    let secret = h.fake.lock().secrets["hook-tls"].clone();
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    for key in ["ca.crt", "ca.key", "tls.crt", "tls.key"] {
+        assert!(secret["data"][key].is_string(), "{key}");
+    }
+    // Another replica reads the same certificates.
+    let second = certs::ensure_secret(&client, "ops", "hook-tls", &names)
+        .await
+        .expect("read");
+    assert_eq!(second, first);
+    // New names: the serving certificate is re-issued by the same CA.
+    let renamed = vec!["hook.ops.svc".to_owned(), "hook.ops.svc.cluster.local".to_owned()];
+    let third = certs::ensure_secret(&client, "ops", "hook-tls", &renamed)
+        .await
+        .expect("renewed");
+    assert_eq!(third.ca_pem, first.ca_pem);
+    assert_ne!(third.cert_pem, first.cert_pem);
+    assert_eq!(third.names, renamed);
+}

@@ -70,6 +70,7 @@ pub struct State {
     pub policies: BTreeMap<String, Value>,
     pub events: Vec<Value>,
     pub leases: BTreeMap<String, Value>,
+    pub secrets: BTreeMap<String, Value>,
     pub requests: Vec<Recorded>,
     resource_version: u64,
     /// Run just before the next CRD patch is applied: another writer racing us.
@@ -401,6 +402,40 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
         },
         ("POST", ["apis", "coordination.k8s.io", "v1", "namespaces", _, "leases"]) => {
             create_lease(state, body)
+        }
+        ("GET", ["api", "v1", "namespaces", _, "secrets", name]) => match state.secrets.get(*name) {
+            Some(secret) => (200, secret.clone()),
+            None => not_found("secrets", name),
+        },
+        ("POST", ["api", "v1", "namespaces", _, "secrets"]) => {
+            let name = body["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+            if state.secrets.contains_key(&name) {
+                return (
+                    409,
+                    status_body(
+                        409,
+                        "AlreadyExists",
+                        &format!("secrets \"{name}\" already exists"),
+                    ),
+                );
+            }
+            let mut body = body;
+            body["metadata"]["resourceVersion"] = state.next_resource_version().into();
+            state.secrets.insert(name, body.clone());
+            (201, body)
+        }
+        // PUT with the resourceVersion read: 409 when someone wrote since.
+        ("PUT", ["api", "v1", "namespaces", _, "secrets", name]) => {
+            let Some(current) = state.secrets.get(*name) else {
+                return not_found("secrets", name);
+            };
+            if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
+                return conflict("secrets", name);
+            }
+            let mut body = body;
+            body["metadata"]["resourceVersion"] = state.next_resource_version().into();
+            state.secrets.insert((*name).to_owned(), body.clone());
+            (200, body)
         }
         (
             "PUT",

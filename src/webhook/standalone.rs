@@ -1,0 +1,58 @@
+//! `crd-lifecycle webhook`: the conversion webhook on its own.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::Api;
+use kube::core::DeserializeGuard;
+use kube::runtime::{reflector, watcher};
+
+use super::{CachedPolicies, CertStore, PolicySource, StaticPolicies, certs};
+use crate::api::VersionPolicy;
+use crate::cli::StandaloneWebhookArgs;
+use crate::{kubeclient, manifest};
+
+/// Serves until Ctrl-C / SIGTERM. Errors are bad input or a failed start.
+pub async fn run(args: &StandaloneWebhookArgs) -> Result<(), String> {
+    let policies: Arc<dyn PolicySource> = if args.policy.is_empty() {
+        let client = kubeclient::client(&args.cluster)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (reader, writer) = reflector::store();
+        let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(client);
+        let stream = reflector(writer, watcher(api, watcher::Config::default().any_semantic()));
+        tokio::spawn(stream.for_each(|_| async {}));
+        Arc::new(CachedPolicies(reader))
+    } else {
+        let mut loaded = Vec::new();
+        for path in &args.policy {
+            let text = manifest::read_source(path).map_err(|e| e.to_string())?;
+            loaded
+                .push(manifest::parse_policy(&text, &manifest::origin_of(path)).map_err(|e| e.to_string())?);
+        }
+        Arc::new(StaticPolicies(loaded))
+    };
+    let store = Arc::new(CertStore::default());
+    match (&args.cert_file, &args.key_file) {
+        (Some(cert), Some(key)) => {
+            let read =
+                |path: &str| std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"));
+            store.set_pem(&read(cert)?, &read(key)?)?;
+        }
+        _ => {
+            let bundle = certs::new_bundle(&args.name, jiff::Timestamp::now()).map_err(|e| e.to_string())?;
+            store.set_pem(&bundle.cert_pem, &bundle.key_pem)?;
+            if let Some(path) = &args.ca_out {
+                std::fs::write(path, &bundle.ca_pem).map_err(|e| format!("cannot write {path}: {e}"))?;
+                tracing::info!(path, "wrote the self-signed CA certificate (the CRD's caBundle)");
+            }
+        }
+    }
+    let address = SocketAddr::from(([0, 0, 0, 0], args.port));
+    super::serve(address, store, policies, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+    .map_err(|e| format!("the webhook stopped: {e}"))
+}
