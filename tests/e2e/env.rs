@@ -109,10 +109,17 @@ impl Env {
         if self.in_cluster {
             return Ok(());
         }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
+        let free_port = || {
+            TcpListener::bind("0.0.0.0:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .map_err(|e| e.to_string())
+        };
+        let port = free_port()?;
+        // The conversion webhook: the apiserver must reach this machine at
+        // E2E_WEBHOOK_HOST (127.0.0.1 for an apiserver on the same machine).
+        let webhook_port = free_port()?;
+        let webhook_host = std::env::var("E2E_WEBHOOK_HOST").unwrap_or_else(|_| "127.0.0.1".to_owned());
         let log_path = std::env::temp_dir().join(format!("crd-lifecycle-{}.log", self.run_id));
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -129,6 +136,10 @@ impl Env {
                 "1s",
             ])
             .arg(format!("--metrics-addr=127.0.0.1:{port}"))
+            .arg(format!("--webhook-port={webhook_port}"))
+            .arg(format!("--webhook-url=https://{webhook_host}:{webhook_port}"))
+            .arg(format!("--webhook-secret={}", self.webhook_secret()))
+            .env("POD_NAMESPACE", "default")
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log.try_clone().map_err(|e| e.to_string())?)
@@ -143,6 +154,11 @@ impl Env {
         Ok(())
     }
 
+    /// The Secret the local controller keeps its webhook certificates in (in `default`).
+    pub fn webhook_secret(&self) -> String {
+        format!("{}-webhook-tls", self.run_id)
+    }
+
     /// Kills the local controller at once (no graceful shutdown), as a crash would.
     pub fn kill_controller(&self) {
         if let Some(mut child) = self.controller.lock().expect("lock").take() {
@@ -155,6 +171,13 @@ impl Env {
     pub async fn teardown(&self) {
         self.cleanup_scenario().await;
         self.kill_controller();
+        if !self.in_cluster {
+            let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+                Api::namespaced(self.client.clone(), "default");
+            let _ = secrets
+                .delete(&self.webhook_secret(), &DeleteParams::default())
+                .await;
+        }
         if *self.created_policy_crd.lock().expect("lock") {
             let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
             let _ = api

@@ -27,6 +27,9 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("bad_input", |env| Box::pin(scenarios::bad_input(env))),
     ("restart", |env| Box::pin(scenarios::restart(env))),
     ("gates", |env| Box::pin(scenarios::gates(env))),
+    ("conversion_webhook", |env| {
+        Box::pin(scenarios::conversion_webhook(env))
+    }),
 ];
 
 fn main() -> ExitCode {

@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use serde_json::{Value, json};
 
 use crate::ensure;
@@ -503,5 +504,99 @@ pub async fn gates(env: &Env) -> Outcome {
     .await?;
     let traffic = env.policy(&name).await?["status"]["traffic"][0].clone();
     ensure!(traffic["lastRequestAt"].is_string(), "traffic status {traffic}");
+    Ok(())
+}
+
+/// Conversion through the operator's declarative webhook: thousands of objects stored as
+/// v1alpha1 are migrated through the webhook into v1, and every object then reads, with
+/// identical data, through every served version.
+pub async fn conversion_webhook(env: &Env) -> Outcome {
+    let count: usize = std::env::var("E2E_OBJECTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2000);
+    let crd = env
+        .create_crd(
+            "conversion",
+            &[
+                ("v1alpha1", true, true),
+                ("v1beta1", true, false),
+                ("v1", true, false),
+            ],
+        )
+        .await?;
+    // Objects as v1alpha1: {size, legacyMode}.
+    futures::stream::iter(0..count)
+        .map(|i| {
+            let body = json!({"apiVersion": format!("{}/v1alpha1", crd.group), "kind": "Widget",
+                              "metadata": {"name": format!("g{i:05}")}, "spec": {"size": i, "legacyMode": i % 2 == 0}});
+            let request = http::Request::post(format!("/apis/{}/v1alpha1/widgets", crd.group))
+                .header("content-type", "application/json")
+                .body(serde_json::to_vec(&body).unwrap_or_default());
+            async move {
+                let request = request.map_err(|e| e.to_string())?;
+                env.client.request::<Value>(request).await.map(|_| ()).map_err(|e| e.to_string())
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<Result<(), String>>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<()>, String>>()?;
+    let (store, _) = in_seconds(8);
+    let name = format!("{}-conversion", env.run_id);
+    let mut object = policy(
+        &name,
+        &crd.name,
+        json!([{"name": "v1", "store": {"at": store}}]),
+        json!({"enabled": true, "concurrency": 16, "pageSize": 250}),
+    );
+    object["spec"]["conversion"] = json!({
+        "webhook": {"enabled": true},
+        "changes": [
+            {"from": "v1alpha1", "to": "v1beta1",
+             "renamed": [{"from": "spec.size", "to": "spec.replicas"}],
+             "added": [{"path": "spec.color", "default": "blue"}],
+             "removed": ["spec.legacyMode"]},
+            {"from": "v1beta1", "to": "v1", "renamed": [{"from": "spec.replicas", "to": "spec.scale.replicas"}]},
+        ]
+    });
+    env.create_policy(object).await?;
+    wait_for(
+        "the CRD converts through the webhook",
+        Duration::from_secs(60),
+        || async {
+            let crd = env.crd(&crd.name).await?;
+            Ok(crd.spec.conversion.is_some_and(|c| c.strategy == "Webhook"))
+        },
+    )
+    .await?;
+    let limit = Duration::from_secs(120 + (count as u64) / 10);
+    wait_for("every object is migrated through the webhook", limit, || async {
+        Ok(env.stored_versions(&crd.name).await? == ["v1"])
+    })
+    .await?;
+    for version in ["v1alpha1", "v1beta1", "v1"] {
+        let objects = env.list_via(&crd, version).await?;
+        ensure!(
+            objects.len() == count,
+            "{} objects through {version}, {count} created",
+            objects.len()
+        );
+        for object in &objects {
+            let name = object["metadata"]["name"].as_str().unwrap_or_default();
+            let i: u64 = name.trim_start_matches('g').parse().unwrap_or(u64::MAX);
+            let expected = match version {
+                "v1alpha1" => json!({"size": i, "legacyMode": i % 2 == 0}),
+                "v1beta1" => json!({"replicas": i, "color": "blue"}),
+                _ => json!({"scale": {"replicas": i}, "color": "blue"}),
+            };
+            ensure!(
+                object["spec"] == expected,
+                "{name} through {version}: {} (expected {expected})",
+                object["spec"]
+            );
+        }
+    }
     Ok(())
 }
