@@ -529,7 +529,7 @@ pub async fn conversion_webhook(env: &Env) -> Outcome {
     futures::stream::iter(0..count)
         .map(|i| {
             let body = json!({"apiVersion": format!("{}/v1alpha1", crd.group), "kind": "Widget",
-                              "metadata": {"name": format!("g{i:05}")}, "spec": {"size": i, "legacyMode": i % 2 == 0}});
+                              "metadata": {"name": format!("g{i:05}")}, "spec": {"size": i, "legacyMode": i.is_multiple_of(2)}});
             let request = http::Request::post(format!("/apis/{}/v1alpha1/widgets", crd.group))
                 .header("content-type", "application/json")
                 .body(serde_json::to_vec(&body).unwrap_or_default());
@@ -587,7 +587,7 @@ pub async fn conversion_webhook(env: &Env) -> Outcome {
             let name = object["metadata"]["name"].as_str().unwrap_or_default();
             let i: u64 = name.trim_start_matches('g').parse().unwrap_or(u64::MAX);
             let expected = match version {
-                "v1alpha1" => json!({"size": i, "legacyMode": i % 2 == 0}),
+                "v1alpha1" => json!({"size": i, "legacyMode": i.is_multiple_of(2)}),
                 "v1beta1" => json!({"replicas": i, "color": "blue"}),
                 _ => json!({"scale": {"replicas": i}, "color": "blue"}),
             };
