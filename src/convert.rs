@@ -46,14 +46,7 @@ pub fn run(args: &ConvertArgs, out: &mut impl Write) -> Result<(), Error> {
         .ok_or_else(|| Error::NoConversion {
             origin: policy_origin.clone(),
         })?;
-    let chain: Vec<String> = spec
-        .changes
-        .first()
-        .map(|first| first.from.clone())
-        .into_iter()
-        .chain(spec.changes.iter().map(|c| c.to.clone()))
-        .collect();
-    let converter = Converter::new(spec, &chain, &[]).map_err(|errors| Error::InvalidConversion {
+    let converter = Converter::for_spec(spec).map_err(|errors| Error::InvalidConversion {
         origin: policy_origin,
         errors,
     })?;

@@ -157,6 +157,19 @@ impl Converter {
         Ok(Converter { versions, steps })
     }
 
+    /// Builds the converter from the steps alone, with the chain's own versions as the
+    /// versions to reach (offline conversion and the webhook, which have no CRD at hand).
+    pub fn for_spec(spec: &ConversionSpec) -> Result<Converter, FieldErrors> {
+        let chain: Vec<String> = spec
+            .changes
+            .first()
+            .map(|first| first.from.clone())
+            .into_iter()
+            .chain(spec.changes.iter().map(|c| c.to.clone()))
+            .collect();
+        Converter::new(spec, &chain, &[])
+    }
+
     /// The versions of the chain, oldest first.
     pub fn versions(&self) -> &[String] {
         &self.versions

@@ -92,14 +92,7 @@ pub fn review(body: &[u8], policy: &str, policies: &Arc<dyn PolicySource>) -> (u
             request.desired_api_version
         ));
     };
-    let chain: Vec<String> = spec
-        .changes
-        .first()
-        .map(|first| first.from.clone())
-        .into_iter()
-        .chain(spec.changes.iter().map(|c| c.to.clone()))
-        .collect();
-    let converter = match Converter::new(&spec, &chain, &[]) {
+    let converter = match Converter::for_spec(&spec) {
         Ok(converter) => converter,
         Err(errors) => {
             return failure(format!(

@@ -105,6 +105,17 @@ impl Harness {
 
     /// The same controller, serving a conversion webhook at `endpoint`.
     fn serve_webhook(&mut self, endpoint: Arc<crd_lifecycle::controller::WebhookEndpoint>) {
+        let migrations = self.ctx.migrations.clone();
+        self.replace_context(migrations, Some(endpoint));
+    }
+
+    /// A controller sharing this one's cluster, cache, clock and metrics, with another
+    /// migration manager (a restarted controller) and webhook.
+    fn replace_context(
+        &mut self,
+        migrations: Arc<Migrations>,
+        webhook: Option<Arc<crd_lifecycle::controller::WebhookEndpoint>>,
+    ) {
         let ctx = &self.ctx;
         self.ctx = Arc::new(Context {
             client: ctx.client.clone(),
@@ -113,9 +124,9 @@ impl Harness {
             policies: ctx.policies.clone(),
             clock: ctx.clock.clone(),
             resync: ctx.resync,
-            migrations: ctx.migrations.clone(),
+            migrations,
             traffic: ctx.traffic.clone(),
-            webhook: Some(endpoint),
+            webhook,
         });
     }
 

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crd_lifecycle::controller::Context;
 use crd_lifecycle::controller::migrations::Migrations;
 use serde_json::{Value, json};
 
@@ -159,22 +158,8 @@ async fn a_restarted_controller_resumes_from_the_checkpoint() {
 
     // A new controller (new migration manager) picks the run up where it stopped.
     let ctx = &h.ctx;
-    h.ctx = Arc::new(Context {
-        client: ctx.client.clone(),
-        recorder: ctx.recorder.clone(),
-        metrics: ctx.metrics.clone(),
-        policies: ctx.policies.clone(),
-        clock: ctx.clock.clone(),
-        resync: ctx.resync,
-        migrations: Arc::new(Migrations::new(
-            ctx.client.clone(),
-            ctx.recorder.clone(),
-            ctx.metrics.clone(),
-            2,
-        )),
-        traffic: ctx.traffic.clone(),
-        webhook: None,
-    });
+    let fresh = Migrations::new(ctx.client.clone(), ctx.recorder.clone(), ctx.metrics.clone(), 2);
+    h.replace_context(Arc::new(fresh), None);
     h.fake.clear_requests();
     h.reconcile("widgets").await;
     wait_until("the resumed migration succeeds", || {
