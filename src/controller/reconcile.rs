@@ -522,7 +522,23 @@ async fn publish_events(
             secondary: None,
         });
     }
+    // A Warning when something starts holding the policy back (or holds it for another
+    // reason), not again on every reconcile while nothing changed: the previous status'
+    // Blocked condition already lists every message.
+    let previous = policy
+        .status
+        .as_ref()
+        .and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == "Blocked" && c.status == "True")
+        })
+        .map(|c| c.message.as_str())
+        .unwrap_or_default();
     for (reason, message) in &observation.blocked {
+        if previous.contains(message.as_str()) {
+            continue;
+        }
         events.push(Event {
             type_: EventType::Warning,
             reason: reason.as_str().to_owned(),
