@@ -88,6 +88,16 @@ async fn a_missing_crd_blocks_until_it_appears() {
             .iter()
             .any(|(t, r, _)| t == "Warning" && r == "CRDNotFound")
     );
+    // Still missing: no new event on every reconcile.
+    h.reconcile("widgets").await;
+    h.reconcile("widgets").await;
+    let event_writes = h
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.contains("/events"))
+        .count();
+    assert_eq!(event_writes, 1, "one Warning while nothing changes");
 
     h.fake.create_crd(yaml(EXAMPLE_CRD));
     h.reconcile("widgets").await;
