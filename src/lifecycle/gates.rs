@@ -130,8 +130,19 @@ impl Schedule {
                 }
             }
         }
-        // A held `store` keeps the previous storage version: it must stay served and
-        // present, so its own unserve and remove wait too.
+        // A held `store` (held itself, or behind another held milestone of its version)
+        // keeps the previous storage version: it must stay served and present, so its own
+        // unserve and remove wait too, for the same reason.
+        let waiting_store = self
+            .versions
+            .iter()
+            .filter(|v| v.reached(MilestoneKind::Store, at))
+            .filter(|v| {
+                effective
+                    .version(&v.name)
+                    .is_some_and(|e| !e.reached(MilestoneKind::Store, at))
+            })
+            .find_map(|v| held.iter().find(|b| b.version == v.name).cloned());
         for _ in 0..=self.versions.len() {
             let storage = effective
                 .storage_at(at)
@@ -146,18 +157,22 @@ impl Schedule {
                 .find(|k| version.reached(*k, at));
             let Some(kind) = kind else { break };
             version.postpone_from(kind);
-            let cause = held
-                .iter()
-                .find(|b| b.milestone == Some(MilestoneKind::Store))
-                .cloned();
+            let message = match &waiting_store {
+                Some(cause) => format!(
+                    "{storage} stays the storage version while {} store waits ({} {} is held), so its {kind} waits",
+                    cause.version,
+                    cause.version,
+                    cause.milestone.map_or("", MilestoneKind::as_str)
+                ),
+                None => format!("{storage} stays the storage version, so its {kind} waits"),
+            };
             held.push(Blocked {
-                reason: cause.as_ref().map_or(BlockReason::UnsafeState, |c| c.reason),
+                reason: waiting_store
+                    .as_ref()
+                    .map_or(BlockReason::UnsafeState, |c| c.reason),
                 version: storage.clone(),
                 milestone: Some(kind),
-                message: format!(
-                    "{storage} stays the storage version while {} is held, so its {kind} waits",
-                    cause.map_or_else(|| "the next store".to_owned(), |c| format!("{} store", c.version))
-                ),
+                message,
             });
         }
         let mut evaluation = effective.evaluate(crd, migrations, at);

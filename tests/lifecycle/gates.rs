@@ -66,7 +66,7 @@ fn an_approval_gate_holds_the_milestone_and_what_depends_on_it() {
     assert!(
         evaluation.blocked[1]
             .message
-            .contains("stays the storage version while v1 store is held")
+            .contains("stays the storage version while v1 store waits (v1 store is held)")
     );
 
     // Approved: everything due happens.

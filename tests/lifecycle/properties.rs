@@ -1,9 +1,13 @@
 //! Property tests: generated valid policies and instants keep every engine invariant.
 
 use crd_lifecycle::api::{
-    DeprecateMilestone, MigrationSettings, Milestone, UnserveMilestone, VersionPolicySpec, VersionSchedule,
+    Approval, DeprecateMilestone, MigrationSettings, Milestone, MilestoneKind, UnserveMilestone,
+    VersionPolicySpec, VersionSchedule,
 };
-use crd_lifecycle::lifecycle::{self, BlockReason, CrdState, CrdVersion, Evaluation, Schedule};
+use crd_lifecycle::lifecycle::{
+    self, BlockReason, CrdState, CrdVersion, Evaluation, GateInputs, PreflightResult, Schedule,
+    TrafficObservation,
+};
 use jiff::{SignedDuration, Timestamp};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
@@ -24,6 +28,9 @@ struct VersionChoice {
     warning: bool,
     gaps: [i64; 6],
     use_after: [bool; 5],
+    /// Which milestones need an approval, and whether `unserve` has a traffic gate.
+    approvals: [bool; 5],
+    traffic_gate: bool,
 }
 
 fn version_choice() -> impl Strategy<Value = VersionChoice> {
@@ -31,8 +38,12 @@ fn version_choice() -> impl Strategy<Value = VersionChoice> {
         any::<[bool; 7]>(),
         proptest::array::uniform6(0i64..60),
         any::<[bool; 5]>(),
+        any::<[bool; 5]>(),
+        any::<bool>(),
     )
-        .prop_map(|(b, gaps, use_after)| VersionChoice {
+        .prop_map(|(b, gaps, use_after, approvals, traffic_gate)| VersionChoice {
+            approvals,
+            traffic_gate,
             stored: b[0],
             introduce: b[1],
             deprecate: b[2],
@@ -143,19 +154,20 @@ fn schedule_entry(name: &str, choice: &VersionChoice, instants: [Option<i64>; 5]
         });
         previous = Some(at);
     }
-    let milestone = |t: &Option<(Option<String>, Option<String>)>| {
+    let approval = |k: usize| choice.approvals[k].then_some(Approval::Required);
+    let milestone = |t: &Option<(Option<String>, Option<String>)>, k: usize| {
         t.clone().map(|(at, after)| Milestone {
             at,
             after,
-            approval: None,
+            approval: approval(k),
         })
     };
     VersionSchedule {
         name: name.to_owned(),
-        introduce: milestone(&timings[0]),
-        store: milestone(&timings[1]),
+        introduce: milestone(&timings[0], 0),
+        store: milestone(&timings[1], 1),
         deprecate: timings[2].clone().map(|(at, after)| DeprecateMilestone {
-            approval: None,
+            approval: approval(2),
             at,
             after,
             warning: choice.warning.then(|| format!("{name} is deprecated")),
@@ -163,9 +175,10 @@ fn schedule_entry(name: &str, choice: &VersionChoice, instants: [Option<i64>; 5]
         unserve: timings[3].clone().map(|(at, after)| UnserveMilestone {
             at,
             after,
-            ..UnserveMilestone::default()
+            approval: approval(3),
+            require_no_traffic_for: choice.traffic_gate.then(|| "1h".to_owned()),
         }),
-        remove: milestone(&timings[4]),
+        remove: milestone(&timings[4], 4),
     }
 }
 
@@ -221,7 +234,8 @@ fn evaluate(schedule: &Schedule, crd: &CrdState, at: Timestamp) -> Evaluation {
 }
 
 proptest! {
-    #![proptest_config(Config { cases: 256, ..Config::default() })]
+    // 256 cases by default; PROPTEST_CASES=N runs more.
+    #![proptest_config(Config::default())]
 
     #[test]
     fn generated_policies_are_valid((case, _, _) in case_with_instants()) {
@@ -291,6 +305,99 @@ proptest! {
             for desired in present {
                 let current = reread.version(&desired.name).expect("rendered");
                 prop_assert!(desired.matches(current), "{:?} vs {:?}", desired, current);
+            }
+        }
+    }
+}
+
+/// Random gate inputs for the versions `v1`..`vN`: some approvals, preflight results and
+/// traffic observations.
+fn gate_inputs(versions: usize) -> impl Strategy<Value = GateInputs> {
+    (
+        proptest::collection::vec(any::<bool>(), versions * 5),
+        proptest::collection::vec(0u8..4, versions),
+        proptest::collection::vec(
+            proptest::option::of((0i64..400 * DAY, proptest::option::of(0i64..400 * DAY))),
+            versions,
+        ),
+    )
+        .prop_map(move |(approved, preflight, traffic)| {
+            let name = |i: usize| format!("v{}", i + 1);
+            GateInputs {
+                policy_name: "widgets".into(),
+                approvals: approved
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, a)| **a)
+                    .map(|(i, _)| (name(i / 5), MilestoneKind::ALL[i % 5]))
+                    .collect(),
+                applied: Default::default(),
+                preflight: preflight
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, p)| {
+                        let result = match p {
+                            0 => return None,
+                            1 => PreflightResult::Running,
+                            2 => PreflightResult::Passed,
+                            _ => PreflightResult::Failed("w1: bad".into()),
+                        };
+                        Some((name(i), result))
+                    })
+                    .collect(),
+                traffic: traffic
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, t)| {
+                        let (since, last) = (*t)?;
+                        let at = |offset: i64| Timestamp::from_second(START + offset).expect("in range");
+                        Some((
+                            name(i),
+                            TrafficObservation {
+                                watching_since: at(since),
+                                last_request: last.map(at),
+                            },
+                        ))
+                    })
+                    .collect(),
+            }
+        })
+}
+
+proptest! {
+    // 256 cases by default; PROPTEST_CASES=N runs more.
+    #![proptest_config(Config::default())]
+
+    /// Whatever the gates hold back, the CRD never breaks an invariant.
+    #[test]
+    fn gates_keep_every_invariant(
+        (case, instants, pick, gates) in case_with_instants()
+            .prop_flat_map(|(case, instants, pick)| {
+                let count = case.crd.versions.len();
+                (Just(case), Just(instants), Just(pick), gate_inputs(count))
+            })
+    ) {
+        let schedule = Schedule::new(&case.spec, &case.crd, Timestamp::MIN).expect("valid by construction");
+        for at in instants {
+            let probe = evaluate(&schedule, &case.crd, at);
+            let crd = CrdState { stored_versions: stored_versions(&case, probe.storage_version(), &pick), ..case.crd.clone() };
+            let evaluation = schedule.evaluate_with_gates(&crd, &[], &gates, at);
+            let storage: Vec<_> = evaluation.versions.iter().filter(|v| v.present && v.storage).collect();
+            prop_assert_eq!(storage.len(), 1, "at {}: {:?}", at, evaluation.versions);
+            prop_assert!(storage[0].served, "storage not served at {}: {:?} {:?}", at, evaluation.versions, evaluation.blocked);
+            for name in &crd.stored_versions {
+                prop_assert!(evaluation.version(name).is_some_and(|v| v.present), "{} removed while stored", name);
+            }
+            prop_assert!(
+                !evaluation.blocked.iter().any(|b| b.reason == BlockReason::UnsafeState),
+                "at {}: {:?}", at, evaluation.blocked
+            );
+            // A held transition never happens: a version whose unserve is held stays served.
+            for blocked in &evaluation.blocked {
+                if blocked.milestone == Some(MilestoneKind::Unserve) {
+                    let version = evaluation.version(&blocked.version).expect("present");
+                    prop_assert!(version.present && version.served, "{} unserved while held", blocked.version);
+                }
             }
         }
     }
