@@ -46,11 +46,7 @@ fn plan_yaml_is_the_crd_at_the_instant() {
 
 #[test]
 fn plan_json_and_stdin() {
-    let policy = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/widgets/policy.yaml"
-    ))
-    .expect("example policy");
+    let policy = crate::fixtures::EXAMPLE_POLICY;
     let output = run(
         &[
             "plan",
@@ -114,16 +110,12 @@ fn plan_table_shows_held_removals() {
 
 #[test]
 fn invalid_policy_exits_2_naming_every_field() {
-    let bad = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/widgets/policy.yaml"
-    ))
-    .expect("example policy")
-    .replace("unserve: {after: 90d}", "unserve: {after: 90x}")
-    .replace(
-        "introduce: {at: \"2026-01-15T00:00:00Z\"}",
-        "introduce: {at: \"2026-02-15T00:00:00Z\"}",
-    );
+    let bad = crate::fixtures::EXAMPLE_POLICY
+        .replace("unserve: {after: 90d}", "unserve: {after: 90x}")
+        .replace(
+            "introduce: {at: \"2026-01-15T00:00:00Z\"}",
+            "introduce: {at: \"2026-02-15T00:00:00Z\"}",
+        );
     let output = run(&["plan", "--policy", "-", "--crd", EXAMPLE_CRD], Some(&bad));
     assert_eq!(output.status.code(), Some(2));
     assert!(output.stdout.is_empty(), "no output on invalid input");
@@ -144,12 +136,8 @@ fn invalid_policy_exits_2_naming_every_field() {
 
 #[test]
 fn unknown_fields_exit_2() {
-    let bad = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/widgets/policy.yaml"
-    ))
-    .expect("example policy")
-    .replace("remove: {after: 30d}", "remove: {after: 30d, when: later}");
+    let bad =
+        crate::fixtures::EXAMPLE_POLICY.replace("remove: {after: 30d}", "remove: {after: 30d, when: later}");
     let output = run(&["plan", "--policy", "-", "--crd", EXAMPLE_CRD], Some(&bad));
     assert_eq!(output.status.code(), Some(2));
     let stderr = text(&output.stderr);
@@ -238,19 +226,15 @@ fn crd_subcommand_prints_the_checked_in_crd() {
 
 #[test]
 fn plan_table_shows_gates_next_to_their_milestones() {
-    let policy = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/widgets/policy.yaml"
-    ))
-    .expect("example policy")
-    .replace(
-        "store: {at: \"2026-02-01T00:00:00Z\"}",
-        "store: {at: \"2026-02-01T00:00:00Z\", approval: Required}",
-    )
-    .replace(
-        "unserve: {after: 120d}",
-        "unserve: {after: 120d, requireNoTrafficFor: 24h}",
-    );
+    let policy = crate::fixtures::EXAMPLE_POLICY
+        .replace(
+            "store: {at: \"2026-02-01T00:00:00Z\"}",
+            "store: {at: \"2026-02-01T00:00:00Z\", approval: Required}",
+        )
+        .replace(
+            "unserve: {after: 120d}",
+            "unserve: {after: 120d, requireNoTrafficFor: 24h}",
+        );
     let output = run(
         &[
             "plan",
