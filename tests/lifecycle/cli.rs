@@ -59,7 +59,7 @@ fn plan_json_and_stdin() {
             "-o",
             "json",
         ],
-        Some(&policy),
+        Some(policy),
     );
     assert!(output.status.success(), "{}", text(&output.stderr));
     let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
