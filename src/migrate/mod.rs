@@ -437,7 +437,12 @@ impl Run<'_> {
                         self.observer.checkpoint(&checkpoint, &committed);
                     }
                 }
-                listed = async { fetching.as_mut().expect("guarded").await }, if fetching.is_some() => {
+                listed = async {
+                    match fetching.as_mut() {
+                        Some(page) => page.await,
+                        None => std::future::pending().await,
+                    }
+                }, if fetching.is_some() => {
                     fetching = None;
                     let page = match listed {
                         Ok(page) => page,
