@@ -6,7 +6,7 @@ use std::io::Write;
 use serde_json::Value;
 
 use crate::cli::{ConvertArgs, ObjectFormat};
-use crate::conversion::Converter;
+use crate::conversion::{Converter, object_name};
 use crate::lifecycle::FieldErrors;
 use crate::manifest::{self, origin_of};
 
@@ -99,12 +99,5 @@ pub fn run(args: &ConvertArgs, out: &mut impl Write) -> Result<(), Error> {
 
 fn describe(object: &Value) -> String {
     let kind = object.get("kind").and_then(Value::as_str).unwrap_or("object");
-    let name = object
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("(unnamed)");
-    match object.pointer("/metadata/namespace").and_then(Value::as_str) {
-        Some(ns) => format!("{kind} {ns}/{name}"),
-        None => format!("{kind} {name}"),
-    }
+    format!("{kind} {}", object_name(object))
 }

@@ -9,8 +9,6 @@ use std::time::{Duration, Instant};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
-use kube::core::DeserializeGuard;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource};
 use serde_json::json;
@@ -19,6 +17,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::metrics::{CrdLabels, Metrics, MigrationResultLabels};
+use super::reconcile::apply_status;
 use crate::api::{MigrationPhase, MigrationStatus, PreflightStatus, VersionPolicy};
 use crate::migrate::{self, Checkpoint, Counts, Mode, Outcome, Report};
 
@@ -240,14 +239,8 @@ impl Migrations {
     }
 
     async fn write_preflight(&self, name: &str, status: &PreflightStatus) {
-        let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(self.client.clone());
-        let patch = json!({
-            "apiVersion": "crdlifecycle.io/v1alpha1",
-            "kind": "VersionPolicy",
-            "status": {"preflight": status},
-        });
-        let params = PatchParams::apply(PREFLIGHT_FIELD_MANAGER).force();
-        if let Err(error) = api.patch_status(name, &params, &Patch::Apply(&patch)).await {
+        let status = json!({"preflight": status});
+        if let Err(error) = apply_status(&self.client, name, PREFLIGHT_FIELD_MANAGER, status).await {
             warn!(policy = name, error = %error, "cannot write the preflight status");
         }
     }
@@ -462,14 +455,8 @@ impl Migrations {
     }
 
     async fn write(&self, name: &str, status: &MigrationStatus) {
-        let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(self.client.clone());
-        let patch = json!({
-            "apiVersion": "crdlifecycle.io/v1alpha1",
-            "kind": "VersionPolicy",
-            "status": {"migration": status},
-        });
-        let params = PatchParams::apply(MIGRATION_FIELD_MANAGER).force();
-        if let Err(error) = api.patch_status(name, &params, &Patch::Apply(&patch)).await {
+        let status = json!({"migration": status});
+        if let Err(error) = apply_status(&self.client, name, MIGRATION_FIELD_MANAGER, status).await {
             warn!(policy = name, error = %error, "cannot write the migration status");
         }
     }

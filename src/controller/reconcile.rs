@@ -410,25 +410,32 @@ async fn write_status(
     name: &str,
     status: &crate::api::VersionPolicyStatus,
 ) -> Result<(), Error> {
-    let api = policy_api(ctx);
+    let status = serde_json::to_value(status).map_err(|source| Error::Serialize {
+        what: "status",
+        source,
+    })?;
+    apply_status(&ctx.client, name, FIELD_MANAGER, status).await?;
+    Ok(())
+}
+
+/// Server-side applies these status fields of a VersionPolicy as `manager` (each writer of
+/// status has its own manager, so that none takes another's fields). Responses are decoded
+/// leniently, so that writing the status of a policy that does not decode works too.
+pub(crate) async fn apply_status(
+    client: &Client,
+    name: &str,
+    manager: &str,
+    status: serde_json::Value,
+) -> Result<(), kube::Error> {
+    let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
     let patch = json!({
         "apiVersion": "crdlifecycle.io/v1alpha1",
         "kind": "VersionPolicy",
         "status": status,
     });
-    api.patch_status(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    api.patch_status(name, &PatchParams::apply(manager).force(), &Patch::Apply(&patch))
+        .await?;
     Ok(())
-}
-
-/// The policies API for status writes. Responses are decoded leniently, so that writing
-/// the status of a policy that does not decode works too.
-fn policy_api(ctx: &Context) -> Api<DeserializeGuard<VersionPolicy>> {
-    Api::all(ctx.client.clone())
 }
 
 /// A policy that does not decode (possible for objects stored before a schema change):
@@ -441,25 +448,15 @@ async fn report_undecodable(invalid: &InvalidObject, ctx: &Context) -> Result<Ac
         json!({"type": type_, "status": status, "reason": reason, "message": message,
                "lastTransitionTime": now.to_string(), "observedGeneration": invalid.metadata.generation})
     };
-    let patch = json!({
-        "apiVersion": "crdlifecycle.io/v1alpha1",
-        "kind": "VersionPolicy",
-        "status": {
-            "observedGeneration": invalid.metadata.generation,
-            "conditions": [
-                condition("Ready", "False", "InvalidPolicy"),
-                condition("Progressing", "False", "Idle"),
-                condition("Blocked", "True", "InvalidPolicy"),
-            ],
-        },
+    let status = json!({
+        "observedGeneration": invalid.metadata.generation,
+        "conditions": [
+            condition("Ready", "False", "InvalidPolicy"),
+            condition("Progressing", "False", "Idle"),
+            condition("Blocked", "True", "InvalidPolicy"),
+        ],
     });
-    let api = policy_api(ctx);
-    api.patch_status(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    apply_status(&ctx.client, &name, FIELD_MANAGER, status).await?;
     ctx.metrics
         .set_blocked(&name, &[BlockedReason::InvalidPolicy.as_str()]);
     Ok(Action::await_change())

@@ -24,6 +24,18 @@ pub use path::FieldPath;
 /// The annotation holding what a version cannot hold.
 pub const CONVERSION_DATA_ANNOTATION: &str = "crdlifecycle.io/conversion-data";
 
+/// `namespace/name` (or `name`) of an object, for messages.
+pub fn object_name(object: &Value) -> String {
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("(unnamed)");
+    match object.pointer("/metadata/namespace").and_then(Value::as_str) {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_owned(),
+    }
+}
+
 /// Why an object cannot be converted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConversionError {

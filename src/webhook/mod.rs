@@ -9,10 +9,9 @@ use std::sync::Arc;
 
 use kube::core::Status;
 use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
-use serde_json::Value;
 
 use crate::api::{ConversionSpec, VersionPolicy};
-use crate::conversion::Converter;
+use crate::conversion::{Converter, object_name};
 
 pub use server::{CertStore, router, serve};
 
@@ -107,21 +106,10 @@ pub fn review(body: &[u8], policy: &str, policies: &Arc<dyn PolicySource>) -> (u
             Err(error) => {
                 return failure(format!(
                     "cannot convert {} to {version}: {error}",
-                    describe(object)
+                    object_name(object)
                 ));
             }
         }
     }
     (200, response.success(converted).into_review())
-}
-
-fn describe(object: &Value) -> String {
-    let name = object
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("(unnamed)");
-    match object.pointer("/metadata/namespace").and_then(Value::as_str) {
-        Some(ns) => format!("{ns}/{name}"),
-        None => name.to_owned(),
-    }
 }
