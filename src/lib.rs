@@ -10,4 +10,5 @@ pub mod lifecycle;
 pub mod manifest;
 pub mod migrate;
 pub mod plan;
+mod sync;
 pub mod webhook;

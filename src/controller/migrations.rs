@@ -2,6 +2,7 @@
 //! bounded number at once), independent of reconciles, with progress checkpointed in the
 //! policy's `status.migration` so that a restarted controller resumes where it stopped.
 
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -539,8 +540,4 @@ fn apply_counts(status: &mut MigrationStatus, counts: &Counts) {
     status.rewritten = counts.rewritten;
     status.skipped = counts.skipped;
     status.failed = counts.failed;
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -10,6 +10,7 @@
 //! makes the gate wait longer, while requests to an instance that is never sampled are
 //! missed), and the window starts again when the controller restarts.
 
+use crate::sync::lock;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -197,10 +198,6 @@ impl TrafficMonitor {
             watch.deprecated_seen = deprecated;
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

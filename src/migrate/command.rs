@@ -78,7 +78,7 @@ impl Observer for ProgressDisplay {
                 }
             }
             ProgressDisplay::Lines { crd, started, last } => {
-                let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+                let mut last = crate::sync::lock(last);
                 if last.elapsed() >= LINE_INTERVAL {
                     *last = Instant::now();
                     let rate = counts.done() as f64 / started.elapsed().as_secs_f64().max(0.001);

@@ -13,6 +13,7 @@ mod progress;
 mod requests;
 mod target;
 
+use crate::sync::lock;
 use std::num::NonZeroU32;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -527,11 +528,6 @@ impl Run<'_> {
             tokio::time::sleep(wait.unwrap_or(backoff).max(jitter(backoff))).await;
         }
     }
-}
-
-/// Locks a mutex whose data stays consistent even if a holder panicked.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What to do after an answer.
