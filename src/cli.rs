@@ -90,6 +90,11 @@ pub struct MigrateArgs {
     /// that fail to convert; write nothing.
     #[arg(long)]
     pub dry_run: bool,
+
+    /// Longest wait for one request's answer, in seconds; a request that takes longer is
+    /// retried.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub request_timeout: u64,
 }
 
 /// Arguments of `crd-lifecycle run`.

@@ -95,6 +95,7 @@ async fn run_migrate(args: MigrateArgs) -> Result<(), (u8, String)> {
         } else {
             Mode::Rewrite
         },
+        request_timeout: std::time::Duration::from_secs(args.request_timeout),
         ..migrate::Settings::default()
     };
     let display = migrate::command::ProgressDisplay::for_stderr(&args.crd);

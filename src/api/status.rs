@@ -217,13 +217,37 @@ pub struct MigrationStatus {
     /// Objects that could not be rewritten.
     #[serde(default)]
     pub failed: u64,
-    /// List continue token after the last completed page, so a restarted controller resumes.
+    /// Where a restarted controller resumes this run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub continue_token: Option<String>,
+    pub checkpoint: Option<MigrationCheckpoint>,
     /// The first failures, as `namespace/name: message`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<String>,
     /// A human-readable summary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// Where an interrupted migration resumes: valid only while the CRD still has the
+/// generation and storage version it names, otherwise a fresh run starts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationCheckpoint {
+    /// List continue token after the last page whose objects are all done (a page with a
+    /// failed object holds it, so a resume processes that object again).
+    pub continue_token: String,
+    /// The CRD generation the checkpoint was taken at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crd_generation: Option<i64>,
+    /// The storage version objects were rewritten into.
+    pub storage_version: String,
+    /// Objects listed before the token.
+    #[serde(default)]
+    pub listed: u64,
+    /// Objects rewritten before the token.
+    #[serde(default)]
+    pub rewritten: u64,
+    /// Objects skipped (changed or deleted since listed) before the token.
+    #[serde(default)]
+    pub skipped: u64,
 }

@@ -19,8 +19,8 @@ use tracing::{info, warn};
 
 use super::metrics::{CrdLabels, Metrics, MigrationResultLabels};
 use super::reconcile::apply_status;
-use crate::api::{MigrationPhase, MigrationStatus, PreflightStatus, VersionPolicy};
-use crate::migrate::{self, Checkpoint, Counts, Mode, Outcome, Report};
+use crate::api::{MigrationCheckpoint, MigrationPhase, MigrationStatus, PreflightStatus, VersionPolicy};
+use crate::migrate::{self, Checkpoint, Counts, Mode, Outcome, Report, Resume, Target};
 
 /// Field manager of `status.migration`, separate from the reconciler's so that the two
 /// server-side applies never take each other's fields.
@@ -54,6 +54,7 @@ pub struct Migrations {
     failed_at: Mutex<HashMap<String, Instant>>,
     progress_interval: Duration,
     retry: migrate::RetryPolicy,
+    settle: migrate::SettleCheck,
     retry_after_failure: Duration,
 }
 
@@ -69,6 +70,7 @@ impl Migrations {
             failed_at: Mutex::new(HashMap::new()),
             progress_interval: PROGRESS_INTERVAL,
             retry: migrate::RetryPolicy::default(),
+            settle: migrate::SettleCheck::default(),
             retry_after_failure: RETRY_AFTER_FAILURE,
         }
     }
@@ -83,6 +85,13 @@ impl Migrations {
     /// doubling to 30 s).
     pub fn with_retry(mut self, retry: migrate::RetryPolicy) -> Self {
         self.retry = retry;
+        self
+    }
+
+    /// How a storage switch (or a newly served version) is confirmed through discovery
+    /// before a run (default: 3 answers in a row, 1 s apart, for up to 5 minutes).
+    pub fn with_settle_check(mut self, settle: migrate::SettleCheck) -> Self {
+        self.settle = settle;
         self
     }
 
@@ -189,6 +198,7 @@ impl Migrations {
             mode: Mode::Preflight,
             through_version: Some(version.clone()),
             retry: self.retry.clone(),
+            settle: self.settle.clone(),
             ..migrate::Settings::default()
         };
         let result = migrate::migrate(&self.client, &crd, &settings, &migrate::Quiet).await;
@@ -263,18 +273,23 @@ impl Migrations {
         let reference = policy.object_ref(&());
         let settings = &policy.spec.migration;
         let previous = policy.status.as_ref().and_then(|s| s.migration.clone());
-        // Resume a run that was interrupted with the same storage version.
+        // Resume a run that was interrupted with the same storage version; the migrator
+        // itself starts afresh if the CRD changed since the checkpoint.
         let resume = previous
             .as_ref()
-            .filter(|m| m.phase == MigrationPhase::Running && m.storage_version == storage_version)
-            .and_then(|m| {
-                let counts = Counts {
-                    listed: m.listed,
-                    rewritten: m.rewritten,
-                    skipped: m.skipped,
-                    failed: m.failed,
-                };
-                m.continue_token.clone().map(|token| (token, counts))
+            .filter(|m| m.phase == MigrationPhase::Running)
+            .and_then(|m| m.checkpoint.clone())
+            .filter(|c| c.storage_version == storage_version)
+            .map(|c| Resume {
+                continue_token: c.continue_token,
+                counts: Counts {
+                    listed: c.listed,
+                    rewritten: c.rewritten,
+                    skipped: c.skipped,
+                    failed: 0,
+                },
+                crd_generation: c.crd_generation,
+                storage_version: c.storage_version,
             });
         let started_at = match &resume {
             Some(_) => previous
@@ -286,24 +301,25 @@ impl Migrations {
         let mut status = MigrationStatus {
             phase: MigrationPhase::Running,
             storage_version: storage_version.clone(),
-            crd_generation: None,
+            crd_generation: resume.as_ref().and_then(|r| r.crd_generation),
             started_at: Some(started_at),
             finished_at: None,
             listed: 0,
             rewritten: 0,
             skipped: 0,
             failed: 0,
-            continue_token: resume.as_ref().map(|(token, _)| token.clone()),
+            checkpoint: None,
             failures: Vec::new(),
             message: Some(format!("rewriting objects of {crd} into {storage_version}")),
         };
-        if let Some((_, counts)) = &resume {
-            apply_counts(&mut status, counts);
+        if let Some(resume) = &resume {
+            apply_counts(&mut status, &resume.counts);
+            status.checkpoint = Some(checkpoint_status(resume));
         }
         let note = match &resume {
-            Some((_, counts)) => format!(
+            Some(resume) => format!(
                 "resuming the migration of {crd} to {storage_version} after {} objects",
-                counts.done()
+                resume.counts.done()
             ),
             None => format!("migrating the objects of {crd} to {storage_version}"),
         };
@@ -323,6 +339,7 @@ impl Migrations {
             mode: Mode::Rewrite,
             resume,
             retry: self.retry.clone(),
+            settle: self.settle.clone(),
             ..migrate::Settings::default()
         };
         let labels = CrdLabels { crd: crd.clone() };
@@ -330,12 +347,13 @@ impl Migrations {
             metrics: self.metrics.clone(),
             labels: labels.clone(),
             live: Mutex::new((Counts::default(), None)),
+            target: Mutex::new(None),
             committed: Mutex::new(None),
             migrated: Mutex::new(
                 migrate_settings
                     .resume
                     .as_ref()
-                    .map_or(0, |(_, c)| c.rewritten + c.skipped),
+                    .map_or(0, |r| r.counts.rewritten + r.counts.skipped),
             ),
         });
         // Aborted when this run ends, and also when the run itself is aborted (shutdown).
@@ -401,7 +419,7 @@ impl Migrations {
         status.crd_generation = report.target.generation;
         status.storage_version = report.target.storage_version.clone();
         status.finished_at = Some(Time(Timestamp::now()));
-        status.continue_token = None;
+        status.checkpoint = None;
         status.failures = report.failures.iter().map(ToString::to_string).collect();
         status.message = Some(report.summary());
         let labels = CrdLabels { crd: crd.clone() };
@@ -441,16 +459,33 @@ impl Migrations {
         progress: Arc<TaskProgress>,
     ) -> JoinHandle<()> {
         tokio::spawn(async move {
+            let mut written = None;
             loop {
                 tokio::time::sleep(self.progress_interval).await;
-                let Some((checkpoint, committed)) = lock(&progress.committed).clone() else {
-                    continue;
-                };
-                apply_counts(&mut status, &committed);
-                if let Checkpoint::Continue(token) = checkpoint {
-                    status.continue_token = Some(token);
+                let (live, _) = *lock(&progress.live);
+                let target = lock(&progress.target).clone();
+                let committed = lock(&progress.committed).clone();
+                if let Some(target) = &target {
+                    status.crd_generation = target.generation;
+                    status.storage_version = target.storage_version.clone();
                 }
-                self.write(&name, &status).await;
+                apply_counts(&mut status, &live);
+                match (committed, &target) {
+                    (Some((Checkpoint::Continue(token), counts)), Some(target)) => {
+                        status.checkpoint = Some(checkpoint_status(&Resume {
+                            continue_token: token,
+                            counts,
+                            crd_generation: target.generation,
+                            storage_version: target.storage_version.clone(),
+                        }));
+                    }
+                    (Some((Checkpoint::Finished, _)), _) => status.checkpoint = None,
+                    _ => {}
+                }
+                if written.as_ref() != Some(&status) {
+                    self.write(&name, &status).await;
+                    written = Some(status.clone());
+                }
             }
         })
     }
@@ -491,8 +526,10 @@ impl Migrations {
 struct TaskProgress {
     metrics: Arc<Metrics>,
     labels: CrdLabels,
-    /// Live counts and total, for metrics.
+    /// Live counts and total, for metrics and the status.
     live: Mutex<(Counts, Option<u64>)>,
+    /// What the current listing pass works on.
+    target: Mutex<Option<Target>>,
     /// The last checkpoint and the counts of the objects before it, for the status (so
     /// that a resumed run counts every object once).
     committed: Mutex<Option<(Checkpoint, Counts)>>,
@@ -501,6 +538,15 @@ struct TaskProgress {
 }
 
 impl migrate::Observer for TaskProgress {
+    fn started(&self, target: &Target, counts: &Counts) {
+        *lock(&self.target) = Some(target.clone());
+        *lock(&self.live) = (*counts, None);
+        // A pass that starts afresh has no checkpoint yet.
+        if counts.done() == 0 {
+            *lock(&self.committed) = None;
+        }
+    }
+
     fn progress(&self, counts: &Counts, total: Option<u64>) {
         *lock(&self.live) = (*counts, total);
         let now = counts.rewritten + counts.skipped;
@@ -532,6 +578,17 @@ struct AbortOnDrop(JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+fn checkpoint_status(resume: &Resume) -> MigrationCheckpoint {
+    MigrationCheckpoint {
+        continue_token: resume.continue_token.clone(),
+        crd_generation: resume.crd_generation,
+        storage_version: resume.storage_version.clone(),
+        listed: resume.counts.listed,
+        rewritten: resume.counts.rewritten,
+        skipped: resume.counts.skipped,
     }
 }
 

@@ -8,30 +8,38 @@
 //! token after the last page whose objects are all done), so a run can resume.
 
 pub mod command;
+mod discovery;
 mod progress;
 
 mod requests;
 mod target;
 
 use crate::sync::lock;
+use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use std::collections::VecDeque;
 
+use backon::{ExponentialBuilder, Retryable};
 use futures::future::{BoxFuture, FutureExt};
 use futures::stream::{FuturesUnordered, StreamExt};
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use governor::{Quota, RateLimiter};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tracing::{info, warn};
 
-pub use progress::{Checkpoint, Counts, ObjectResult, Observer, PageTracker, Quiet};
+pub use discovery::{SettleCheck, storage_version_hash};
+pub use progress::{Checkpoint, Counts, ObjectResult, Observer, PageTracker, Quiet, Rate, Resume};
 pub use requests::{Answer, ObjectKey};
 pub use target::Target;
+
+use discovery::Expect;
+use requests::Requester;
 
 /// What to do with each object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,10 +50,11 @@ pub enum Mode {
     Preflight,
 }
 
-/// How requests that may succeed later are retried.
+/// How requests that may succeed later are retried: 5xx, 429 (after its `Retry-After`),
+/// timeouts and connection failures, with exponential backoff and jitter.
 #[derive(Clone, Debug)]
 pub struct RetryPolicy {
-    /// Attempts per object, the first included.
+    /// Attempts per request, the first included.
     pub attempts: u32,
     /// Wait before the first retry; doubled every retry.
     pub base_delay: Duration,
@@ -63,6 +72,16 @@ impl Default for RetryPolicy {
     }
 }
 
+impl RetryPolicy {
+    fn backoff(&self) -> ExponentialBuilder {
+        ExponentialBuilder::default()
+            .with_min_delay(self.base_delay)
+            .with_max_delay(self.max_delay)
+            .with_max_times(self.attempts.saturating_sub(1) as usize)
+            .with_jitter()
+    }
+}
+
 /// Settings of one run.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -70,16 +89,25 @@ pub struct Settings {
     pub concurrency: usize,
     /// Objects per list request.
     pub page_size: u32,
-    /// Requests per second (lists included); 0 for no limit.
+    /// Requests per second (lists and discovery included); 0 for no limit.
     pub qps: u32,
     pub mode: Mode,
     pub retry: RetryPolicy,
-    /// Resume a run: the continue token of its last checkpoint and its counts so far.
-    pub resume: Option<(String, Counts)>,
+    /// Longest wait for one request's answer; a request that takes longer is retried.
+    pub request_timeout: Duration,
+    /// How the storage switch (or, for a preflight, the version being served) is confirmed
+    /// through discovery before the first request and before the trim.
+    pub settle: SettleCheck,
+    /// Resume an interrupted run from its checkpoint; ignored (a fresh run starts) when the
+    /// CRD changed since.
+    pub resume: Option<Resume>,
     /// How many failures the report lists.
     pub max_reported_failures: usize,
     /// How often the whole run may start over because the storage version changed.
     pub max_restarts: usize,
+    /// How many times in a row the continue token may expire without a page listed in
+    /// between before the run gives up.
+    pub max_expired_in_a_row: usize,
     /// With `Mode::Preflight`: read through this version instead of the storage version
     /// (the version a `store` is about to switch to).
     pub through_version: Option<String>,
@@ -93,9 +121,12 @@ impl Default for Settings {
             qps: 0,
             mode: Mode::Rewrite,
             retry: RetryPolicy::default(),
+            request_timeout: Duration::from_secs(60),
+            settle: SettleCheck::default(),
             resume: None,
             max_reported_failures: 20,
             max_restarts: 3,
+            max_expired_in_a_row: 10,
             through_version: None,
         }
     }
@@ -140,8 +171,11 @@ pub struct Report {
     pub counts: Counts,
     /// The first failures (at most `max_reported_failures`).
     pub failures: Vec<Failure>,
-    /// Listing passes that started over (expired continue token, changed storage version).
+    /// Listing passes that started over (changed storage version, an expired continue
+    /// token without a fresh one).
     pub restarts: usize,
+    /// Expired continue tokens (etcd compactions) the listing went on from.
+    pub expired_tokens: usize,
     pub elapsed: Duration,
 }
 
@@ -170,6 +204,10 @@ impl Report {
             c.failed,
             self.elapsed.as_secs_f64()
         );
+        let counts = match self.expired_tokens {
+            0 => counts,
+            n => format!("{counts}, going on after {n} expired continue tokens"),
+        };
         let target = &self.target;
         match &self.outcome {
             Outcome::Trimmed { previous } => format!(
@@ -221,8 +259,17 @@ pub enum Error {
     },
     #[error("the storage version of {crd} kept changing; gave up after {restarts} restarts")]
     TooManyRestarts { crd: String, restarts: usize },
+    #[error("the apiserver was not yet {what} for {crd} after {waited:?} ({last})")]
+    NotSettled {
+        crd: String,
+        what: String,
+        waited: Duration,
+        last: String,
+    },
     #[error("apiserver request failed: {0}")]
     Kube(#[from] kube::Error),
+    #[error("{what}: no answer within {after:?}")]
+    Timeout { what: String, after: Duration },
 }
 
 impl Error {
@@ -233,7 +280,19 @@ impl Error {
             Error::Unmigratable { .. } => "unmigratable",
             Error::List { .. } => "list",
             Error::TooManyRestarts { .. } => "too_many_restarts",
+            Error::NotSettled { .. } => "not_settled",
             Error::Kube(_) => "kube",
+            Error::Timeout { .. } => "timeout",
+        }
+    }
+
+    /// Worth trying again: a timeout, a failed connection, 429 or 5xx.
+    fn is_transient(&self) -> bool {
+        match self {
+            Error::Timeout { .. } => true,
+            Error::Kube(kube::Error::Api(status)) => status.code == 429 || status.code >= 500,
+            Error::Kube(kube::Error::HyperError(_) | kube::Error::Service(_)) => true,
+            _ => false,
         }
     }
 }
@@ -250,15 +309,21 @@ pub async fn migrate(
     // Evenly spaced requests, no bursts: `qps` is a ceiling for every second.
     let limiter = NonZeroU32::new(settings.qps)
         .map(|qps| RateLimiter::direct(Quota::per_second(qps).allow_burst(NonZeroU32::MIN)));
+    let requester = Requester {
+        client,
+        limiter: limiter.as_ref(),
+        timeout: settings.request_timeout,
+    };
 
     let mut restarts = 0;
+    let mut expired_tokens = 0;
     let mut resume = settings.resume.clone();
     loop {
         let through = settings
             .through_version
             .as_deref()
             .filter(|_| settings.mode == Mode::Preflight);
-        let target = read_target(client, crd_name, through).await?;
+        let target = read_target(client, crd_name, through, settings).await?;
         if settings.mode == Mode::Rewrite
             && target.stale_versions().is_empty()
             && !target.stored_versions.is_empty()
@@ -270,20 +335,43 @@ pub async fn migrate(
                 counts: Counts::default(),
                 failures: Vec::new(),
                 restarts,
+                expired_tokens,
                 elapsed: started.elapsed(),
             });
         }
+        // A checkpoint is only valid for the CRD it was taken from.
+        if let Some(previous) = resume
+            .take_if(|r| r.crd_generation != target.generation || r.storage_version != target.storage_version)
+        {
+            let reason = format!(
+                "the CRD changed since the checkpoint (generation {} storing {}, now generation {} storing {}); starting a fresh run",
+                previous.crd_generation.unwrap_or_default(),
+                previous.storage_version,
+                target.generation.unwrap_or_default(),
+                target.storage_version
+            );
+            warn!(crd = crd_name, "{reason}");
+            observer.restarted(&reason);
+        }
+        // Only rewrite once the apiserver answering re-encodes into the storage version; a
+        // preflight only reads through a version the apiserver already serves.
+        let expect = match settings.mode {
+            Mode::Rewrite => Expect::Storage,
+            Mode::Preflight => Expect::Served,
+        };
+        discovery::wait(&requester, &target, expect, &settings.settle).await?;
         info!(crd = crd_name, storage = %target.storage_version, mode = ?settings.mode, "migration started");
         let run = Run {
-            client,
+            requester: &requester,
             target: &target,
             settings,
             observer,
-            limiter: limiter.as_ref(),
             failures: Mutex::new(Vec::new()),
         };
-        let (counts, pass_restarts) = run.all_objects(resume.take()).await?;
-        restarts += pass_restarts;
+        let pass = run.all_objects(resume.take()).await?;
+        restarts += pass.restarts;
+        expired_tokens += pass.expired_tokens;
+        let counts = pass.counts;
         let failures = run.failures.into_inner().unwrap_or_else(|p| p.into_inner());
         let report = |outcome| Report {
             target: target.clone(),
@@ -292,6 +380,7 @@ pub async fn migrate(
             counts,
             failures: failures.clone(),
             restarts,
+            expired_tokens,
             elapsed: started.elapsed(),
         };
         if counts.failed > 0 {
@@ -300,7 +389,7 @@ pub async fn migrate(
         if settings.mode == Mode::Preflight {
             return Ok(report(Outcome::PreflightPassed));
         }
-        match trim(client, &target).await? {
+        match trim(&requester, &target, settings).await? {
             TrimResult::Trimmed(previous) => return Ok(report(Outcome::Trimmed { previous })),
             TrimResult::NotTrimmed(reason) => return Ok(report(Outcome::NotTrimmed { reason })),
             TrimResult::StorageChanged(now) => {
@@ -322,12 +411,57 @@ pub async fn migrate(
     }
 }
 
-async fn read_target(client: &Client, crd_name: &str, through: Option<&str>) -> Result<Target, Error> {
+/// Runs a request to the apiserver made with kube's typed API: bounded by the request
+/// timeout, retried while it fails transiently.
+async fn kube_request<T, F, Fut>(settings: &Settings, what: &str, request: F) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, kube::Error>>,
+{
+    let mut request = request;
+    let timeout = settings.request_timeout;
+    let bounded = || {
+        let pending = request();
+        async move {
+            tokio::time::timeout(timeout, pending)
+                .await
+                .map_err(|_| Error::Timeout {
+                    what: what.to_owned(),
+                    after: timeout,
+                })?
+                .map_err(Error::from)
+        }
+    };
+    bounded
+        .retry(settings.retry.backoff())
+        .sleep(tokio::time::sleep)
+        .when(Error::is_transient)
+        .notify(|error, wait| warn!(error = %error, "{what} failed; retrying in {wait:?}"))
+        .await
+}
+
+async fn read_crd(
+    client: &Client,
+    crd_name: &str,
+    settings: &Settings,
+) -> Result<CustomResourceDefinition, Error> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = crds
-        .get_opt(crd_name)
-        .await?
-        .ok_or_else(|| Error::CrdNotFound(crd_name.to_owned()))?;
+    kube_request(
+        settings,
+        &format!("reading CustomResourceDefinition {crd_name}"),
+        || crds.get_opt(crd_name),
+    )
+    .await?
+    .ok_or_else(|| Error::CrdNotFound(crd_name.to_owned()))
+}
+
+async fn read_target(
+    client: &Client,
+    crd_name: &str,
+    through: Option<&str>,
+    settings: &Settings,
+) -> Result<Target, Error> {
+    let crd = read_crd(client, crd_name, settings).await?;
     let unmigratable = |reason| Error::Unmigratable {
         crd: crd_name.to_owned(),
         reason,
@@ -341,11 +475,10 @@ async fn read_target(client: &Client, crd_name: &str, through: Option<&str>) -> 
 
 /// One run over the objects of one target.
 struct Run<'a> {
-    client: &'a Client,
+    requester: &'a Requester<'a>,
     target: &'a Target,
     settings: &'a Settings,
     observer: &'a dyn Observer,
-    limiter: Option<&'a DefaultDirectRateLimiter>,
     failures: Mutex<Vec<Failure>>,
 }
 
@@ -358,32 +491,54 @@ enum Processed {
 
 enum PassEnd {
     Finished,
-    /// The continue token expired (410): list again from the start.
+    /// The continue token expired (410) and the apiserver gave no fresh one: list again
+    /// from the start.
     Expired,
 }
 
+/// What the passes of one run did.
+struct Passes {
+    counts: Counts,
+    restarts: usize,
+    expired_tokens: usize,
+}
+
 impl Run<'_> {
-    /// Every listing pass until one completes; returns the counts and how many passes
-    /// started over.
-    async fn all_objects(&self, resume: Option<(String, Counts)>) -> Result<(Counts, usize), Error> {
-        let mut restarts = 0;
-        let (mut token, mut counts) = match resume {
-            Some((token, counts)) => (Some(token), counts),
-            None => (None, Counts::default()),
+    /// Every listing pass until one completes.
+    async fn all_objects(&self, resume: Option<Resume>) -> Result<Passes, Error> {
+        let mut passes = Passes {
+            counts: Counts::default(),
+            restarts: 0,
+            expired_tokens: 0,
         };
+        let mut token = None;
+        if let Some(resume) = resume {
+            passes.counts = resume.counts;
+            token = Some(resume.continue_token);
+        }
         loop {
-            match self.pass(token.take(), &mut counts).await? {
-                PassEnd::Finished => return Ok((counts, restarts)),
+            // The total for progress: metadata-only lists carry no remainingItemCount.
+            let total = match self.with_retries(|| self.requester.count(self.target)).await {
+                Ok(total) => total,
+                Err(answer) => {
+                    warn!(crd = %self.target.crd, "cannot count the objects: {}", describe(&answer));
+                    None
+                }
+            };
+            self.observer.started(self.target, &passes.counts);
+            match self.pass(token.take(), &mut passes, total).await? {
+                PassEnd::Finished => return Ok(passes),
                 PassEnd::Expired => {
                     // Rewrites are idempotent: start the listing over (apiserver-samples/16).
-                    restarts += 1;
-                    if restarts > self.settings.max_restarts.max(1) * 4 {
+                    passes.restarts += 1;
+                    if passes.restarts > self.settings.max_restarts.max(1) * 4 {
                         return Err(self.list_error("the continue token kept expiring".to_owned()));
                     }
-                    counts = Counts::default();
+                    passes.counts = Counts::default();
                     lock(&self.failures).clear();
-                    self.observer
-                        .restarted("the list continue token expired; listing again from the start");
+                    self.observer.restarted(
+                        "the list continue token expired and the apiserver gave no fresh one; listing again from the start",
+                    );
                 }
             }
         }
@@ -392,18 +547,24 @@ impl Run<'_> {
     /// One listing pass, from `start` (a continue token) to the last page. Objects are
     /// processed by at most `concurrency` requests at once; the next page is fetched while
     /// the current one's last objects are still in flight, so memory holds about one page.
-    async fn pass(&self, start: Option<String>, counts: &mut Counts) -> Result<PassEnd, Error> {
+    async fn pass(
+        &self,
+        start: Option<String>,
+        passes: &mut Passes,
+        mut total: Option<u64>,
+    ) -> Result<PassEnd, Error> {
         let concurrency = self.settings.concurrency.max(1);
+        let counts = &mut passes.counts;
         let mut tracker = PageTracker::new(*counts);
         let mut queue: VecDeque<(usize, ObjectKey)> = VecDeque::new();
         let mut in_flight = FuturesUnordered::new();
-        let mut total: Option<u64> = None;
         // The page being fetched, the index of the next page, and its token once known
         // (`None` after the last page).
         let mut fetching: Option<BoxFuture<'_, Result<requests::Page, Answer>>> =
             Some(self.fetch(start).boxed());
         let mut next_index = 0usize;
         let mut next_token: Option<String> = None;
+        let mut expired_in_a_row = 0;
         loop {
             while in_flight.len() < concurrency
                 && let Some((page, key)) = queue.pop_front()
@@ -447,14 +608,37 @@ impl Run<'_> {
                     fetching = None;
                     let page = match listed {
                         Ok(page) => page,
-                        // The continue token is older than the etcd compaction (sample 16).
+                        // The continue token is older than the etcd compaction; the answer
+                        // carries a fresh token that goes on from where the list stopped
+                        // (samples 27, 28). Objects written meanwhile were encoded in the
+                        // storage version by the apiserver anyway.
+                        Err(Answer::Status { code: 410, continue_token: Some(fresh), .. }) => {
+                            expired_in_a_row += 1;
+                            passes.expired_tokens += 1;
+                            if expired_in_a_row > self.settings.max_expired_in_a_row {
+                                return Err(self.list_error(format!(
+                                    "the continue token expired {expired_in_a_row} times in a row"
+                                )));
+                            }
+                            self.observer.continued(
+                                "the list continue token expired (etcd compaction); going on with the fresh token the apiserver gave",
+                            );
+                            if let Some((checkpoint, committed)) = tracker.replace_token(fresh.clone()) {
+                                self.observer.checkpoint(&checkpoint, &committed);
+                            }
+                            fetching = Some(self.fetch(Some(fresh)).boxed());
+                            continue;
+                        }
+                        // Expired without a fresh token (sample 16 has one; an older
+                        // apiserver may not): only a new list is left.
                         Err(Answer::Status { code: 410, .. }) => return Ok(PassEnd::Expired),
                         Err(answer) => return Err(self.list_error(describe(&answer))),
                     };
+                    expired_in_a_row = 0;
                     let index = next_index;
                     next_index += 1;
                     counts.listed += page.objects.len() as u64;
-                    if let Some(remaining) = page.remaining {
+                    if total.is_none() && let Some(remaining) = page.remaining {
                         total = Some(counts.listed + remaining);
                     }
                     next_token = page.next.clone();
@@ -468,15 +652,31 @@ impl Run<'_> {
         }
     }
 
+    /// Lists one page, retrying what may succeed later; a 410 is returned at once (the
+    /// caller follows its fresh token).
     async fn fetch(&self, token: Option<String>) -> Result<requests::Page, Answer> {
-        self.throttle().await;
-        requests::list_page(
-            self.client,
-            self.target,
-            self.settings.page_size,
-            token.as_deref(),
-        )
+        self.with_retries(|| {
+            self.requester
+                .list_page(self.target, self.settings.page_size, token.as_deref())
+        })
         .await
+    }
+
+    /// Runs `request` until it succeeds, fails for good, or the retry policy is used up.
+    async fn with_retries<T, F, Fut>(&self, request: F) -> Result<T, Answer>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Answer>>,
+    {
+        request
+            .retry(self.settings.retry.backoff())
+            .sleep(tokio::time::sleep)
+            .when(|answer| matches!(classify(answer), Verdict::Retry))
+            .adjust(retry_after)
+            .notify(|answer, wait| {
+                warn!(crd = %self.target.crd, "{}; retrying in {wait:?}", describe(answer));
+            })
+            .await
     }
 
     async fn process_object(&self, page: usize, key: ObjectKey) -> (usize, Processed, ObjectKey) {
@@ -492,51 +692,57 @@ impl Run<'_> {
         }
     }
 
-    async fn throttle(&self) {
-        if let Some(limiter) = self.limiter {
-            limiter.until_ready().await;
-        }
-    }
-
     /// Rewrites (or reads) one object, retrying what may succeed later.
     async fn process(&self, key: &ObjectKey) -> Processed {
-        let retry = &self.settings.retry;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            self.throttle().await;
-            let answer = match self.settings.mode {
-                Mode::Rewrite => requests::rewrite(self.client, self.target, key).await,
-                Mode::Preflight => requests::read(self.client, self.target, key).await,
-            };
-            let wait = match classify(&answer) {
-                Verdict::Done => return Processed::Done,
-                Verdict::Skipped => return Processed::Skipped,
-                Verdict::Fail => return Processed::Failed(describe(&answer)),
-                Verdict::Retry(hint) => hint,
-            };
-            if attempt >= retry.attempts {
-                return Processed::Failed(format!(
-                    "{} (gave up after {attempt} attempts)",
-                    describe(&answer)
-                ));
-            }
-            let backoff = retry
-                .base_delay
-                .saturating_mul(1 << (attempt - 1).min(16))
-                .min(retry.max_delay);
-            tokio::time::sleep(wait.unwrap_or(backoff).max(jitter(backoff))).await;
+        let attempts = AtomicU32::new(0);
+        let result = self
+            .with_retries(|| async {
+                attempts.fetch_add(1, Ordering::Relaxed);
+                let answer = match self.settings.mode {
+                    Mode::Rewrite => self.requester.rewrite(self.target, key).await,
+                    Mode::Preflight => self.requester.read(self.target, key).await,
+                };
+                match classify(&answer) {
+                    Verdict::Done => Ok(Processed::Done),
+                    Verdict::Skipped => Ok(Processed::Skipped),
+                    Verdict::Fail | Verdict::Retry => Err(answer),
+                }
+            })
+            .await;
+        match result {
+            Ok(processed) => processed,
+            Err(answer) => match classify(&answer) {
+                Verdict::Retry => Processed::Failed(format!(
+                    "{} (gave up after {} attempts)",
+                    describe(&answer),
+                    attempts.load(Ordering::Relaxed)
+                )),
+                _ => Processed::Failed(describe(&answer)),
+            },
         }
     }
 }
 
+/// The apiserver's `Retry-After` instead of the backoff, while retries are left.
+fn retry_after(answer: &Answer, backoff: Option<Duration>) -> Option<Duration> {
+    match (answer, backoff) {
+        (
+            Answer::Status {
+                retry_after: Some(wait),
+                ..
+            },
+            Some(_),
+        ) => Some(*wait),
+        _ => backoff,
+    }
+}
 /// What to do after an answer.
 enum Verdict {
     Done,
     Skipped,
     Fail,
-    /// Retry, after the apiserver's `Retry-After` if it gave one.
-    Retry(Option<Duration>),
+    /// Retry (after the apiserver's `Retry-After` if it gave one).
+    Retry,
 }
 
 fn classify(answer: &Answer) -> Verdict {
@@ -551,18 +757,13 @@ fn classify(answer: &Answer) -> Verdict {
             is_status_object: true,
             ..
         } => Verdict::Skipped,
-        Answer::Status {
-            code: 429,
-            retry_after,
-            ..
-        } => Verdict::Retry(*retry_after),
+        Answer::Status { code: 429, .. } => Verdict::Retry,
         // 5xx may be transient, or a conversion webhook failing for good (20, 21): retried
         // a bounded number of times, then recorded.
-        Answer::Status {
-            code, retry_after, ..
-        } if *code >= 500 => Verdict::Retry(*retry_after),
+        Answer::Status { code, .. } if *code >= 500 => Verdict::Retry,
         Answer::Status { .. } => Verdict::Fail,
-        Answer::Transport(_) => Verdict::Retry(None),
+        // No answer, a reset, or a timeout.
+        Answer::Transport(_) => Verdict::Retry,
     }
 }
 
@@ -579,15 +780,6 @@ fn describe(answer: &Answer) -> String {
     }
 }
 
-/// Up to a quarter of `delay` more, so that retries of many objects spread out.
-fn jitter(delay: Duration) -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-
-    delay + delay.mul_f64(f64::from(nanos % 1000) / 4000.0)
-}
-
 enum TrimResult {
     Trimmed(Vec<String>),
     NotTrimmed(String),
@@ -597,13 +789,12 @@ enum TrimResult {
 /// Sets `status.storedVersions` to the storage version alone, only if the CRD still has
 /// the generation and storage version the run started with, with a resourceVersion
 /// precondition (the apiserver itself accepts any trim, apiserver-samples/14).
-async fn trim(client: &Client, target: &Target) -> Result<TrimResult, Error> {
+async fn trim(requester: &Requester<'_>, target: &Target, settings: &Settings) -> Result<TrimResult, Error> {
+    let client = requester.client;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut confirmed = false;
     for _ in 0..5 {
-        let crd = crds
-            .get_opt(&target.crd)
-            .await?
-            .ok_or_else(|| Error::CrdNotFound(target.crd.clone()))?;
+        let crd = read_crd(client, &target.crd, settings).await?;
         let now = Target::from_crd(&crd).map_err(|reason| Error::Unmigratable {
             crd: target.crd.clone(),
             reason,
@@ -621,17 +812,28 @@ async fn trim(client: &Client, target: &Target) -> Result<TrimResult, Error> {
         if now.stored_versions == [target.storage_version.clone()] {
             return Ok(TrimResult::Trimmed(Vec::new()));
         }
+        // Trim only while the apiserver still stores in the version every object was
+        // rewritten into.
+        if !confirmed {
+            discovery::wait(requester, target, Expect::Storage, &settings.settle).await?;
+            confirmed = true;
+        }
         let patch = json!({
             "metadata": {"resourceVersion": crd.metadata.resource_version},
             "status": {"storedVersions": [target.storage_version]},
         });
-        match crds
-            .patch_status(&target.crd, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
+        // Retried after a timeout too: the resourceVersion precondition makes a repeat of
+        // a trim that did land answer 409, and the re-read then finds it done.
+        let params = PatchParams::default();
+        let patch = Patch::Merge(&patch);
+        let trimmed = kube_request(settings, "trimming status.storedVersions", || {
+            crds.patch_status(&target.crd, &params, &patch)
+        })
+        .await;
+        match trimmed {
             Ok(_) => return Ok(TrimResult::Trimmed(now.stored_versions)),
-            Err(kube::Error::Api(status)) if status.code == 409 => continue,
-            Err(error) => return Err(error.into()),
+            Err(Error::Kube(kube::Error::Api(status))) if status.code == 409 => continue,
+            Err(error) => return Err(error),
         }
     }
     Ok(TrimResult::NotTrimmed(

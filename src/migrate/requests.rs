@@ -1,14 +1,18 @@
 //! The requests of a migration, sent raw so that status codes, `Retry-After` and non-JSON
-//! bodies are seen exactly as the apiserver sends them.
+//! bodies are seen exactly as the apiserver sends them. Every request waits for the rate
+//! limiter and is bounded by a timeout: a hung connection answers `Answer::Transport`, which
+//! the caller retries, instead of holding a worker slot forever.
 
 use std::time::Duration;
 
+use governor::DefaultDirectRateLimiter;
 use http::{HeaderMap, StatusCode};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
 use kube::Client;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::client::Body;
-use kube::core::{DynamicObject, ObjectList, PartialObjectMeta, Status};
-use serde_json::json;
+use kube::core::{DynamicObject, ObjectList, PartialObjectMeta};
+use serde_json::{Value, json};
 
 use super::target::Target;
 
@@ -52,113 +56,199 @@ pub enum Answer {
         /// Whether the body was a Kubernetes `Status` (a plain-text 404 means the path is
         /// not served at all, apiserver-samples/15).
         is_status_object: bool,
+        /// `metadata.continue` of the Status: a 410 for an expired continue token carries
+        /// a fresh token that goes on from where the list stopped (samples 27, 28).
+        continue_token: Option<String>,
     },
     /// No answer: connection failure, reset, timeout.
     Transport(String),
 }
 
-/// Lists one page of objects (metadata only: `PartialObjectMetadataList`, samples 09-10).
-pub async fn list_page(
-    client: &Client,
-    target: &Target,
-    page_size: u32,
-    token: Option<&str>,
-) -> Result<Page, Answer> {
-    let mut params = ListParams::default().limit(page_size);
-    if let Some(token) = token {
-        params = params.continue_token(token);
-    }
-    let request = kube::core::Request::new(target.list_path())
-        .list_metadata(&params)
-        .map_err(|e| Answer::Transport(e.to_string()))?;
-    let bytes = send(client, request).await?;
-    let list: ObjectList<PartialObjectMeta<DynamicObject>> = serde_json::from_slice(&bytes)
-        .map_err(|e| Answer::Transport(format!("cannot decode the list: {e}")))?;
-    let objects = list
-        .items
-        .into_iter()
-        .map(|item| ObjectKey {
-            namespace: item.metadata.namespace,
-            name: item.metadata.name.unwrap_or_default(),
-            resource_version: item.metadata.resource_version.unwrap_or_default(),
+/// What discovery (`GET /apis/<group>/<version>`) says of one resource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Discovered {
+    /// The group version is served but does not list the resource, or is not served at all.
+    Absent,
+    /// The resource is served; its `storageVersionHash`, if the apiserver gives one
+    /// (samples 25, 26).
+    Served { storage_version_hash: Option<String> },
+}
+
+/// Sends a migration's requests: throttled, each bounded by `timeout`.
+pub struct Requester<'a> {
+    pub client: &'a Client,
+    pub limiter: Option<&'a DefaultDirectRateLimiter>,
+    pub timeout: Duration,
+}
+
+impl Requester<'_> {
+    /// Lists one page of objects (metadata only: `PartialObjectMetadataList`, samples 09-10).
+    pub async fn list_page(
+        &self,
+        target: &Target,
+        page_size: u32,
+        token: Option<&str>,
+    ) -> Result<Page, Answer> {
+        let mut params = ListParams::default().limit(page_size);
+        if let Some(token) = token {
+            params = params.continue_token(token);
+        }
+        let request = kube::core::Request::new(target.list_path())
+            .list_metadata(&params)
+            .map_err(|e| Answer::Transport(e.to_string()))?;
+        let bytes = self.send(request).await?;
+        let list: ObjectList<PartialObjectMeta<DynamicObject>> = serde_json::from_slice(&bytes)
+            .map_err(|e| Answer::Transport(format!("cannot decode the list: {e}")))?;
+        let objects = list
+            .items
+            .into_iter()
+            .map(|item| ObjectKey {
+                namespace: item.metadata.namespace,
+                name: item.metadata.name.unwrap_or_default(),
+                resource_version: item.metadata.resource_version.unwrap_or_default(),
+            })
+            .collect();
+        Ok(Page {
+            objects,
+            next: list.metadata.continue_.filter(|t| !t.is_empty()),
+            remaining: list
+                .metadata
+                .remaining_item_count
+                .and_then(|n| u64::try_from(n).ok()),
         })
-        .collect();
-    Ok(Page {
-        objects,
-        next: list.metadata.continue_.filter(|t| !t.is_empty()),
-        remaining: list
-            .metadata
-            .remaining_item_count
-            .and_then(|n| u64::try_from(n).ok()),
-    })
-}
-
-/// Rewrites one object through the storage version: a merge patch carrying only its
-/// resourceVersion changes nothing, but makes the apiserver decode the object and encode
-/// it again in the storage version (apiserver-samples/11); the resourceVersion is a
-/// precondition, so an object written since it was listed answers 409 (12).
-pub async fn rewrite(client: &Client, target: &Target, object: &ObjectKey) -> Answer {
-    let patch = json!({"metadata": {"resourceVersion": object.resource_version}});
-    let request = kube::core::Request::new(target.collection_path(object.namespace.as_deref())).patch(
-        &object.name,
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    );
-    match request {
-        Ok(request) => send(client, request)
-            .await
-            .map_or_else(|answer| answer, |_| Answer::Ok),
-        Err(e) => Answer::Transport(e.to_string()),
     }
-}
 
-/// Reads one object through the storage version, which runs its conversion (a conversion
-/// preflight); writes nothing.
-pub async fn read(client: &Client, target: &Target, object: &ObjectKey) -> Answer {
-    let request = kube::core::Request::new(target.collection_path(object.namespace.as_deref()))
-        .get(&object.name, &Default::default());
-    match request {
-        Ok(request) => send(client, request)
-            .await
-            .map_or_else(|answer| answer, |_| Answer::Ok),
-        Err(e) => Answer::Transport(e.to_string()),
+    /// How many objects there are: a list of full objects with `limit=1` carries
+    /// `remainingItemCount`, which limited metadata-only lists do not (sample 30).
+    /// `None` when the apiserver gives no count.
+    pub async fn count(&self, target: &Target) -> Result<Option<u64>, Answer> {
+        let request = kube::core::Request::new(target.list_path())
+            .list(&ListParams::default().limit(1))
+            .map_err(|e| Answer::Transport(e.to_string()))?;
+        let bytes = self.send(request).await?;
+        let list: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| Answer::Transport(format!("cannot decode the list: {e}")))?;
+        let items = list["items"].as_array().map_or(0, Vec::len) as u64;
+        let more = list["metadata"]["continue"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty());
+        Ok(match list["metadata"]["remainingItemCount"].as_u64() {
+            Some(remaining) => Some(items + remaining),
+            None if !more => Some(items),
+            None => None,
+        })
     }
-}
 
-/// Sends a request and returns the body of a 2xx answer.
-async fn send(client: &Client, request: http::Request<Vec<u8>>) -> Result<bytes::Bytes, Answer> {
-    let response = client
-        .send(request.map(Body::from))
-        .await
-        .map_err(|e| Answer::Transport(e.to_string()))?;
-    let code = response.status();
-    let retry_after = retry_after(response.headers());
-    let body = response
-        .into_body()
-        .collect_bytes()
-        .await
-        .map_err(|e| Answer::Transport(format!("reading the response: {e}")))?;
-    if code.is_success() {
-        return Ok(body);
+    /// What discovery of `group/version` says of `plural`.
+    pub async fn discover(&self, group: &str, version: &str, plural: &str) -> Result<Discovered, Answer> {
+        let request = http::Request::get(format!("/apis/{group}/{version}"))
+            .body(Vec::new())
+            .map_err(|e| Answer::Transport(e.to_string()))?;
+        let bytes = match self.send(request).await {
+            Ok(bytes) => bytes,
+            // A group version nobody serves yet.
+            Err(Answer::Status { code: 404, .. }) => return Ok(Discovered::Absent),
+            Err(answer) => return Err(answer),
+        };
+        let list: APIResourceList = serde_json::from_slice(&bytes)
+            .map_err(|e| Answer::Transport(format!("cannot decode discovery: {e}")))?;
+        Ok(list
+            .resources
+            .into_iter()
+            .find(|r| r.name == plural)
+            .map_or(Discovered::Absent, |r| Discovered::Served {
+                storage_version_hash: r.storage_version_hash.filter(|h| !h.is_empty()),
+            }))
     }
-    Err(error_answer(code, &body, retry_after))
+
+    /// Rewrites one object through the storage version: a merge patch carrying only its
+    /// resourceVersion changes nothing, but makes the apiserver decode the object and encode
+    /// it again in the storage version (apiserver-samples/11); the resourceVersion is a
+    /// precondition, so an object written since it was listed answers 409 (12).
+    pub async fn rewrite(&self, target: &Target, object: &ObjectKey) -> Answer {
+        let patch = json!({"metadata": {"resourceVersion": object.resource_version}});
+        let request = kube::core::Request::new(target.collection_path(object.namespace.as_deref())).patch(
+            &object.name,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        );
+        self.answer(request).await
+    }
+
+    /// Reads one object through the storage version, which runs its conversion (a
+    /// conversion preflight); writes nothing.
+    pub async fn read(&self, target: &Target, object: &ObjectKey) -> Answer {
+        let request = kube::core::Request::new(target.collection_path(object.namespace.as_deref()))
+            .get(&object.name, &Default::default());
+        self.answer(request).await
+    }
+
+    async fn answer(&self, request: Result<http::Request<Vec<u8>>, kube::core::request::Error>) -> Answer {
+        match request {
+            Ok(request) => self
+                .send(request)
+                .await
+                .map_or_else(|answer| answer, |_| Answer::Ok),
+            Err(e) => Answer::Transport(e.to_string()),
+        }
+    }
+
+    /// Waits for the rate limiter, sends a request and returns the body of a 2xx answer;
+    /// no answer (headers and body) within the timeout is `Answer::Transport`.
+    async fn send(&self, request: http::Request<Vec<u8>>) -> Result<bytes::Bytes, Answer> {
+        if let Some(limiter) = self.limiter {
+            limiter.until_ready().await;
+        }
+        let exchange = async {
+            let response = self
+                .client
+                .send(request.map(Body::from))
+                .await
+                .map_err(|e| Answer::Transport(e.to_string()))?;
+            let code = response.status();
+            let retry_after = retry_after(response.headers());
+            let body = response
+                .into_body()
+                .collect_bytes()
+                .await
+                .map_err(|e| Answer::Transport(format!("reading the response: {e}")))?;
+            if code.is_success() {
+                return Ok(body);
+            }
+            Err(error_answer(code, &body, retry_after))
+        };
+        match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(Answer::Transport(format!(
+                "no answer within {:?} (timed out)",
+                self.timeout
+            ))),
+        }
+    }
 }
 
 fn error_answer(code: StatusCode, body: &[u8], retry_after: Option<Duration>) -> Answer {
-    match serde_json::from_slice::<Status>(body) {
-        Ok(status) if !status.message.is_empty() || !status.reason.is_empty() => Answer::Status {
+    let parsed: Option<Value> = serde_json::from_slice(body).ok();
+    match parsed.filter(|s| s["kind"] == "Status" || s.get("reason").is_some() || s.get("message").is_some())
+    {
+        Some(status) => Answer::Status {
             code: code.as_u16(),
-            reason: status.reason,
-            message: status.message,
+            reason: status["reason"].as_str().unwrap_or_default().to_owned(),
+            message: status["message"].as_str().unwrap_or_default().to_owned(),
             retry_after,
             is_status_object: true,
+            continue_token: status["metadata"]["continue"]
+                .as_str()
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned),
         },
-        _ => Answer::Status {
+        None => Answer::Status {
             code: code.as_u16(),
             reason: code.canonical_reason().unwrap_or_default().to_owned(),
             message: String::from_utf8_lossy(body).trim().to_owned(),
             retry_after,
             is_status_object: false,
+            continue_token: None,
         },
     }
 }
@@ -205,12 +295,36 @@ mod tests {
         let Answer::Status {
             reason,
             is_status_object,
+            continue_token,
             ..
         } = error_answer(StatusCode::NOT_FOUND, body, None)
         else {
             panic!("status")
         };
-        assert_eq!((reason.as_str(), is_status_object), ("NotFound", true));
+        assert_eq!(
+            (reason.as_str(), is_status_object, continue_token),
+            ("NotFound", true, None)
+        );
+    }
+
+    #[test]
+    fn an_expired_token_answer_carries_the_fresh_token() {
+        // apiserver-samples/27, verbatim but for the long message.
+        let body = br#"{"kind":"Status","apiVersion":"v1","metadata":{"continue":"eyJ2IjoibWV0YS5rOHMuaW8vdjEiLCJydiI6LTEsInN0YXJ0IjoibnMwL3cyXHUwMDAwIn0"},"status":"Failure","message":"The provided continue parameter is too old to display a consistent list result.","reason":"Expired","code":410}"#;
+        let Answer::Status {
+            code,
+            reason,
+            continue_token,
+            ..
+        } = error_answer(StatusCode::GONE, body, None)
+        else {
+            panic!("status")
+        };
+        assert_eq!((code, reason.as_str()), (410, "Expired"));
+        assert_eq!(
+            continue_token.as_deref(),
+            Some("eyJ2IjoibWV0YS5rOHMuaW8vdjEiLCJydiI6LTEsInN0YXJ0IjoibnMwL3cyXHUwMDAwIn0")
+        );
     }
 
     #[test]

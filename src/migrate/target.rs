@@ -9,6 +9,8 @@ pub struct Target {
     pub crd: String,
     pub group: String,
     pub plural: String,
+    /// `spec.names.kind`.
+    pub kind: String,
     pub storage_version: String,
     /// The version requests go through: the storage version, or for a conversion
     /// preflight the version a `store` is about to switch to.
@@ -43,6 +45,7 @@ impl Target {
             crd: name,
             group: crd.spec.group.clone(),
             plural: crd.spec.names.plural.clone(),
+            kind: crd.spec.names.kind.clone(),
             storage_version: storage.name.clone(),
             version: storage.name.clone(),
             namespaced: crd.spec.scope == "Namespaced",

@@ -63,7 +63,8 @@ impl Harness {
                 attempts: 3,
                 base_delay: Duration::from_millis(1),
                 max_delay: Duration::from_millis(5),
-            });
+            })
+            .with_settle_check(fast_settle_check());
         let ctx = Arc::new(Context {
             client,
             recorder,
@@ -258,3 +259,12 @@ mod migration;
 mod operations;
 mod safety;
 mod webhook;
+
+/// Discovery confirmations 1 ms apart, so that tests do not wait seconds for a switch.
+pub fn fast_settle_check() -> crd_lifecycle::migrate::SettleCheck {
+    crd_lifecycle::migrate::SettleCheck {
+        confirmations: 3,
+        interval: Duration::from_millis(1),
+        timeout: Duration::from_secs(5),
+    }
+}

@@ -145,20 +145,30 @@ async fn a_restarted_controller_resumes_from_the_checkpoint() {
     h.at("2026-02-01T00:00:00Z");
     h.reconcile("widgets").await;
     wait_until("a checkpoint is saved", || {
-        migration(&h)["continueToken"].is_string() && migration(&h)["rewritten"].as_u64().unwrap_or(0) >= 100
+        let checkpoint = &migration(&h)["checkpoint"];
+        checkpoint["continueToken"].is_string() && checkpoint["rewritten"].as_u64().unwrap_or(0) >= 100
     })
     .await;
     // The controller is killed mid-run.
     h.ctx.migrations.shutdown();
     let saved = migration(&h);
     assert_eq!(saved["phase"], "Running");
-    let token = saved["continueToken"].as_str().expect("token").to_owned();
+    let token = saved["checkpoint"]["continueToken"]
+        .as_str()
+        .expect("token")
+        .to_owned();
+    assert_eq!(saved["checkpoint"]["storageVersion"], "v1");
+    assert_eq!(
+        saved["checkpoint"]["crdGeneration"],
+        h.fake.crd(CRD)["metadata"]["generation"]
+    );
     // (v1 was stored at the first reconcile: v1beta1 never was the storage version.)
     assert_eq!(h.stored_versions(), json!(["v1alpha1", "v1"]));
 
     // A new controller (new migration manager) picks the run up where it stopped.
     let ctx = &h.ctx;
-    let fresh = Migrations::new(ctx.client.clone(), ctx.recorder.clone(), ctx.metrics.clone(), 2);
+    let fresh = Migrations::new(ctx.client.clone(), ctx.recorder.clone(), ctx.metrics.clone(), 2)
+        .with_settle_check(super::fast_settle_check());
     h.replace_context(Arc::new(fresh), None);
     h.fake.clear_requests();
     h.reconcile("widgets").await;
@@ -166,12 +176,7 @@ async fn a_restarted_controller_resumes_from_the_checkpoint() {
         migration(&h)["phase"] == "Succeeded"
     })
     .await;
-    let first_list = h
-        .fake
-        .object_requests()
-        .into_iter()
-        .find(|r| r.method == "GET")
-        .expect("a list");
+    let first_list = h.fake.metadata_lists().into_iter().next().expect("a list");
     let encoded: String = token.replace(':', "%3A").replace('/', "%2F");
     assert!(
         first_list.query.contains(&format!("continue={encoded}"))
@@ -222,9 +227,9 @@ async fn a_run_that_could_not_trim_is_repeated_at_once() {
     .await;
     let first_pages = h
         .fake
-        .object_requests()
+        .metadata_lists()
         .iter()
-        .filter(|r| r.method == "GET" && r.path.ends_with("/widgets") && !r.query.contains("continue="))
+        .filter(|r| r.path.ends_with("/widgets") && !r.query.contains("continue="))
         .count();
     assert_eq!(first_pages, 2, "two runs: the first could not trim");
     assert_eq!(h.stored_versions(), json!(["v1"]));

@@ -6,8 +6,10 @@ mod apiserver;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use apiserver::{FakeApiserver, ObjectFault};
-use crd_lifecycle::migrate::{self, Checkpoint, Counts, Mode, Observer, Outcome, RetryPolicy, Settings};
+use apiserver::{FakeApiserver, ListFault, ObjectFault};
+use crd_lifecycle::migrate::{
+    self, Checkpoint, Counts, Mode, Observer, Outcome, Resume, RetryPolicy, Settings, SettleCheck,
+};
 use serde_json::{Value, json};
 
 const CRD: &str = "widgets.example.com";
@@ -40,6 +42,11 @@ fn settings(page_size: u32) -> Settings {
             base_delay: Duration::from_millis(1),
             max_delay: Duration::from_millis(5),
         },
+        settle: SettleCheck {
+            confirmations: 3,
+            interval: Duration::from_millis(1),
+            timeout: Duration::from_secs(5),
+        },
         ..Settings::default()
     }
 }
@@ -48,14 +55,24 @@ fn stored_versions(fake: &FakeApiserver) -> Value {
     fake.crd(CRD)["status"]["storedVersions"].clone()
 }
 
-/// Records checkpoints and restarts.
+/// Records checkpoints, restarts, continuations and totals.
 #[derive(Default)]
 struct Recorder {
     checkpoints: Mutex<Vec<(Checkpoint, Counts)>>,
     restarts: Mutex<Vec<String>>,
+    continued: Mutex<usize>,
+    totals: Mutex<Vec<Option<u64>>>,
 }
 
 impl Observer for Recorder {
+    fn progress(&self, _counts: &Counts, total: Option<u64>) {
+        self.totals.lock().expect("lock").push(total);
+    }
+
+    fn continued(&self, _reason: &str) {
+        *self.continued.lock().expect("lock") += 1;
+    }
+
     fn checkpoint(&self, checkpoint: &Checkpoint, counts: &Counts) {
         self.checkpoints
             .lock()
@@ -95,7 +112,7 @@ async fn every_page_is_rewritten_then_stored_versions_trimmed() {
     assert_eq!(stored_versions(&fake), json!(["v1"]));
 
     let requests = fake.object_requests();
-    let lists: Vec<_> = requests.iter().filter(|r| r.method == "GET").collect();
+    let lists = fake.metadata_lists();
     assert_eq!(lists.len(), 13, "1234 objects in pages of 100");
     assert!(
         lists
@@ -246,9 +263,54 @@ async fn a_failing_conversion_is_recorded_and_stored_versions_untouched() {
     assert!(report.summary().contains("ns1/w00004"), "{}", report.summary());
 }
 
+/// The rewrites each object received.
+fn rewrites_per_object(fake: &FakeApiserver) -> std::collections::BTreeMap<String, usize> {
+    let mut rewrites = std::collections::BTreeMap::new();
+    for request in fake.object_requests().iter().filter(|r| r.method == "PATCH") {
+        *rewrites.entry(request.path.clone()).or_default() += 1;
+    }
+    rewrites
+}
+
 #[tokio::test]
-async fn an_expired_continue_token_restarts_the_listing() {
+async fn an_expired_continue_token_goes_on_with_the_fresh_one() {
     let fake = cluster(30);
+    fake.after_next_list_page(|state| state.expire_continue_tokens());
+    let observer = Recorder::default();
+    let report = migrate::migrate(&fake.client(), CRD, &settings(10), &observer)
+        .await
+        .expect("runs");
+    assert!(report.succeeded(), "{}", report.summary());
+    assert_eq!((report.restarts, report.expired_tokens), (0, 1));
+    assert_eq!(*observer.continued.lock().expect("lock"), 1);
+    assert!(observer.restarts.lock().expect("lock").is_empty());
+    assert_eq!(report.counts.listed, 30, "no object listed twice");
+    let rewrites = rewrites_per_object(&fake);
+    assert_eq!(rewrites.len(), 30);
+    assert!(rewrites.values().all(|n| *n == 1), "{rewrites:?}");
+    // The page after the 410 was asked for with the token the 410 carried (sample 27).
+    let lists = fake.metadata_lists();
+    assert_eq!(lists.len(), 4, "3 pages and the expired request");
+    assert!(
+        lists[3].query.contains("continue=1%3A") || lists[3].query.contains("continue=1:"),
+        "{}",
+        lists[3].query
+    );
+    assert_eq!(fake.encodings(CRD), [("v1".to_owned(), 30)].into());
+    assert_eq!(stored_versions(&fake), json!(["v1"]));
+    assert!(
+        report
+            .summary()
+            .contains("going on after 1 expired continue tokens"),
+        "{}",
+        report.summary()
+    );
+}
+
+#[tokio::test]
+async fn an_expired_token_without_a_fresh_one_restarts_the_listing() {
+    let fake = cluster(30);
+    fake.lock().expired_without_token = true;
     fake.after_next_list_page(|state| state.expire_continue_tokens());
     let observer = Recorder::default();
     let report = migrate::migrate(&fake.client(), CRD, &settings(10), &observer)
@@ -263,6 +325,350 @@ async fn an_expired_continue_token_restarts_the_listing() {
     );
     assert_eq!(fake.encodings(CRD), [("v1".to_owned(), 30)].into());
     assert_eq!(stored_versions(&fake), json!(["v1"]));
+}
+
+#[tokio::test]
+async fn a_migration_across_many_compactions_finishes() {
+    // A compaction after every second page: 50 pages, 24 expired tokens.
+    let fake = cluster(500);
+    fake.lock().compact_every_pages = Some(2);
+    let observer = Recorder::default();
+    let report = migrate::migrate(&fake.client(), CRD, &settings(10), &observer)
+        .await
+        .expect("runs");
+    assert!(report.succeeded(), "{}", report.summary());
+    assert_eq!(report.restarts, 0);
+    assert!(report.expired_tokens >= 20, "{}", report.expired_tokens);
+    let rewrites = rewrites_per_object(&fake);
+    assert_eq!(rewrites.len(), 500, "every object rewritten");
+    assert!(rewrites.values().all(|n| *n == 1), "and only once");
+    assert_eq!(fake.encodings(CRD), [("v1".to_owned(), 500)].into());
+    assert_eq!(stored_versions(&fake), json!(["v1"]));
+    // Every checkpoint after an expiry names a token of the current epoch, so that a
+    // resumed run continues the same way.
+    let checkpoints = observer.checkpoints.lock().expect("lock").clone();
+    assert!(
+        checkpoints
+            .iter()
+            .any(|(c, _)| matches!(c, Checkpoint::Continue(t) if t.starts_with("20:"))),
+        "{checkpoints:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_migration_longer_than_the_compaction_interval_finishes() {
+    // Requests take 2 ms; etcd compacts every 40 ms: a pass of 300 objects outlasts it
+    // many times over.
+    let fake = cluster(300);
+    {
+        let mut state = fake.lock();
+        state.latency = Duration::from_millis(2);
+        state.compact_every = Some(Duration::from_millis(40));
+    }
+    let report = migrate::migrate(
+        &fake.client(),
+        CRD,
+        &Settings {
+            concurrency: 2,
+            ..settings(10)
+        },
+        &migrate::Quiet,
+    )
+    .await
+    .expect("runs");
+    assert!(report.succeeded(), "{}", report.summary());
+    assert!(report.expired_tokens > 0);
+    assert_eq!(report.restarts, 0);
+    let rewrites = rewrites_per_object(&fake);
+    assert_eq!(rewrites.len(), 300);
+    assert_eq!(fake.encodings(CRD), [("v1".to_owned(), 300)].into());
+    assert_eq!(stored_versions(&fake), json!(["v1"]));
+}
+
+#[tokio::test]
+async fn a_stalled_request_times_out_and_is_retried() {
+    let fake = cluster(30);
+    fake.set_fault("ns1", "w00004", ObjectFault::Stall { times: 1 });
+    fake.lock().list_faults.push_back(ListFault::Stall);
+    let started = Instant::now();
+    let report = migrate::migrate(
+        &fake.client(),
+        CRD,
+        &Settings {
+            request_timeout: Duration::from_millis(200),
+            ..settings(10)
+        },
+        &migrate::Quiet,
+    )
+    .await
+    .expect("runs");
+    assert!(report.succeeded(), "{}", report.summary());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let rewrites = rewrites_per_object(&fake);
+    assert_eq!(
+        rewrites["/apis/example.com/v1/namespaces/ns1/widgets/w00004"], 2,
+        "timed out, then retried"
+    );
+    assert_eq!(fake.encodings(CRD), [("v1".to_owned(), 30)].into());
+}
+
+#[tokio::test]
+async fn a_failing_list_page_is_retried_not_fatal() {
+    let fake = cluster(30);
+    fake.after_next_list_page(|state| {
+        state.list_faults.extend([
+            ListFault::Status {
+                code: 503,
+                retry_after: None,
+            },
+            ListFault::Status {
+                code: 500,
+                retry_after: None,
+            },
+            ListFault::Status {
+                code: 429,
+                retry_after: Some(1),
+            },
+        ]);
+    });
+    let started = Instant::now();
+    let report = migrate::migrate(&fake.client(), CRD, &settings(10), &migrate::Quiet)
+        .await
+        .expect("runs");
+    assert!(report.succeeded(), "{}", report.summary());
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "Retry-After honoured"
+    );
+    assert_eq!(report.counts.listed, 30);
+    assert_eq!(fake.encodings(CRD), [("v1".to_owned(), 30)].into());
+}
+
+/// A CRD storing v1alpha1 whose storage is then switched to v1, as the controller's `store`
+/// does, on an apiserver that acts on the switch only after `lag` more requests.
+fn switched_with_lag(count: usize, lag: u32) -> FakeApiserver {
+    let fake = cluster(count);
+    fake.edit_crd(CRD, |crd| {
+        crd["spec"]["versions"][0]["storage"] = json!(true);
+        crd["spec"]["versions"][1]["storage"] = json!(false);
+        crd["status"]["storedVersions"] = json!(["v1alpha1"]);
+    });
+    fake.lock().switch_lag = lag;
+    fake.edit_crd(CRD, |crd| {
+        crd["spec"]["versions"][0]["storage"] = json!(false);
+        crd["spec"]["versions"][1]["storage"] = json!(true);
+        crd["status"]["storedVersions"] = json!(["v1alpha1", "v1"]);
+    });
+    fake
+}
+
+#[tokio::test]
+async fn the_storage_switch_lag_is_waited_out() {
+    let fake = switched_with_lag(30, 8);
+    let report = migrate::migrate(&fake.client(), CRD, &settings(10), &migrate::Quiet)
+        .await
+        .expect("runs");
+    assert!(report.succeeded(), "{}", report.summary());
+    // Rewritten only after the apiserver stored v1: every object is really re-encoded.
+    assert_eq!(fake.encodings(CRD), [("v1".to_owned(), 30)].into());
+    assert_eq!(stored_versions(&fake), json!(["v1"]));
+    let discovery = fake.discovery_requests();
+    assert!(
+        discovery.len() >= 8 + 3,
+        "lagging answers, then 3 in a row: {}",
+        discovery.len()
+    );
+    assert!(discovery.iter().all(|r| r.path == "/apis/example.com/v1"));
+}
+
+#[tokio::test]
+async fn without_the_wait_a_lagging_apiserver_would_leave_objects_in_the_old_version() {
+    // The hazard the wait guards against, shown on the fake: a rewrite answered by an
+    // apiserver that has not switched writes nothing.
+    let fake = switched_with_lag(1, 1_000_000);
+    let client = fake.client();
+    let request = http::Request::patch("/apis/example.com/v1/namespaces/ns0/widgets/w00000")
+        .header("content-type", "application/merge-patch+json")
+        .body(serde_json::to_vec(&json!({"metadata": {}})).expect("json"))
+        .expect("request");
+    let _: Value = client.request(request).await.expect("rewrite answered 200");
+    assert_eq!(fake.encodings(CRD), [("v1alpha1".to_owned(), 1)].into());
+    // And the migrator refuses to start on it.
+    let impatient = Settings {
+        settle: SettleCheck {
+            confirmations: 3,
+            interval: Duration::from_millis(5),
+            timeout: Duration::from_millis(200),
+        },
+        ..settings(10)
+    };
+    let error = migrate::migrate(&client, CRD, &impatient, &migrate::Quiet)
+        .await
+        .expect_err("not settled");
+    assert!(
+        error.to_string().contains("not yet storing widgets as v1"),
+        "{error}"
+    );
+    assert_eq!(
+        stored_versions(&fake),
+        json!(["v1alpha1", "v1"]),
+        "nothing trimmed"
+    );
+}
+
+#[tokio::test]
+async fn a_preflight_waits_until_the_version_is_served() {
+    let fake = cluster(10);
+    fake.edit_crd(CRD, |crd| crd["spec"]["versions"][1]["served"] = json!(false));
+    fake.edit_crd(CRD, |crd| {
+        crd["spec"]["versions"][0]["storage"] = json!(true);
+        crd["spec"]["versions"][1]["storage"] = json!(false);
+    });
+    // v1 is introduced; the apiserver answering serves it only 6 requests later.
+    fake.lock().switch_lag = 6;
+    fake.edit_crd(CRD, |crd| crd["spec"]["versions"][1]["served"] = json!(true));
+    let report = migrate::migrate(
+        &fake.client(),
+        CRD,
+        &Settings {
+            mode: Mode::Preflight,
+            through_version: Some("v1".into()),
+            ..settings(10)
+        },
+        &migrate::Quiet,
+    )
+    .await
+    .expect("runs");
+    assert_eq!(report.outcome, Outcome::PreflightPassed, "{}", report.summary());
+    assert_eq!(report.counts.rewritten, 10);
+}
+
+#[tokio::test]
+async fn a_resume_after_a_crd_change_starts_a_fresh_run() {
+    let fake = cluster(50);
+    let first = Recorder::default();
+    let _ = migrate::migrate(
+        &fake.client(),
+        CRD,
+        &Settings {
+            mode: Mode::Preflight,
+            ..settings(10)
+        },
+        &first,
+    )
+    .await;
+    let (Checkpoint::Continue(token), counts) = first.checkpoints.lock().expect("lock")[1].clone() else {
+        panic!("a continue token")
+    };
+    // The CRD changes between the checkpoint and the resume.
+    fake.edit_crd(CRD, |crd| crd["spec"]["versions"][0]["deprecated"] = json!(true));
+    fake.lock().requests.clear();
+    let observer = Recorder::default();
+    let resumed = Settings {
+        resume: Some(Resume {
+            continue_token: token,
+            counts,
+            crd_generation: Some(1),
+            storage_version: "v1".into(),
+        }),
+        ..settings(10)
+    };
+    let report = migrate::migrate(&fake.client(), CRD, &resumed, &observer)
+        .await
+        .expect("runs");
+    assert!(report.succeeded(), "{}", report.summary());
+    let restarts = observer.restarts.lock().expect("lock").clone();
+    assert!(
+        restarts[0].contains("the CRD changed since the checkpoint"),
+        "{restarts:?}"
+    );
+    assert!(
+        !fake.metadata_lists()[0].query.contains("continue="),
+        "listed from the start"
+    );
+    assert_eq!(
+        rewrites_per_object(&fake).len(),
+        50,
+        "every object, not only those after the token"
+    );
+    assert_eq!(report.counts.listed, 50);
+}
+
+#[tokio::test]
+async fn a_resumed_run_after_failures_retries_them_and_succeeds() {
+    let fake = cluster(50);
+    // ns1/w00013 is on the third page of ten (names sort ns0/…, ns1/…, ns2/…).
+    fake.set_fault(
+        "ns1",
+        "w00013",
+        ObjectFault::ConversionFails("webhook down".into()),
+    );
+    let first = Recorder::default();
+    let report = migrate::migrate(&fake.client(), CRD, &settings(10), &first)
+        .await
+        .expect("runs");
+    assert_eq!(report.outcome, Outcome::Failed);
+    let checkpoints = first.checkpoints.lock().expect("lock").clone();
+    assert!(!checkpoints.is_empty());
+    // No checkpoint passes the failed object, and none carries a failure.
+    assert!(
+        checkpoints.iter().all(|(checkpoint, counts)| {
+            counts.failed == 0
+                && matches!(checkpoint, Checkpoint::Continue(t) if t.split_once(':').is_some_and(|(_, last)| last < "ns1/w00013"))
+        }),
+        "{checkpoints:?}"
+    );
+    let (Checkpoint::Continue(token), counts) = checkpoints.last().cloned().expect("checkpoint") else {
+        panic!("a continue token")
+    };
+
+    // The webhook is fixed; the controller restarts and resumes.
+    fake.lock().faults.clear();
+    let resumed = Settings {
+        resume: Some(Resume {
+            continue_token: token,
+            counts,
+            crd_generation: Some(1),
+            storage_version: "v1".into(),
+        }),
+        ..settings(10)
+    };
+    let report = migrate::migrate(&fake.client(), CRD, &resumed, &migrate::Quiet)
+        .await
+        .expect("runs");
+    assert!(report.succeeded(), "{}", report.summary());
+    assert_eq!(report.counts.failed, 0);
+    assert_eq!(report.counts.listed, 50);
+    assert_eq!(fake.encodings(CRD), [("v1".to_owned(), 50)].into());
+    assert_eq!(stored_versions(&fake), json!(["v1"]));
+}
+
+#[tokio::test]
+async fn the_total_comes_from_a_full_list() {
+    let fake = cluster(1234);
+    let observer = Recorder::default();
+    let report = migrate::migrate(&fake.client(), CRD, &settings(100), &observer)
+        .await
+        .expect("runs");
+    assert!(report.succeeded());
+    let totals = observer.totals.lock().expect("lock").clone();
+    assert!(
+        !totals.is_empty() && totals.iter().all(|t| *t == Some(1234)),
+        "{:?}",
+        &totals[..3]
+    );
+    // One full list of one object (sample 30: it carries remainingItemCount), not a page.
+    let counts: Vec<_> = fake
+        .object_requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && !r.accept.contains("PartialObjectMetadataList"))
+        .collect();
+    assert_eq!(counts.len(), 1);
+    assert!(counts[0].query.contains("limit=1"), "{}", counts[0].query);
 }
 
 #[tokio::test]
@@ -329,15 +735,17 @@ async fn a_run_resumes_from_its_checkpoint() {
     fake.lock().requests.clear();
 
     let resumed = Settings {
-        resume: Some((
-            token.clone(),
-            Counts {
+        resume: Some(Resume {
+            continue_token: token.clone(),
+            counts: Counts {
                 listed: 20,
                 rewritten: 20,
                 skipped: 0,
                 failed: 0,
             },
-        )),
+            crd_generation: Some(1),
+            storage_version: "v1".into(),
+        }),
         ..settings(10)
     };
     let report = migrate::migrate(&fake.client(), CRD, &resumed, &migrate::Quiet)
@@ -354,7 +762,8 @@ async fn a_run_resumes_from_its_checkpoint() {
         }
     );
     let requests = fake.object_requests();
-    let first_list = requests.iter().find(|r| r.method == "GET").expect("a list");
+    let lists = fake.metadata_lists();
+    let first_list = lists.first().expect("a list");
     assert!(
         first_list.query.contains("continue="),
         "resumed with the token: {}",
@@ -617,4 +1026,72 @@ async fn the_migrate_command_reports_and_exits_by_outcome() {
     let output = migrate_cli(&kubeconfig, &["--concurrency", "0"]).await;
     assert_eq!(output.status.code(), Some(2));
     server.abort();
+}
+
+#[tokio::test]
+async fn the_fake_answers_discovery_and_expiry_as_recorded() {
+    let fake = cluster(3);
+    fake.edit_crd(CRD, |crd| {
+        crd["spec"]["versions"][0]["storage"] = json!(true);
+        crd["spec"]["versions"][1]["storage"] = json!(false);
+    });
+    let client = fake.client();
+    let discover = || async {
+        let request = http::Request::get("/apis/example.com/v1")
+            .body(Vec::new())
+            .expect("request");
+        client.request::<Value>(request).await.expect("discovery")
+    };
+    // Samples 25 (v1alpha1 stored) and 26 (after the switch to v1).
+    assert_eq!(
+        discover().await["resources"][0]["storageVersionHash"],
+        "aXSEt3iQTdQ="
+    );
+    fake.edit_crd(CRD, |crd| {
+        crd["spec"]["versions"][0]["storage"] = json!(false);
+        crd["spec"]["versions"][1]["storage"] = json!(true);
+    });
+    let document = discover().await;
+    assert_eq!(document["resources"][0]["storageVersionHash"], "gIwvi5rymmg=");
+    assert_eq!(document["resources"][0]["name"], "widgets");
+
+    // Sample 27: the 410 for an expired token is a Status whose metadata.continue goes on.
+    fake.lock().compact_every_pages = Some(1);
+    let page = |token: Option<String>| {
+        let client = client.clone();
+        async move {
+            let query = token.map_or_else(String::new, |t| format!("&continue={t}"));
+            let request = http::Request::get(format!("/apis/example.com/v1/widgets?limit=1{query}"))
+                .header(
+                    "accept",
+                    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+                )
+                .body(Vec::new())
+                .expect("request");
+            let response = client
+                .send(request.map(kube::client::Body::from))
+                .await
+                .expect("answer");
+            let code = response.status().as_u16();
+            let body: Value =
+                serde_json::from_slice(&response.into_body().collect_bytes().await.expect("body"))
+                    .expect("json");
+            (code, body)
+        }
+    };
+    let (code, first) = page(None).await;
+    assert_eq!(code, 200);
+    assert!(first["metadata"].get("remainingItemCount").is_none(), "sample 30");
+    let (code, expired) = page(first["metadata"]["continue"].as_str().map(str::to_owned)).await;
+    assert_eq!((code, expired["reason"].as_str()), (410, Some("Expired")));
+    let fresh = expired["metadata"]["continue"]
+        .as_str()
+        .expect("a fresh token")
+        .to_owned();
+    let (code, next) = page(Some(fresh)).await;
+    assert_eq!(code, 200, "sample 28: the fresh token goes on");
+    assert_ne!(
+        next["items"][0]["metadata"]["name"],
+        first["items"][0]["metadata"]["name"]
+    );
 }

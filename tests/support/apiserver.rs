@@ -20,6 +20,8 @@ pub struct Recorded {
     pub path: String,
     pub query: String,
     pub content_type: String,
+    /// The `Accept` header (metadata-only lists ask for `PartialObjectMetadataList`).
+    pub accept: String,
     pub body: Value,
     /// When it arrived.
     pub at: std::time::Instant,
@@ -46,6 +48,17 @@ pub enum ObjectFault {
         times: u32,
         retry_after: Option<u64>,
     },
+    /// The next `times` requests never get an answer (a hung connection).
+    Stall { times: u32 },
+}
+
+/// What the fake answers for the next list request of custom objects instead of a page.
+#[derive(Clone, Debug)]
+pub enum ListFault {
+    /// An error status (5xx, 429), with `Retry-After` seconds if given.
+    Status { code: u16, retry_after: Option<u64> },
+    /// No answer at all (a hung connection).
+    Stall,
 }
 
 #[derive(Default)]
@@ -58,8 +71,26 @@ pub struct State {
     pub metrics_text: String,
     /// Top-level status fields each (policy, field manager) applied last.
     status_owners: BTreeMap<(String, String), Vec<String>>,
-    /// Bumped to make every continue token issued before expire (410, sample 16).
+    /// Bumped to make every continue token issued before expire (410, samples 16, 27).
     list_epoch: u64,
+    /// An etcd compaction after every this many list pages: tokens issued before it expire.
+    pub compact_every_pages: Option<u64>,
+    /// An etcd compaction every this long.
+    pub compact_every: Option<std::time::Duration>,
+    /// List pages served so far, and when the first was.
+    pages_served: u64,
+    first_list_at: Option<std::time::Instant>,
+    /// A 410 without a fresh continue token. No recorded apiserver answers so (samples 16
+    /// and 27 both carry one); this only drives the migrator's fallback of listing again.
+    pub expired_without_token: bool,
+    /// Faults for the next list requests of custom objects.
+    pub list_faults: VecDeque<ListFault>,
+    /// Requests for a CRD's resources (discovery included) that still see the CRD as it
+    /// was before a change of its versions, as an apiserver that has not yet acted on the
+    /// update (each apiserver of an HA pair swaps on its own watch; samples 25, 26).
+    pub switch_lag: u32,
+    /// The CRD as the lagging apiserver still sees it, and for how many more requests.
+    lagging: BTreeMap<String, (Value, u32)>,
     /// Run after the next list page is served (objects change while a run goes on).
     after_list_page: VecDeque<Hook>,
     /// Artificial latency of every custom-object request, to observe concurrency.
@@ -85,6 +116,30 @@ impl State {
         self.list_epoch += 1;
     }
 
+    /// Compactions so far: a token is valid only in the epoch it was issued in.
+    fn token_epoch(&self) -> u64 {
+        let by_pages = self
+            .compact_every_pages
+            .map_or(0, |k| self.pages_served / k.max(1));
+        let by_time = match (self.compact_every, self.first_list_at) {
+            (Some(every), Some(first)) => (first.elapsed().as_nanos() / every.as_nanos().max(1)) as u64,
+            _ => 0,
+        };
+        self.list_epoch + by_pages + by_time
+    }
+
+    /// The CRD as the apiserver answering this request sees it (see `switch_lag`).
+    fn effective_crd(&mut self, name: &str) -> Option<Value> {
+        if let Some((previous, remaining)) = self.lagging.get_mut(name) {
+            if *remaining > 0 {
+                *remaining -= 1;
+                return Some(previous.clone());
+            }
+            self.lagging.remove(name);
+        }
+        self.crds.get(name).cloned()
+    }
+
     fn next_resource_version(&mut self) -> String {
         self.resource_version += 1;
         (10_000 + self.resource_version).to_string()
@@ -95,6 +150,13 @@ impl State {
     pub fn store_crd(&mut self, mut crd: Value, spec_changed: bool) {
         let rv = self.next_resource_version();
         let name = crd["metadata"]["name"].as_str().expect("CRD name").to_owned();
+        if self.switch_lag > 0
+            && let Some(previous) = self.crds.get(&name)
+            && previous["spec"]["versions"] != crd["spec"]["versions"]
+        {
+            self.lagging
+                .insert(name.clone(), (previous.clone(), self.switch_lag));
+        }
         let meta = crd["metadata"].as_object_mut().expect("metadata");
         meta.insert("resourceVersion".into(), rv.into());
         let generation = meta.get("generation").and_then(Value::as_i64).unwrap_or(0);
@@ -254,7 +316,7 @@ impl FakeApiserver {
         self.lock().after_list_page.push_back(Box::new(hook));
     }
 
-    /// The custom-object requests (lists, reads, rewrites) received.
+    /// The custom-object requests (lists, reads, rewrites) received; discovery is not one.
     pub fn object_requests(&self) -> Vec<Recorded> {
         self.requests()
             .into_iter()
@@ -262,7 +324,24 @@ impl FakeApiserver {
                 r.path.starts_with("/apis/")
                     && !r.path.contains(".k8s.io/")
                     && !r.path.contains("crdlifecycle.io")
+                    && !is_discovery(&r.path)
             })
+            .collect()
+    }
+
+    /// The metadata-only list requests (the migrator's pages), oldest first.
+    pub fn metadata_lists(&self) -> Vec<Recorded> {
+        self.object_requests()
+            .into_iter()
+            .filter(|r| r.method == "GET" && r.accept.contains("as=PartialObjectMetadataList"))
+            .collect()
+    }
+
+    /// The discovery requests (`GET /apis/<group>/<version>`) for custom resources.
+    pub fn discovery_requests(&self) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(|r| is_discovery(&r.path) && !r.path.contains(".k8s.io/"))
             .collect()
     }
 
@@ -290,12 +369,31 @@ impl FakeApiserver {
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default()
                 .to_owned(),
+            accept: parts
+                .headers
+                .get(http::header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned(),
             body: body.clone(),
             at: std::time::Instant::now(),
         };
         let segments: Vec<&str> = recorded.path.trim_start_matches('/').split('/').collect();
-        let custom = custom_resource(&self.lock(), &segments);
+        if recorded.method == "GET"
+            && let ["apis", group, version] = segments.as_slice()
+            && !group.ends_with(".k8s.io")
+        {
+            let mut state = self.lock();
+            state.requests.push(recorded.clone());
+            return discovery(&mut state, group, version);
+        }
+        let custom = custom_resource(&mut self.lock(), &segments);
         if let Some(resource) = custom {
+            if self.stalls(&resource) {
+                self.lock().requests.push(recorded.clone());
+                // A hung connection: the client's timeout must give up on it.
+                std::future::pending::<()>().await;
+            }
             let latency = {
                 let mut state = self.lock();
                 state.requests.push(recorded.clone());
@@ -322,6 +420,96 @@ impl FakeApiserver {
         let (code, reply) = route(&mut state, &recorded, &segments, body);
         respond(code, &reply)
     }
+}
+
+impl FakeApiserver {
+    /// Whether this request hangs (a `Stall` fault for its object, or for the next list).
+    fn stalls(&self, resource: &CustomRequest) -> bool {
+        let mut state = self.lock();
+        match &resource.name {
+            None => {
+                if matches!(state.list_faults.front(), Some(ListFault::Stall)) {
+                    state.list_faults.pop_front();
+                    return true;
+                }
+                false
+            }
+            Some(name) => {
+                let key = format!("{}/{name}", resource.namespace.clone().unwrap_or_default());
+                match state.faults.get_mut(&key) {
+                    Some(ObjectFault::Stall { times }) if *times > 0 => {
+                        *times -= 1;
+                        true
+                    }
+                    _ => false,
+                }
+            }
+        }
+    }
+}
+
+/// `/apis/<group>/<version>`: a discovery document, not a custom-object path.
+fn is_discovery(path: &str) -> bool {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    matches!(segments.as_slice(), ["apis", _, _])
+}
+
+/// Discovery of a custom group version (samples 25, 26): every CRD of the group that serves
+/// the version, as the answering apiserver sees it, with its `storageVersionHash` (derived
+/// from the storage version; the derivation reproduces both samples, see
+/// `discovery_hashes_are_the_recorded_ones`). A group version nobody serves answers the
+/// plain-text 404 of an unserved path (as sample 15).
+fn discovery(state: &mut State, group: &str, version: &str) -> Response<Body> {
+    let names: Vec<String> = state
+        .crds
+        .iter()
+        .filter(|(_, crd)| crd["spec"]["group"] == group)
+        .map(|(name, _)| name.clone())
+        .collect();
+    let mut resources = Vec::new();
+    for name in names {
+        let Some(crd) = state.effective_crd(&name) else {
+            continue;
+        };
+        let versions = crd["spec"]["versions"].as_array().cloned().unwrap_or_default();
+        if !versions
+            .iter()
+            .any(|v| v["name"] == version && v["served"] == true)
+        {
+            continue;
+        }
+        let storage = versions
+            .iter()
+            .find(|v| v["storage"] == true)
+            .and_then(|v| v["name"].as_str())
+            .unwrap_or_default()
+            .to_owned();
+        let kind = crd["spec"]["names"]["kind"].as_str().unwrap_or_default();
+        resources.push(json!({
+            "name": crd["spec"]["names"]["plural"],
+            "singularName": crd["spec"]["names"]["singular"].as_str().map_or_else(|| kind.to_lowercase(), str::to_owned),
+            "namespaced": crd["spec"]["scope"] == "Namespaced",
+            "kind": kind,
+            "verbs": ["delete", "deletecollection", "get", "list", "patch", "create", "update", "watch"],
+            "storageVersionHash": crd_lifecycle::migrate::storage_version_hash(group, &storage, kind),
+        }));
+    }
+    if resources.is_empty() {
+        return plain_not_found();
+    }
+    respond(
+        200,
+        &json!({"kind": "APIResourceList", "apiVersion": "v1",
+                "groupVersion": format!("{group}/{version}"), "resources": resources}),
+    )
+}
+
+fn plain_not_found() -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::NOT_FOUND)
+        .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Body::from(b"404 page not found\n".to_vec()))
+        .unwrap_or_else(|_| Response::new(Body::from(Vec::new())))
 }
 
 fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) -> (u16, Value) {
@@ -613,7 +801,7 @@ struct CustomRequest {
     name: Option<String>,
 }
 
-fn custom_resource(state: &State, segments: &[&str]) -> Option<CustomRequest> {
+fn custom_resource(state: &mut State, segments: &[&str]) -> Option<CustomRequest> {
     let ["apis", group, version, rest @ ..] = segments else {
         return None;
     };
@@ -624,17 +812,20 @@ fn custom_resource(state: &State, segments: &[&str]) -> Option<CustomRequest> {
         [plural, name] => (None, *plural, Some(*name)),
         _ => return None,
     };
-    let (crd_name, crd) = state
+    let crd_name = state
         .crds
         .iter()
-        .find(|(_, c)| c["spec"]["group"] == *group && c["spec"]["names"]["plural"] == *plural)?;
+        .find(|(_, c)| c["spec"]["group"] == *group && c["spec"]["names"]["plural"] == *plural)?
+        .0
+        .clone();
+    let crd = &state.effective_crd(&crd_name)?;
     let versions = crd["spec"]["versions"].as_array()?;
     let entry = versions.iter().find(|v| v["name"] == *version)?;
     let storage = versions.iter().find(|v| v["storage"] == true)?["name"]
         .as_str()?
         .to_owned();
     Some(CustomRequest {
-        crd: crd_name.clone(),
+        crd: crd_name,
         version: (*version).to_owned(),
         served: entry["served"] == true,
         storage,
@@ -655,11 +846,7 @@ fn custom_resource(state: &State, segments: &[&str]) -> Option<CustomRequest> {
 /// conversion webhooks (20, 21).
 fn serve_custom(state: &mut State, request: &Recorded, target: &CustomRequest) -> Response<Body> {
     if !target.served {
-        return Response::builder()
-            .status(StatusCode::NOT_FOUND)
-            .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
-            .body(Body::from(b"404 page not found\n".to_vec()))
-            .unwrap_or_else(|_| Response::new(Body::from(Vec::new())));
+        return plain_not_found();
     }
     let Some(name) = &target.name else {
         return list_custom(state, request, target);
@@ -721,7 +908,13 @@ fn serve_custom(state: &mut State, request: &Recorded, target: &CustomRequest) -
                 let (code, body) = conflict(&resource, name);
                 return respond(code, &body);
             }
-            // Decoded and encoded again: now stored in the storage version.
+            // Encoded again in the storage version of the apiserver answering. When that
+            // gives the bytes already stored, etcd3's store writes nothing and the
+            // resourceVersion stays (its GuaranteedUpdate skips an unchanged value; no sample
+            // records this: sample 11 shows a rewrite that did change the encoding).
+            if object.encoded_as == target.storage {
+                return respond(200, &object_json(&object, target, &namespace, name));
+            }
             let resource_version = state.next_resource_version();
             let updated = StoredObject {
                 encoded_as: target.storage.clone(),
@@ -744,9 +937,31 @@ fn object_json(object: &StoredObject, target: &CustomRequest, namespace: &str, n
     data
 }
 
-/// A metadata-only list (`PartialObjectMetadataList`) in name order, `limit` at a time;
-/// the continue token names the last object returned and the token epoch.
+/// A list in name order, `limit` at a time: metadata-only (`PartialObjectMetadataList`,
+/// samples 09, 10) without `remainingItemCount`, or of full objects with it (sample 30). The
+/// continue token names the compaction epoch it was issued in and the last object returned;
+/// after a compaction it answers 410 with a fresh token that goes on after that object
+/// (samples 27, 28).
 fn list_custom(state: &mut State, request: &Recorded, target: &CustomRequest) -> Response<Body> {
+    if let Some(fault) = state.list_faults.pop_front() {
+        match fault {
+            ListFault::Status { code, retry_after } => {
+                let mut response = respond(
+                    code,
+                    &status_body(code, "TooManyRequests", "please try again later"),
+                );
+                if let Some(seconds) = retry_after {
+                    response.headers_mut().insert(
+                        http::header::RETRY_AFTER,
+                        seconds.to_string().parse().expect("header"),
+                    );
+                }
+                return response;
+            }
+            // Handled before the request got here.
+            ListFault::Stall => {}
+        }
+    }
     let query: BTreeMap<String, String> = request
         .query
         .split('&')
@@ -757,22 +972,33 @@ fn list_custom(state: &mut State, request: &Recorded, target: &CustomRequest) ->
         .get("limit")
         .and_then(|l| l.parse().ok())
         .unwrap_or(usize::MAX);
+    let epoch = state.token_epoch();
     let after = match query.get("continue") {
         Some(token) => {
-            let Some((epoch, last)) = token.split_once(':') else {
+            let Some((issued, last)) = token.split_once(':') else {
                 return respond(400, &status_body(400, "BadRequest", "invalid continue token"));
             };
-            if epoch != state.list_epoch.to_string() {
-                let message = "The provided continue parameter is too old to display a consistent list result.                                You can start a new list without the continue parameter, or use the continue token                                in this response to retrieve the remainder of the results. Continuing with the                                provided token results in an inconsistent list - objects that were created,                                modified, or deleted between the time the first chunk was returned and now may                                show up in the list.";
-                return respond(410, &status_body(410, "Expired", message));
+            if issued != epoch.to_string() {
+                let message = "The provided continue parameter is too old to display a consistent list result. \
+                               You can start a new list without the continue parameter, or use the continue token \
+                               in this response to retrieve the remainder of the results. Continuing with the \
+                               provided token results in an inconsistent list - objects that were created, \
+                               modified, or deleted between the time the first chunk was returned and now may \
+                               show up in the list.";
+                let mut body = status_body(410, "Expired", message);
+                if !state.expired_without_token {
+                    body["metadata"]["continue"] = json!(format!("{epoch}:{last}"));
+                }
+                return respond(410, &body);
             }
             Some(last.to_owned())
         }
         None => None,
     };
+    let metadata_only = request.accept.contains("as=PartialObjectMetadataList");
     let mut items = Vec::new();
     let mut last_key = None;
-    let mut more = false;
+    let mut remaining = 0u64;
     for ((crd, namespace, name), object) in &state.objects {
         if *crd != target.crd || target.namespace.as_ref().is_some_and(|ns| ns != namespace) {
             continue;
@@ -782,27 +1008,49 @@ fn list_custom(state: &mut State, request: &Recorded, target: &CustomRequest) ->
             continue;
         }
         if items.len() == limit {
-            more = true;
-            break;
+            remaining += 1;
+            continue;
         }
-        items.push(
+        items.push(if metadata_only {
             json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-                          "metadata": {"name": name, "namespace": namespace,
-                                       "resourceVersion": object.resource_version}}),
-        );
+                   "metadata": {"name": name, "namespace": namespace,
+                                "resourceVersion": object.resource_version}})
+        } else {
+            object_json(object, target, namespace, name)
+        });
         last_key = Some(key);
     }
     let mut metadata = json!({"resourceVersion": state.resource_version.to_string()});
-    if more && let Some(last) = last_key {
-        metadata["continue"] = json!(format!("{}:{last}", state.list_epoch));
+    if remaining > 0
+        && let Some(last) = last_key
+    {
+        metadata["continue"] = json!(format!("{epoch}:{last}"));
+        if !metadata_only {
+            metadata["remainingItemCount"] = json!(remaining);
+        }
     }
-    if let Some(hook) = state.after_list_page.pop_front() {
-        hook(state);
+    if metadata_only {
+        // Compactions happen between pages: the token just issued may be the next to expire.
+        state.first_list_at.get_or_insert_with(std::time::Instant::now);
+        state.pages_served += 1;
+        if let Some(hook) = state.after_list_page.pop_front() {
+            hook(state);
+        }
     }
+    let (kind, api_version) = if metadata_only {
+        (
+            "PartialObjectMetadataList".to_owned(),
+            "meta.k8s.io/v1".to_owned(),
+        )
+    } else {
+        (
+            format!("{}List", target.kind),
+            format!("{}/{}", target.group, target.version),
+        )
+    };
     respond(
         200,
-        &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
-                         "metadata": metadata, "items": items}),
+        &json!({"kind": kind, "apiVersion": api_version, "metadata": metadata, "items": items}),
     )
 }
 

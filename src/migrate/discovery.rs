@@ -1,0 +1,157 @@
+//! Waiting for the apiserver to act on a CRD change before the migrator relies on it.
+//!
+//! Each apiserver of an HA control plane swaps a CRD's storage version (and starts serving a
+//! new version) on its own watch, some time after the CRD update. A rewrite answered by an
+//! apiserver that has not swapped yet re-encodes the object in the old storage version, so
+//! the migrator first confirms the switch through discovery: `storageVersionHash` is derived
+//! from the storage version (samples 25, 26). Behind a load balancer each request may reach a
+//! different apiserver, so the answer must hold several times in a row.
+
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use tracing::{debug, warn};
+
+use super::Error;
+use super::requests::{Answer, Discovered, Requester};
+use super::target::Target;
+
+/// How a CRD change is confirmed through discovery.
+#[derive(Clone, Debug)]
+pub struct SettleCheck {
+    /// Consecutive discovery answers that must agree.
+    pub confirmations: u32,
+    /// Wait between two discovery requests.
+    pub interval: Duration,
+    /// Give up after this long.
+    pub timeout: Duration,
+}
+
+impl Default for SettleCheck {
+    fn default() -> Self {
+        Self {
+            confirmations: 3,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// The `storageVersionHash` an apiserver publishes for a resource stored as
+/// `group/version, Kind=kind`: the first 8 bytes of the SHA-256 of `group/version/kind`,
+/// base64 (Kubernetes' `discovery.StorageVersionHash`; reproduces samples 25 and 26).
+pub fn storage_version_hash(group: &str, version: &str, kind: &str) -> String {
+    let digest = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("{group}/{version}/{kind}").as_bytes(),
+    );
+    base64::engine::general_purpose::STANDARD.encode(&digest.as_ref()[..8])
+}
+
+/// What must be seen in discovery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// The apiserver stores the resource in the target's storage version.
+    Storage,
+    /// The apiserver serves the resource through the target's version.
+    Served,
+}
+
+/// Waits until `confirmations` discovery answers in a row show what `expect` asks.
+pub async fn wait(
+    requester: &Requester<'_>,
+    target: &Target,
+    expect: Expect,
+    check: &SettleCheck,
+) -> Result<(), Error> {
+    let wanted = storage_version_hash(&target.group, &target.storage_version, &target.kind);
+    let version = match expect {
+        Expect::Storage => &target.storage_version,
+        Expect::Served => &target.version,
+    };
+    let started = Instant::now();
+    let mut agreeing = 0;
+    let mut last = String::new();
+    let mut warned_no_hash = false;
+    loop {
+        let seen = requester.discover(&target.group, version, &target.plural).await;
+        let confirmed = match (&seen, expect) {
+            (Ok(Discovered::Served { .. }), Expect::Served) => true,
+            (
+                Ok(Discovered::Served {
+                    storage_version_hash: Some(hash),
+                }),
+                Expect::Storage,
+            ) => {
+                last = format!("storageVersionHash {hash}, expected {wanted}");
+                *hash == wanted
+            }
+            (
+                Ok(Discovered::Served {
+                    storage_version_hash: None,
+                }),
+                Expect::Storage,
+            ) => {
+                // An apiserver with the StorageVersionHash feature off publishes no hash:
+                // nothing to confirm with.
+                if !warned_no_hash {
+                    warn!(crd = %target.crd, "discovery gives no storageVersionHash; cannot confirm the storage switch");
+                    warned_no_hash = true;
+                }
+                true
+            }
+            (Ok(Discovered::Absent), _) => {
+                last = format!("{}/{version} does not serve {} yet", target.group, target.plural);
+                false
+            }
+            (Err(answer), _) => {
+                last = describe(answer);
+                false
+            }
+        };
+        agreeing = if confirmed { agreeing + 1 } else { 0 };
+        debug!(crd = %target.crd, agreeing, "{last}");
+        if agreeing >= check.confirmations.max(1) {
+            return Ok(());
+        }
+        if started.elapsed() >= check.timeout {
+            let what = match expect {
+                Expect::Storage => format!("storing {} as {}", target.plural, target.storage_version),
+                Expect::Served => format!("serving {}/{version}", target.group),
+            };
+            return Err(Error::NotSettled {
+                crd: target.crd.clone(),
+                what,
+                waited: check.timeout,
+                last,
+            });
+        }
+        tokio::time::sleep(check.interval).await;
+    }
+}
+
+fn describe(answer: &Answer) -> String {
+    match answer {
+        Answer::Ok => "ok".to_owned(),
+        Answer::Status { code, message, .. } => format!("discovery answered {code}: {message}"),
+        Answer::Transport(message) => format!("discovery failed: {message}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_match_the_recorded_discovery() {
+        // apiserver-samples/25 (v1alpha1 stored) and 26 (after the switch to v1).
+        assert_eq!(
+            storage_version_hash("example.com", "v1alpha1", "Widget"),
+            "aXSEt3iQTdQ="
+        );
+        assert_eq!(
+            storage_version_hash("example.com", "v1", "Widget"),
+            "gIwvi5rymmg="
+        );
+    }
+}
