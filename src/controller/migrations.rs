@@ -89,7 +89,7 @@ impl Migrations {
     }
 
     /// How a storage switch (or a newly served version) is confirmed through discovery
-    /// before a run (default: 3 answers in a row, 1 s apart, for up to 5 minutes).
+    /// before a run (default: 5 answers in a row, 1 s apart, for up to 5 minutes).
     pub fn with_settle_check(mut self, settle: migrate::SettleCheck) -> Self {
         self.settle = settle;
         self

@@ -30,7 +30,7 @@ pub struct SettleCheck {
 impl Default for SettleCheck {
     fn default() -> Self {
         Self {
-            confirmations: 3,
+            confirmations: 5,
             interval: Duration::from_secs(1),
             timeout: Duration::from_secs(300),
         }
