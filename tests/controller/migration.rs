@@ -235,3 +235,24 @@ async fn a_run_that_could_not_trim_is_repeated_at_once() {
     assert_eq!(h.stored_versions(), json!(["v1"]));
     assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 200)].into());
 }
+
+#[tokio::test]
+async fn the_migration_after_a_store_waits_for_the_apiserver_to_switch() {
+    let mut h = Harness::with_example_and_objects(200);
+    // Each CRD change reaches the apiserver answering only 12 requests later (an HA
+    // peer that has not seen the update yet).
+    h.fake.lock().switch_lag = 12;
+    h.at("2026-02-01T00:00:00Z");
+    h.reconcile_through_preflight("widgets").await;
+    wait_until("migrated to v1", || h.stored_versions() == json!(["v1"])).await;
+    // Every object was really re-encoded: none was rewritten by the lagging apiserver.
+    assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 200)].into());
+    let discovery = h.fake.discovery_requests();
+    assert!(
+        discovery.len() >= 12,
+        "waited through the lag: {}",
+        discovery.len()
+    );
+    wait_until("status written", || migration(&h)["phase"] == "Succeeded").await;
+    assert_eq!(migration(&h)["rewritten"], 200);
+}
