@@ -368,7 +368,7 @@ pub async fn restart(env: &Env) -> Outcome {
     .await?;
     wait_for("a checkpoint is saved", Duration::from_secs(60), || async {
         let migration = env.policy(&name).await?["status"]["migration"].clone();
-        Ok(migration["continueToken"].is_string())
+        Ok(migration["checkpoint"]["continueToken"].is_string())
     })
     .await?;
     env.kill_controller();
