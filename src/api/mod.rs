@@ -16,9 +16,6 @@ pub const GROUP: &str = "crdlifecycle.io";
 /// Field manager used for every write this operator makes.
 pub const FIELD_MANAGER: &str = "crd-lifecycle";
 
-/// Longest `deprecationWarning` the apiserver accepts on a CRD version.
-pub const MAX_WARNING_LEN: usize = 256;
-
 /// Longest list of governed versions (also bounds the cost of the CEL rules).
 pub const MAX_VERSIONS: usize = 64;
 
@@ -265,11 +262,12 @@ pub struct DeprecateMilestone {
     #[schemars(pattern(r"^([0-9]+[dhms])+$"))]
     pub after: Option<String>,
 
-    /// The `deprecationWarning` set on the version (at most 256 characters). When unset the
-    /// apiserver's default warning is used.
+    /// The `deprecationWarning` set on the version: not empty, at most 256 bytes of UTF-8,
+    /// printable characters only (letters, marks, numbers, punctuation, symbols and the
+    /// ASCII space). When unset the apiserver's default warning is used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 256))]
-    #[x_kube(validation = Rule::new("size(self) <= 256").message("warning must be at most 256 characters"))]
+    #[schemars(length(min = 1, max = 256), pattern(r"^[\p{L}\p{M}\p{N}\p{P}\p{S} ]+$"))]
+    #[x_kube(validation = Rule::new("size(bytes(self)) <= 256").message("warning must be at most 256 bytes of UTF-8"))]
     pub warning: Option<String>,
 
     /// `Required`: when due, the milestone waits for an approval annotation.

@@ -2,6 +2,7 @@
 //! migrations, instant) to the CRD's versions as they must be, the timeline, the next
 //! transition and what is blocked. No I/O and no kube client here.
 
+pub mod apiserver_rules;
 mod crd;
 pub mod deprecation_policy;
 mod duration;

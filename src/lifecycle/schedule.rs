@@ -5,9 +5,7 @@ use jiff::{SignedDuration, Timestamp};
 use super::crd::CrdState;
 use super::duration::parse_duration;
 use super::error::{Error, FieldErrors};
-use crate::api::{
-    Enforce, MAX_VERSIONS, MAX_WARNING_LEN, MigrationSettings, MilestoneKind, VersionPolicySpec,
-};
+use crate::api::{Enforce, MAX_VERSIONS, MigrationSettings, MilestoneKind, VersionPolicySpec};
 
 /// One governed version with every milestone resolved to an instant.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -520,15 +518,8 @@ fn is_dns_label(label: &str) -> bool {
 }
 
 fn check_warning(text: &str, path: &str, errors: &mut FieldErrors) {
-    // The apiserver's rules for deprecationWarning: at most 256 characters, printable only.
-    let length = text.chars().count();
-    if length > MAX_WARNING_LEN {
-        errors.push(
-            path,
-            format!("is {length} characters long; the apiserver accepts at most {MAX_WARNING_LEN}"),
-        );
-    }
-    if text.chars().any(char::is_control) {
-        errors.push(path, "must not contain control characters such as line breaks");
+    // Exactly the apiserver's rules for deprecationWarning (samples 22-24).
+    if let Err(message) = super::apiserver_rules::check_deprecation_warning(text) {
+        errors.push(path, message);
     }
 }

@@ -127,6 +127,68 @@ async fn an_invalid_policy_is_blocked_and_the_crd_untouched() {
 }
 
 #[tokio::test]
+async fn a_warning_the_apiserver_would_reject_is_never_sent() {
+    // On an apiserver without CEL nothing stops such a policy at admission (sample 22).
+    let mut h = Harness::new();
+    h.fake.create_crd(yaml(EXAMPLE_CRD));
+    let mut policy = yaml(EXAMPLE_POLICY);
+    policy["spec"]["versions"][0]["deprecate"]["warning"] = json!("é".repeat(200));
+    h.add_policy(policy, "2025-11-01T00:00:00Z");
+    h.at("2026-03-01T00:00:00Z");
+    h.reconcile("widgets").await;
+    assert!(
+        h.fake.crd_writes().is_empty(),
+        "no patch the apiserver would reject"
+    );
+    let (status, reason, message) = h.condition("widgets", "Blocked");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "InvalidPolicy"));
+    assert!(
+        message.contains("spec.versions[0].deprecate.warning: is 400 bytes long in UTF-8"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn the_fake_rejects_warnings_as_the_apiserver_does() {
+    let h = Harness::with_example();
+    let client = h.ctx.client.clone();
+    let crds: kube::Api<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    > = kube::Api::all(client);
+    for (warning, message) in [
+        ("é".repeat(200), "must be <= 256 characters long"),
+        (String::new(), "must not be an empty string"),
+        (
+            "use\u{a0}v1".to_owned(),
+            "non-printable character found at index 3",
+        ),
+    ] {
+        let patch = json!([{"op": "add", "path": "/spec/versions/0/deprecated", "value": true},
+                           {"op": "add", "path": "/spec/versions/0/deprecationWarning", "value": warning}]);
+        let error = crds
+            .patch(
+                CRD,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::<()>::Json(serde_json::from_value(patch).expect("patch")),
+            )
+            .await
+            .expect_err("rejected");
+        let kube::Error::Api(status) = error else {
+            panic!("{error}")
+        };
+        assert_eq!(status.code, 422);
+        assert!(
+            status
+                .message
+                .contains("spec.versions[0].deprecationWarning: Invalid value"),
+            "{}",
+            status.message
+        );
+        assert!(status.message.contains(message), "{}", status.message);
+    }
+}
+
+#[tokio::test]
 async fn an_undecodable_policy_is_reported_invalid() {
     let mut h = Harness::new();
     let mut policy = yaml(EXAMPLE_POLICY);

@@ -109,6 +109,33 @@ fn plan_table_shows_held_removals() {
 }
 
 #[test]
+fn warnings_the_apiserver_rejects_exit_2() {
+    // The warnings of samples 22 (400 bytes in 200 characters), 23 (empty) and 24 (a
+    // non-breaking space at index 3), and a zero-width joiner.
+    let long = "é".repeat(200);
+    for (warning, expected) in [
+        (long.as_str(), "is 400 bytes long in UTF-8 (200 characters)"),
+        ("", "must not be an empty string"),
+        ("use\\u00a0v1", "non-printable character U+00A0 found at index 3"),
+        ("use\\u200dv1", "non-printable character U+200D found at index 3"),
+    ] {
+        let bad = crate::fixtures::EXAMPLE_POLICY.replace(
+            "\"example.com/v1alpha1 Widget is deprecated; use example.com/v1\"",
+            &format!("\"{warning}\""),
+        );
+        assert_ne!(bad, crate::fixtures::EXAMPLE_POLICY);
+        let output = run(&["plan", "--policy", "-", "--crd", EXAMPLE_CRD], Some(&bad));
+        assert_eq!(output.status.code(), Some(2), "{warning:?}");
+        let stderr = text(&output.stderr);
+        let line = stderr
+            .lines()
+            .find(|l| l.trim_start().starts_with("spec.versions[0].deprecate.warning: "))
+            .unwrap_or_else(|| panic!("{warning:?}: {stderr}"));
+        assert!(line.contains(expected), "{warning:?}: {line}");
+    }
+}
+
+#[test]
 fn invalid_policy_exits_2_naming_every_field() {
     let bad = crate::fixtures::EXAMPLE_POLICY
         .replace("unserve: {after: 90d}", "unserve: {after: 90x}")

@@ -310,6 +310,73 @@ proptest! {
     }
 }
 
+/// Deprecation warnings anywhere near the apiserver's limits: ASCII, multi-byte text, format
+/// characters, other spaces, controls, characters newer than Unicode 13, empty strings.
+fn warning_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[ -~]{0,300}",
+        "[a-zé❄雪 \u{a0}\u{200d}\u{ad}\u{feff}\u{2003}\t😀\u{1fae0}]{0,140}",
+        ".{0,90}",
+        Just(String::new()),
+    ]
+}
+
+/// The apiserver's recorded deprecationWarning rules (samples 22-24), written out again here
+/// rather than taken from the crate, as an independent oracle.
+fn apiserver_accepts_warning(text: &str) -> bool {
+    let printable = regex::Regex::new(r"^[\p{L}\p{M}\p{N}\p{P}\p{S} ]*$").expect("pattern");
+    let unicode_13 = regex::Regex::new(r"^\p{Age:13.0}*$").expect("pattern");
+    !text.is_empty() && text.len() <= 256 && printable.is_match(text) && unicode_13.is_match(text)
+}
+
+proptest! {
+    #![proptest_config(Config::default())]
+
+    /// No valid policy renders a CRD the apiserver rejects: whatever the warnings, either
+    /// the policy is refused naming each bad warning's field, or every CRD it renders at
+    /// every instant passes the apiserver's recorded rules.
+    #[test]
+    fn no_valid_policy_renders_a_crd_the_apiserver_rejects(
+        (case, instants, pick) in case_with_instants(),
+        warnings in proptest::collection::vec(warning_text(), 4),
+    ) {
+        let mut spec = case.spec.clone();
+        let mut expected_bad = Vec::new();
+        for (i, (version, warning)) in spec.versions.iter_mut().zip(&warnings).enumerate() {
+            if let Some(deprecate) = version.deprecate.as_mut() {
+                deprecate.warning = Some(warning.clone());
+                if !apiserver_accepts_warning(warning) {
+                    expected_bad.push(format!("spec.versions[{i}].deprecate.warning"));
+                }
+            }
+        }
+        match Schedule::new(&spec, &case.crd, Timestamp::MIN) {
+            Err(lifecycle::Error::InvalidPolicy(errors)) => {
+                let paths: Vec<String> = errors.iter().map(|e| e.path.clone()).collect();
+                prop_assert!(!expected_bad.is_empty(), "a valid policy refused: {:?}", errors);
+                for path in &expected_bad {
+                    prop_assert!(paths.contains(path), "{} not named in {:?}", path, paths);
+                }
+            }
+            Ok(schedule) => {
+                prop_assert!(expected_bad.is_empty(), "accepted warnings the apiserver rejects: {:?}", expected_bad);
+                let manifest = crd_manifest(&case.crd);
+                for at in instants {
+                    let probe = evaluate(&schedule, &case.crd, at);
+                    let crd = CrdState { stored_versions: stored_versions(&case, probe.storage_version(), &pick), ..case.crd.clone() };
+                    let evaluation = evaluate(&schedule, &crd, at);
+                    let mut current = manifest.clone();
+                    current["status"]["storedVersions"] = serde_json::json!(crd.stored_versions);
+                    let rendered = lifecycle::render_crd(&current, &evaluation);
+                    let (typed, _) = crd_lifecycle::manifest::parse_crd(&rendered.to_string(), "rendered").expect("a valid CRD");
+                    let violations = lifecycle::apiserver_rules::violations(&typed);
+                    prop_assert!(violations.is_empty(), "at {}: {:?}", at, violations);
+                }
+            }
+        }
+    }
+}
+
 /// Random gate inputs for the versions `v1`..`vN`: some approvals, preflight results and
 /// traffic observations.
 fn gate_inputs(versions: usize) -> impl Strategy<Value = GateInputs> {

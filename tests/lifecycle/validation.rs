@@ -262,11 +262,7 @@ fn warnings_names_and_lists() {
     let found = problems(&format!(
         "  - name: v1alpha1\n    deprecate: {{at: \"2026-03-01T00:00:00Z\", warning: \"{long}\"}}\n  - name: V1\n  - name: v1alpha1\n"
     ));
-    assert_problem(
-        &found,
-        "spec.versions[0].deprecate.warning",
-        "is 257 characters long",
-    );
+    assert_problem(&found, "spec.versions[0].deprecate.warning", "is 257 bytes long");
     assert_problem(&found, "spec.versions[1].name", "is not a version name");
     assert_problem(
         &found,

@@ -654,6 +654,7 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
 /// JSON Patch on a CRD, with the apiserver's checks:
 /// - a failing `test` op answers 422 with a generic message (apiserver-samples/03);
 /// - exactly one storage version (05), every stored version still in spec.versions (04);
+/// - every deprecationWarning as `deprecation_warning_problem` (22-24);
 /// - a new storage version is appended to status.storedVersions (02, 06).
 fn patch_crd(state: &mut State, name: &str, body: Value) -> (u16, Value) {
     if let Some(hook) = state.before_crd_patch.pop_front() {
@@ -688,6 +689,18 @@ fn patch_crd(state: &mut State, name: &str, body: Value) -> (u16, Value) {
         );
         return (422, status_body(422, "Invalid", &message));
     }
+    for (i, version) in versions.iter().enumerate() {
+        if let Some(warning) = version["deprecationWarning"].as_str()
+            && let Some(problem) = deprecation_warning_problem(warning)
+        {
+            let message = format!(
+                "CustomResourceDefinition.apiextensions.k8s.io \"{name}\" is invalid: \
+                 spec.versions[{i}].deprecationWarning: Invalid value: {}: {problem}",
+                Value::String(warning.to_owned())
+            );
+            return (422, status_body(422, "Invalid", &message));
+        }
+    }
     let storage_name = storage[0]["name"].clone();
     let stored = crd["status"]["storedVersions"]
         .as_array()
@@ -710,6 +723,26 @@ fn patch_crd(state: &mut State, name: &str, body: Value) -> (u16, Value) {
     let spec_changed = crd["spec"] != before;
     state.store_crd(crd, spec_changed);
     (200, state.crds[name].clone())
+}
+
+/// The apiserver's deprecationWarning checks, with its messages: not empty (sample 23), at
+/// most 256 bytes although the message says characters (22), printable only, naming the
+/// byte index (24). Printable is Go's `unicode.IsPrint`: categories L, M, N, P, S and the
+/// ASCII space.
+fn deprecation_warning_problem(warning: &str) -> Option<String> {
+    if warning.is_empty() {
+        return Some("must not be an empty string".to_owned());
+    }
+    if warning.len() > 256 {
+        return Some("must be <= 256 characters long".to_owned());
+    }
+    let not_printable = regex::Regex::new(r"[^\p{L}\p{M}\p{N}\p{P}\p{S} ]").expect("pattern");
+    not_printable.find(warning).map(|found| {
+        format!(
+            "must only contain printable UTF-8 characters; non-printable character found at index {}",
+            found.start()
+        )
+    })
 }
 
 /// Merge patch on the CRD status subresource: accepted whatever the objects are stored

@@ -1,0 +1,135 @@
+//! The apiserver's validation of a CRD's versions, as far as it is recorded in
+//! `../shared/apiserver-samples/`: the rules a rendered CRD must pass, so that no valid
+//! policy ever produces a CRD the apiserver rejects.
+
+use std::sync::LazyLock;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use regex::Regex;
+
+/// Most bytes (UTF-8) the apiserver accepts in a `deprecationWarning` (sample 22: 200 × "é",
+/// 400 bytes, is rejected although its message says "characters").
+pub const MAX_WARNING_BYTES: usize = 256;
+
+/// What Go's `unicode.IsPrint` accepts (categories L, M, N, P, S and the ASCII space),
+/// restricted to characters Unicode 13.0 had assigned: apiservers built with Go 1.16 to
+/// 1.18 (Kubernetes 1.21 to 1.24) use Unicode 13 tables, where a later character is
+/// unassigned and so not printable.
+static NOT_PRINTABLE: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"[^\p{L}\p{M}\p{N}\p{P}\p{S} ]|[^\p{Age:13.0}]").expect("a valid pattern"));
+
+/// The apiserver's checks of one `deprecationWarning`, with its wording: not empty (23), at
+/// most 256 bytes (22), printable UTF-8 only, naming the byte index of the first other
+/// character as Go's `range` does (24).
+pub fn check_deprecation_warning(text: &str) -> Result<(), String> {
+    if text.is_empty() {
+        return Err("must not be an empty string".to_owned());
+    }
+    if text.len() > MAX_WARNING_BYTES {
+        return Err(format!(
+            "is {} bytes long in UTF-8 ({} characters); the apiserver accepts at most {MAX_WARNING_BYTES} bytes",
+            text.len(),
+            text.chars().count()
+        ));
+    }
+    if let Some(found) = NOT_PRINTABLE.find(text) {
+        let character = text[found.start()..].chars().next().unwrap_or_default();
+        return Err(format!(
+            "must only contain printable UTF-8 characters; non-printable character U+{:04X} found at index {}",
+            u32::from(character),
+            found.start()
+        ));
+    }
+    Ok(())
+}
+
+/// Every recorded rule a CRD's versions break, as `field: message`:
+/// - exactly one storage version (sample 05);
+/// - every `status.storedVersions` entry still in `spec.versions` (04);
+/// - every `deprecationWarning` as `check_deprecation_warning` (22-24).
+pub fn violations(crd: &CustomResourceDefinition) -> Vec<String> {
+    let mut found = Vec::new();
+    let versions = &crd.spec.versions;
+    let storage = versions.iter().filter(|v| v.storage).count();
+    if storage != 1 {
+        found.push(format!(
+            "spec.versions: must have exactly one version marked as storage version (has {storage})"
+        ));
+    }
+    let stored = crd
+        .status
+        .as_ref()
+        .and_then(|s| s.stored_versions.as_deref())
+        .unwrap_or_default();
+    for (i, name) in stored.iter().enumerate() {
+        if !versions.iter().any(|v| v.name == *name) {
+            found.push(format!(
+                "status.storedVersions[{i}]: {name} must appear in spec.versions"
+            ));
+        }
+    }
+    for (i, version) in versions.iter().enumerate() {
+        if let Some(warning) = &version.deprecation_warning
+            && let Err(message) = check_deprecation_warning(warning)
+        {
+            found.push(format!("spec.versions[{i}].deprecationWarning: {message}"));
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recorded_rejections_are_rejected() {
+        // Sample 22: 200 × "é" is 400 bytes.
+        let message = check_deprecation_warning(&"é".repeat(200)).expect_err("too long");
+        assert!(
+            message.starts_with("is 400 bytes long in UTF-8 (200 characters)"),
+            "{message}"
+        );
+        // Sample 23.
+        assert_eq!(
+            check_deprecation_warning("").expect_err("empty"),
+            "must not be an empty string"
+        );
+        // Sample 24: U+00A0 at index 3.
+        assert_eq!(
+            check_deprecation_warning("use\u{a0}v1").expect_err("nbsp"),
+            "must only contain printable UTF-8 characters; non-printable character U+00A0 found at index 3"
+        );
+    }
+
+    #[test]
+    fn printable_means_go_is_print() {
+        for accepted in [
+            "use v1 instead",
+            "é".repeat(128).as_str(),
+            "w".repeat(256).as_str(),
+            "Schnee ❄ 雪 — «v1»",
+            "😀",
+        ] {
+            assert_eq!(check_deprecation_warning(accepted), Ok(()), "{accepted:?}");
+        }
+        // Format characters, other spaces, controls, and characters newer than Unicode 13.
+        for (rejected, index) in [
+            ("a\u{200d}b", 1),
+            ("soft\u{ad}hyphen", 4),
+            ("zero\u{200b}width", 4),
+            ("tab\there", 3),
+            ("line\nbreak", 4),
+            ("em\u{2003}space", 2),
+            ("é\u{feff}", 2),
+            ("new \u{1fae0}", 4),
+        ] {
+            let message = check_deprecation_warning(rejected).expect_err(rejected);
+            assert!(
+                message.ends_with(&format!("found at index {index}")),
+                "{rejected:?}: {message}"
+            );
+        }
+        assert!(check_deprecation_warning(&"w".repeat(257)).is_err());
+    }
+}
