@@ -222,10 +222,15 @@ pub async fn bad_input(env: &Env) -> Outcome {
         .await?;
     let before = env.crd(&crd.name).await?.metadata.resource_version;
 
-    // Both `at` and `after`: CEL rejects it at admission on 1.25+.
+    // Both `at` and `after`: CEL rejects it at admission on 1.25+. It governs a CRD of its
+    // own: on a server without CEL it is accepted, and as the older policy of a shared CRD
+    // it would make the next one a `Conflict` instead of `InvalidPolicy`.
+    let cel_crd = env
+        .create_crd("badinput-cel", &[("v1alpha1", true, true), ("v1", true, false)])
+        .await?;
     let both = policy(
         &format!("{}-cel", env.run_id),
-        &crd.name,
+        &cel_crd.name,
         json!([{"name": "v1", "store": {"at": "2026-01-01T00:00:00Z", "after": "1d"}}]),
         json!({"enabled": false}),
     );
@@ -478,12 +483,21 @@ pub async fn gates(env: &Env) -> Outcome {
         "preflight: {}",
         status["preflight"]
     );
-    let approved = status["history"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|h| h["milestone"] == "store" && h["approvedBy"].is_string());
-    ensure!(approved, "approval recorded in history: {}", status["history"]);
+    // The status is written just after the CRD patch: wait for the history entry rather
+    // than read it the moment the flags change.
+    wait_for(
+        "the approval is recorded in history",
+        Duration::from_secs(20),
+        || async {
+            let status = env.policy(&name).await?["status"].clone();
+            Ok(status["history"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|h| h["milestone"] == "store" && h["approvedBy"].is_string()))
+        },
+    )
+    .await?;
 
     wait_for(
         "the unserve waits for the client",
