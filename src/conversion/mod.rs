@@ -232,11 +232,15 @@ struct SavedFields {
     /// Added fields that were absent (so that converting back does not add the default).
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     absent: std::collections::BTreeSet<String>,
+    /// Objects that setting an added field had to create (so that converting back removes
+    /// them again, and only them).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    created: std::collections::BTreeSet<String>,
 }
 
 impl SavedFields {
     fn is_empty(&self) -> bool {
-        self.values.is_empty() && self.absent.is_empty()
+        self.values.is_empty() && self.absent.is_empty() && self.created.is_empty()
     }
 }
 
@@ -246,7 +250,8 @@ type Saved = BTreeMap<String, SavedFields>;
 impl Step {
     fn up(&self, object: &mut Value, saved: &mut Saved) -> Result<(), ConversionError> {
         for path in &self.removed {
-            if let Some(value) = path.take(object) {
+            // Parents stay, even emptied: the object had them, and a schema may require them.
+            if let Some(value) = path.take(object, |_| false) {
                 saved
                     .entry(self.from.clone())
                     .or_default()
@@ -265,10 +270,14 @@ impl Step {
                 s.absent.remove(&key);
                 s.values.remove(&key)
             });
-            match restored {
-                Some(value) => path.set(object, value)?,
-                None if !was_absent && path.get(object).is_none() => path.set(object, default.clone())?,
-                None => {}
+            let value = match restored {
+                Some(value) => value,
+                None if !was_absent && path.get(object).is_none() => default.clone(),
+                None => continue,
+            };
+            let created = path.set_creating(object, value)?;
+            if !created.is_empty() {
+                saved.entry(self.to.clone()).or_default().created.extend(created);
             }
         }
         Ok(())
@@ -276,7 +285,21 @@ impl Step {
 
     fn down(&self, object: &mut Value, saved: &mut Saved) -> Result<(), ConversionError> {
         for (path, default) in self.added.iter().rev() {
-            match path.take(object) {
+            // Only the parents that converting up created for it go with it.
+            let created = saved
+                .get_mut(&self.to)
+                .map(|s| std::mem::take(&mut s.created))
+                .unwrap_or_default();
+            let taken = path.take(object, |parent| created.contains(parent));
+            // A record goes once its object is gone (another added field may still be in it).
+            let remaining: std::collections::BTreeSet<String> = created
+                .into_iter()
+                .filter(|c| FieldPath::parse(c).is_ok_and(|p| p.get(object).is_some()))
+                .collect();
+            if !remaining.is_empty() {
+                saved.entry(self.to.clone()).or_default().created = remaining;
+            }
+            match taken {
                 // The default comes back by itself when converting up.
                 Some(value) if value == *default => {}
                 Some(value) => {
@@ -310,6 +333,9 @@ impl Step {
     }
 }
 
+/// Moves a field. Parents of `from` that the move empties are removed only below the part
+/// the two paths share (they belong to the other version's layout, and moving back creates
+/// them again), so a round trip gives back exactly the parents the object had.
 fn move_field(object: &mut Value, from: &FieldPath, to: &FieldPath) -> Result<(), ConversionError> {
     if from.get(object).is_none() {
         return Ok(());
@@ -320,7 +346,8 @@ fn move_field(object: &mut Value, from: &FieldPath, to: &FieldPath) -> Result<()
             to: to.to_string(),
         });
     }
-    if let Some(value) = from.take(object) {
+    let shared = from.common_prefix(to);
+    if let Some(value) = from.take(object, |parent| parent.split('.').count() > shared) {
         to.set(object, value)?;
     }
     Ok(())

@@ -41,26 +41,41 @@ impl FieldPath {
             .try_fold(object, |value, key| value.as_object()?.get(key))
     }
 
-    /// Removes the value at the path; objects left empty by the removal are removed too.
-    pub fn take(&self, object: &mut Value) -> Option<Value> {
-        fn take_in(value: &mut Value, keys: &[String]) -> Option<Value> {
+    /// Removes the value at the path. An object on the way that the removal leaves empty is
+    /// removed too only where `prune` says so for its path (`spec.scale`): conversion drops
+    /// only the parents it created itself, never one the object had (a schema may require it).
+    pub fn take(&self, object: &mut Value, prune: impl Fn(&str) -> bool) -> Option<Value> {
+        fn take_in(
+            value: &mut Value,
+            keys: &[String],
+            depth: usize,
+            path: &FieldPath,
+            prune: &dyn Fn(&str) -> bool,
+        ) -> Option<Value> {
             let map = value.as_object_mut()?;
             let (first, rest) = keys.split_first()?;
             if rest.is_empty() {
                 return map.remove(first);
             }
             let child = map.get_mut(first)?;
-            let taken = take_in(child, rest)?;
-            if child.as_object().is_some_and(Map::is_empty) {
+            let taken = take_in(child, rest, depth + 1, path, prune)?;
+            if child.as_object().is_some_and(Map::is_empty) && prune(&path.0[..=depth].join(".")) {
                 map.remove(first);
             }
             Some(taken)
         }
-        take_in(object, &self.0)
+        take_in(object, &self.0, 0, self, &prune)
     }
 
     /// Sets the value at the path, creating the objects on the way.
     pub fn set(&self, object: &mut Value, value: Value) -> Result<(), ConversionError> {
+        self.set_creating(object, value).map(|_| ())
+    }
+
+    /// Sets the value at the path; returns the paths of the objects it had to create on the
+    /// way, outermost first.
+    pub fn set_creating(&self, object: &mut Value, value: Value) -> Result<Vec<String>, ConversionError> {
+        let mut created = Vec::new();
         let mut current = object;
         for (i, key) in self.0.iter().enumerate() {
             let blocker = || self.0[..i].join(".");
@@ -76,13 +91,26 @@ impl FieldPath {
                 })?;
             if i + 1 == self.0.len() {
                 map.insert(key.clone(), value);
-                return Ok(());
+                return Ok(created);
+            }
+            if !map.contains_key(key) {
+                created.push(self.0[..=i].join("."));
             }
             current = map
                 .entry(key.clone())
                 .or_insert_with(|| Value::Object(Map::new()));
         }
-        Ok(())
+        Ok(created)
+    }
+
+    /// How many leading segments two paths share.
+    pub fn common_prefix(&self, other: &FieldPath) -> usize {
+        self.0.iter().zip(&other.0).take_while(|(a, b)| a == b).count()
+    }
+
+    /// How many segments the path has.
+    pub fn depth(&self) -> usize {
+        self.0.len()
     }
 }
 
@@ -122,10 +150,23 @@ mod tests {
         let mut object = json!({"spec": {"scale": {"replicas": 3}, "keep": 1}});
         let path = FieldPath::parse("spec.scale.replicas").expect("path");
         assert_eq!(path.get(&object), Some(&json!(3)));
-        assert_eq!(path.take(&mut object), Some(json!(3)));
-        assert_eq!(object, json!({"spec": {"keep": 1}}), "emptied parents go too");
-        path.set(&mut object, json!(5)).expect("set");
+        assert_eq!(path.take(&mut object, |p| p == "spec.scale"), Some(json!(3)));
+        assert_eq!(
+            object,
+            json!({"spec": {"keep": 1}}),
+            "an emptied parent goes where allowed"
+        );
+        assert_eq!(
+            path.set_creating(&mut object, json!(5)).expect("set"),
+            ["spec.scale"]
+        );
         assert_eq!(object, json!({"spec": {"keep": 1, "scale": {"replicas": 5}}}));
+        assert_eq!(path.take(&mut object, |_| false), Some(json!(5)));
+        assert_eq!(
+            object,
+            json!({"spec": {"keep": 1, "scale": {}}}),
+            "and stays otherwise"
+        );
         let blocked = FieldPath::parse("spec.keep.x").expect("path");
         assert!(matches!(
             blocked.set(&mut object, json!(1)),

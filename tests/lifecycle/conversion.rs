@@ -114,6 +114,59 @@ fn a_chain_of_three_versions_converts_up_and_down() {
 }
 
 #[test]
+fn empty_parents_come_back_exactly() {
+    let c = converter();
+    // `spec: {}` up (the default is added) and back: `spec` stays, empty.
+    let empty = widget("v1alpha1", json!({}));
+    let up = c.convert(&empty, "v1").expect("up");
+    assert_eq!(up["spec"], json!({"color": "blue"}));
+    assert_eq!(c.convert(&up, "v1alpha1").expect("down"), empty);
+    // No spec at all: the one converting up created goes again on the way back.
+    let mut bare = widget("v1alpha1", json!({}));
+    bare.as_object_mut().expect("object").remove("spec");
+    let up = c.convert(&bare, "v1beta1").expect("up");
+    assert_eq!(up["spec"], json!({"color": "blue"}));
+    assert_eq!(c.convert(&up, "v1alpha1").expect("down"), bare);
+}
+
+#[test]
+fn a_removed_only_field_leaves_its_parent() {
+    // A schema with `required: [spec]` must still accept the converted object.
+    let c = converter();
+    let only_removed = widget("v1alpha1", json!({"legacyMode": true}));
+    let beta = c.convert(&only_removed, "v1beta1").expect("up");
+    assert_eq!(beta["spec"], json!({"color": "blue"}));
+    let spec_only_legacy = Converter::new(
+        &serde_json::from_value(
+            json!({"changes": [{"from": "v1alpha1", "to": "v1beta1", "removed": ["spec.legacyMode"]}]}),
+        )
+        .expect("spec"),
+        &versions(&["v1alpha1", "v1beta1"]),
+        &[],
+    )
+    .expect("valid");
+    let beta = spec_only_legacy.convert(&only_removed, "v1beta1").expect("up");
+    assert_eq!(beta["spec"], json!({}), "spec kept, empty");
+    assert_eq!(
+        spec_only_legacy.convert(&beta, "v1alpha1").expect("down"),
+        only_removed
+    );
+}
+
+#[test]
+fn a_rename_into_a_new_parent_leaves_nothing_behind() {
+    let c = converter();
+    let ga = widget("v1", json!({"scale": {"replicas": 2}, "color": "red"}));
+    let beta = c.convert(&ga, "v1beta1").expect("down");
+    assert_eq!(
+        beta["spec"],
+        json!({"replicas": 2, "color": "red"}),
+        "no empty scale left"
+    );
+    assert_eq!(c.convert(&beta, "v1").expect("up"), ga);
+}
+
+#[test]
 fn objects_that_cannot_convert_say_why() {
     let c = converter();
     let taken = widget("v1alpha1", json!({"size": 1, "replicas": 2}));
@@ -277,14 +330,32 @@ fn case() -> impl Strategy<Value = (Chain, usize, Value, usize)> {
                 Just(from),
                 proptest::collection::vec(proptest::option::of(value()), count),
                 Just(to),
+                0..3usize,
+                proptest::collection::vec(any::<bool>(), count),
             )
-                .prop_map(move |(chain, from, values, to)| {
+                .prop_map(move |(chain, from, values, to, base, empty_parents)| {
+                    // Empty and near-empty objects too: no spec, `spec: {}`, or one field more.
                     let mut object = json!({"apiVersion": format!("example.com/v{from}"), "kind": "Widget",
-                                            "metadata": {"name": "w"}, "spec": {"keep": 1}});
-                    for (path, value) in fields.iter().zip(values) {
-                        if let Some(value) = value {
-                            let path = crd_lifecycle::conversion::FieldPath::parse(path).expect("path");
-                            path.set(&mut object, value).expect("set");
+                                            "metadata": {"name": "w"}});
+                    match base {
+                        0 => {}
+                        1 => object["spec"] = json!({}),
+                        _ => object["spec"] = json!({"keep": 1}),
+                    }
+                    for ((path, value), empty_parent) in fields.iter().zip(values).zip(&empty_parents) {
+                        let path = crd_lifecycle::conversion::FieldPath::parse(path).expect("path");
+                        match value {
+                            Some(value) => path.set(&mut object, value).expect("set"),
+                            // A nested field's parent, present but empty (`spec.g3: {}`).
+                            None if *empty_parent && path.depth() > 2 => {
+                                let parent = path.to_string();
+                                let parent = parent.rsplit_once('.').map(|(p, _)| p).unwrap_or_default();
+                                crd_lifecycle::conversion::FieldPath::parse(parent)
+                                    .expect("parent")
+                                    .set(&mut object, json!({}))
+                                    .expect("set");
+                            }
+                            None => {}
                         }
                     }
                     (chain, from, object, to)
