@@ -1,6 +1,5 @@
 //! `/healthz`, `/readyz` and `/metrics`.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -38,12 +37,12 @@ pub fn router(metrics: Arc<Metrics>, health: Arc<Health>) -> Router {
 
 /// Serves until `shutdown` completes.
 pub async fn serve(
-    address: SocketAddr,
+    listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(address).await?;
+    let address = listener.local_addr()?;
     tracing::info!(%address, "serving /healthz, /readyz and /metrics");
     axum::serve(listener, router(metrics, health))
         .with_graceful_shutdown(shutdown)

@@ -129,23 +129,35 @@ impl LeaderElector {
     }
 
     /// Renews the lease until renewal fails for longer than the renew deadline, or another
-    /// replica holds it; returns only then.
+    /// replica holds it; returns only then. As client-go bounds each renewal with
+    /// `context.WithTimeout(RenewDeadline)`, every attempt here is cut off at the deadline
+    /// (the last renewal plus `renew_deadline`): a hung request, or a client retrying 429 or
+    /// 503 for minutes, cannot keep this replica acting after the lease it no longer renews
+    /// has expired for the others (`renew_deadline` < `lease_duration`).
     pub async fn hold(&self) -> LeaseError {
-        let mut last_renewal = Instant::now();
+        let mut deadline = Instant::now() + self.settings.renew_deadline;
         loop {
-            tokio::time::sleep(self.settings.retry_period).await;
-            match self.try_acquire_or_renew().await {
-                Ok(true) => last_renewal = Instant::now(),
+            let pause = self
+                .settings
+                .retry_period
+                .min(deadline.saturating_duration_since(Instant::now()));
+            tokio::time::sleep(pause).await;
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.try_acquire_or_renew()).await {
+                Ok(Ok(true)) => deadline = Instant::now() + self.settings.renew_deadline,
                 // Another replica holds the lease now: stop acting at once.
-                Ok(false) => {
+                Ok(Ok(false)) => {
                     return LeaseError::Taken {
                         namespace: self.settings.namespace.clone(),
                         name: self.settings.name.clone(),
                     };
                 }
-                Err(error) => warn!(error = %error, "lease renewal failed"),
+                Ok(Err(error)) => warn!(error = %error, "lease renewal failed"),
+                Err(_) => {
+                    warn!(deadline = ?self.settings.renew_deadline, "lease renewal did not answer before the renew deadline")
+                }
             }
-            if last_renewal.elapsed() > self.settings.renew_deadline {
+            if Instant::now() >= deadline {
                 return LeaseError::Lost {
                     namespace: self.settings.namespace.clone(),
                     name: self.settings.name.clone(),
@@ -155,8 +167,18 @@ impl LeaderElector {
         }
     }
 
-    /// Gives the lease up on shutdown so that another replica takes over at once.
+    /// Gives the lease up on shutdown so that another replica takes over at once (bounded
+    /// by the renew deadline: an apiserver that does not answer must not hold up the exit).
     pub async fn release(&self) {
+        if tokio::time::timeout(self.settings.renew_deadline, self.release_now())
+            .await
+            .is_err()
+        {
+            warn!("could not release the lease in time; it expires by itself");
+        }
+    }
+
+    async fn release_now(&self) {
         let Ok(Some(mut lease)) = self.api.get_opt(&self.settings.name).await else {
             return;
         };

@@ -10,6 +10,7 @@ pub mod migrations;
 pub mod patch;
 mod reconcile;
 pub mod status;
+pub mod supervise;
 pub mod traffic;
 pub mod webhook;
 
@@ -34,9 +35,11 @@ pub use reconcile::{Clock, Context, competing_owner, error_policy, reconcile, re
 
 use crate::api::VersionPolicy;
 use http::Health;
+use kube::runtime::WatchStreamExt;
 use leader::{LeaderElector, LeaseSettings};
 use metrics::Metrics;
 use migrations::Migrations;
+use supervise::{Essential, Supervisor};
 use traffic::TrafficMonitor;
 pub use webhook::{WebhookEndpoint, WebhookTarget};
 
@@ -83,6 +86,7 @@ async fn start_webhook(
     client: Client,
     settings: WebhookSettings,
     shutdown: impl Future<Output = ()> + Send + Clone + 'static,
+    supervisor: &mut Supervisor,
 ) -> Result<Arc<WebhookEndpoint>, RunError> {
     let endpoint = Arc::new(WebhookEndpoint::new(settings.target.clone()));
     let certs = Arc::new(CertStore::default());
@@ -132,24 +136,47 @@ async fn start_webhook(
         CertificateSource::Files { .. } => Duration::from_secs(60),
         CertificateSource::Secret { .. } => Duration::from_secs(3600),
     };
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(interval).await;
-            let _ = refresh().await;
-        }
-    });
+    // A failed refresh keeps the certificates in use and is tried again next time.
+    supervisor.add(Essential::spawn(
+        "the webhook certificate refresher",
+        async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                let _ = refresh().await;
+            }
+        },
+    ));
 
     let (reader, writer) = kube::runtime::reflector::store();
     let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(client);
-    let stream = kube::runtime::reflector(writer, watcher(api, watcher::Config::default().any_semantic()));
-    tokio::spawn(stream.for_each(|_| async {}));
-    let policies: Arc<dyn crate::webhook::PolicySource> = Arc::new(crate::webhook::CachedPolicies(reader));
+    // With backoff: a watch error (e.g. missing RBAC) is retried, not spun on.
+    let stream = kube::runtime::reflector(
+        writer,
+        watcher(api, watcher::Config::default().any_semantic()).default_backoff(),
+    );
+    supervisor.add(Essential::spawn("the webhook's policy watch", async move {
+        stream
+            .for_each(|event| async move {
+                if let Err(error) = event {
+                    warn!(error = %error, "the conversion webhook's policy watch failed; retrying");
+                }
+            })
+            .await;
+        Err("the watch ended".to_owned())
+    }));
+    let policies: Arc<dyn crate::webhook::PolicySource> =
+        Arc::new(crate::webhook::CachedPolicies(reader.clone()));
     let serve = crate::webhook::serve(settings.address, certs, policies, shutdown);
-    tokio::spawn(async move {
-        if let Err(error) = serve.await {
-            error!(error = %error, "the conversion webhook stopped");
-        }
-    });
+    supervisor.add(Essential::spawn("the conversion webhook server", async move {
+        serve.await.map_err(|error| error.to_string())
+    }));
+    // Ready (and so in the Service) only once the webhook knows every policy: before that
+    // it would refuse reviews for policies it has not seen yet.
+    info!("waiting for the conversion webhook's policy cache");
+    tokio::select! {
+        ready = reader.wait_until_ready() => ready.map_err(|e| RunError::Webhook(e.to_string()))?,
+        failed = supervisor.first_failure() => return Err(failed.into()),
+    }
     Ok(endpoint)
 }
 
@@ -158,12 +185,14 @@ async fn start_webhook(
 pub enum RunError {
     #[error("cannot reach the apiserver: {0}")]
     Unreachable(#[source] kube::Error),
-    #[error("cannot serve metrics and probes: {0}")]
+    #[error("cannot serve metrics and probes on the --metrics-addr address: {0}")]
     Http(#[source] std::io::Error),
     #[error(transparent)]
     LeaseLost(#[from] leader::LeaseError),
     #[error("cannot start the conversion webhook: {0}")]
     Webhook(String),
+    #[error(transparent)]
+    TaskFailed(#[from] supervise::TaskFailed),
 }
 
 /// Runs the controller until SIGTERM / SIGINT (or until leadership is lost).
@@ -173,23 +202,30 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
     health.alive.store(true, Ordering::Relaxed);
     let shutdown = shutdown_signal().shared();
 
+    // Bound first, so that an address in use stops the process at once.
+    let listener = tokio::net::TcpListener::bind(settings.metrics_address)
+        .await
+        .map_err(RunError::Http)?;
     let version = client.apiserver_version().await.map_err(RunError::Unreachable)?;
     info!(apiserver = %version.git_version, "connected");
-
-    let server = http::serve(
-        settings.metrics_address,
-        metrics.clone(),
-        health.clone(),
-        shutdown.clone(),
-    );
-    let server = tokio::spawn(server);
+    let mut supervisor = Supervisor::default();
+    let server = http::serve(listener, metrics.clone(), health.clone(), shutdown.clone());
+    supervisor.add(Essential::spawn("the metrics server", async move {
+        server.await.map_err(|error| error.to_string())
+    }));
 
     // Every replica serves the conversion webhook (the Service spreads calls over them),
     // leader or not.
     let webhook = match &settings.webhook {
-        Some(webhook_settings) => {
-            Some(start_webhook(client.clone(), webhook_settings.clone(), shutdown.clone()).await?)
-        }
+        Some(webhook_settings) => Some(
+            start_webhook(
+                client.clone(),
+                webhook_settings.clone(),
+                shutdown.clone(),
+                &mut supervisor,
+            )
+            .await?,
+        ),
         None => None,
     };
 
@@ -203,6 +239,7 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
         tokio::select! {
             () = elector.acquire() => {}
             () = shutdown.clone() => return Ok(()),
+            failed = supervisor.first_failure() => return Err(failed.into()),
         }
         metrics.leader.set(1);
     }
@@ -215,26 +252,49 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
         webhook,
         shutdown.clone(),
     );
-    let result = match &elector {
-        Some(elector) => tokio::select! {
-            () = controller => Ok(()),
-            lost = elector.hold() => {
-                error!(error = %lost, "lost leadership; exiting so that another replica takes over");
-                health.alive.store(false, Ordering::Relaxed);
-                Err(RunError::LeaseLost(lost))
-            }
-        },
-        None => {
-            controller.await;
-            Ok(())
+    // Leadership lost or a task failed: dropping the controller future stops every writer
+    // at once (reconciles with it, migrations and the sampler through `StopWriters`).
+    let hold = async {
+        match &elector {
+            Some(elector) => elector.hold().await,
+            None => std::future::pending().await,
+        }
+    };
+    let result = tokio::select! {
+        result = controller => result,
+        lost = hold => {
+            error!(error = %lost, "lost leadership; stopped every writer, exiting so that another replica takes over");
+            health.alive.store(false, Ordering::Relaxed);
+            Err(RunError::LeaseLost(lost))
+        }
+        failed = supervisor.first_failure() => {
+            error!(error = %failed, "an essential task stopped; exiting");
+            health.alive.store(false, Ordering::Relaxed);
+            Err(failed.into())
         }
     };
     metrics.leader.set(0);
-    if let Some(elector) = &elector {
+    if let Some(elector) = &elector
+        && !matches!(result, Err(RunError::LeaseLost(_)))
+    {
         elector.release().await;
     }
-    server.abort();
     result
+}
+
+/// Stops the controller's background writers when the controller stops, however it stops:
+/// also when its future is dropped because leadership was lost.
+struct StopWriters {
+    migrations: Arc<Migrations>,
+    sampler: Option<Essential>,
+}
+
+impl Drop for StopWriters {
+    fn drop(&mut self) {
+        // Interrupted migrations resume from their checkpoints under the next leader.
+        self.migrations.shutdown();
+        drop(self.sampler.take());
+    }
 }
 
 async fn controller(
@@ -244,7 +304,7 @@ async fn controller(
     health: Arc<Health>,
     webhook: Option<Arc<WebhookEndpoint>>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) {
+) -> Result<(), RunError> {
     let policies: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
     // Metadata is enough to know which CRD changed (and costs far less than the schemas).
     let crds: Api<PartialObjectMeta<CustomResourceDefinition>> = Api::all(client.clone());
@@ -270,7 +330,14 @@ async fn controller(
         settings.parallel_migrations,
     ));
     let traffic = TrafficMonitor::new(client.clone(), settings.traffic_sample_interval);
-    let sampler = tokio::spawn(traffic.clone().run());
+    let sampler = traffic.clone();
+    let mut stop_writers = StopWriters {
+        migrations: migrations.clone(),
+        sampler: Some(Essential::spawn("the traffic sampler", async move {
+            sampler.run().await;
+            Err("it returned".to_owned())
+        })),
+    };
     let context = Arc::new(Context {
         client,
         recorder,
@@ -284,7 +351,7 @@ async fn controller(
     });
     health.ready.store(true, Ordering::Relaxed);
     info!("controller started");
-    controller
+    let running = controller
         .watches(crds, watcher::Config::default().any_semantic(), move |crd| {
             policies_for_crd(&by_crd, &crd.name_any(), None)
         })
@@ -306,12 +373,16 @@ async fn controller(
             if let Err(error) = result {
                 warn!(error = %error, "controller error");
             }
-        })
-        .await;
-    // Interrupted migrations resume from their checkpoints under the next leader.
-    migrations.shutdown();
-    sampler.abort();
+        });
+    let mut sampler_only = Supervisor::default();
+    sampler_only.extend(stop_writers.sampler.take());
+    let result = tokio::select! {
+        () = running => Ok(()),
+        failed = sampler_only.first_failure() => Err(failed.into()),
+    };
+    drop(stop_writers);
     info!("controller stopped");
+    result
 }
 
 /// The policies in the cache that target `crd_name`, except `except`.

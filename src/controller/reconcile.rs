@@ -168,6 +168,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         .map(|t| t.at);
     ctx.metrics.set_next_transition(&name, next);
 
+    observation.recorded_history = recorded_history(ctx, &name, policy).await;
     let status = build_status(policy, &observation, now);
     write_status(ctx, &name, &status).await?;
     // Wake at the next transition, or when a held one may proceed by time alone.
@@ -403,6 +404,28 @@ pub fn competing_owner(
         .filter(|other| *other < mine)
         .min()
         .map(|(_, name)| name)
+}
+
+/// `status.history` as the apiserver has it, read past the cache (which lags behind our own
+/// writes); the cached one when the read fails.
+async fn recorded_history(
+    ctx: &Context,
+    name: &str,
+    cached: &VersionPolicy,
+) -> Vec<crate::api::HistoryEntry> {
+    let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(ctx.client.clone());
+    match api.get_opt(name).await {
+        Ok(Some(DeserializeGuard(Ok(fresh)))) => fresh.status.map(|s| s.history).unwrap_or_default(),
+        Ok(_) => Vec::new(),
+        Err(error) => {
+            warn!(policy = name, error = %error, "cannot read the policy's recorded history; using the cached one");
+            cached
+                .status
+                .as_ref()
+                .map(|s| s.history.clone())
+                .unwrap_or_default()
+        }
+    }
 }
 
 async fn write_status(

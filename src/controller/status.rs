@@ -100,6 +100,9 @@ pub struct Observation<'a> {
     pub dry_run_patch: Option<String>,
     /// Whether a storage-version migration of the CRD is running.
     pub migrating: bool,
+    /// `status.history` as the apiserver has it now (read fresh, not from the cache, which
+    /// may lag behind our own last write).
+    pub recorded_history: Vec<HistoryEntry>,
     /// Applied transitions that needed an approval, and who approved (field manager of
     /// the approval annotation) and when.
     pub approved: Vec<(String, MilestoneKind)>,
@@ -121,7 +124,8 @@ pub fn build_status(
 ) -> VersionPolicyStatus {
     let previous = policy.status.clone().unwrap_or_default();
     let generation = policy.metadata.generation;
-    let mut history = previous.history.clone();
+    // Only ever grows, whatever the cache: what the apiserver has, plus what the cache has.
+    let mut history = merge_history(&observation.recorded_history, &previous.history);
     history.extend(observation.applied.iter().map(|t| {
         let approval = observation
             .approved
@@ -189,6 +193,25 @@ pub fn build_status(
         preflight: None,
         traffic: observation.traffic.clone(),
     }
+}
+
+/// Every entry of either history once, oldest first; where both have an entry (same version,
+/// milestone and instant), the one that records an approver.
+pub fn merge_history(recorded: &[HistoryEntry], cached: &[HistoryEntry]) -> Vec<HistoryEntry> {
+    let key = |e: &HistoryEntry| (e.version.clone(), e.milestone, e.applied_at.0);
+    let mut merged: Vec<HistoryEntry> = recorded.to_vec();
+    for entry in cached {
+        match merged.iter_mut().find(|m| key(m) == key(entry)) {
+            Some(known) if known.approved_by.is_none() && entry.approved_by.is_some() => {
+                *known = entry.clone()
+            }
+            Some(_) => {}
+            None => merged.push(entry.clone()),
+        }
+    }
+    // Stable: entries applied at the same instant keep their order.
+    merged.sort_by_key(|e| e.applied_at.0);
+    merged
 }
 
 type ConditionParts = (&'static str, &'static str, &'static str, String);
@@ -334,4 +357,40 @@ fn version_statuses(
         }
     }
     statuses
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(version: &str, at: &str, approved_by: Option<&str>) -> HistoryEntry {
+        let at: Timestamp = at.parse().expect("instant");
+        HistoryEntry {
+            version: version.into(),
+            milestone: MilestoneKind::Store,
+            scheduled_at: Time(at),
+            applied_at: Time(at),
+            approved_by: approved_by.map(str::to_owned),
+            approved_at: None,
+        }
+    }
+
+    #[test]
+    fn merged_history_loses_nothing() {
+        let a = entry("v1beta1", "2026-01-05T00:00:00Z", None);
+        let b = entry("v1", "2026-02-01T00:00:00Z", Some("alice"));
+        // The apiserver has both; a stale cache has only the first, without the approver.
+        assert_eq!(
+            merge_history(&[a.clone(), b.clone()], std::slice::from_ref(&a)),
+            [a.clone(), b.clone()]
+        );
+        // The cache knows one the apiserver's copy lacks: both, in order.
+        assert_eq!(
+            merge_history(std::slice::from_ref(&b), std::slice::from_ref(&a)),
+            [a.clone(), b.clone()]
+        );
+        // The same entry: the copy with the approver wins.
+        let unapproved = entry("v1", "2026-02-01T00:00:00Z", None);
+        assert_eq!(merge_history(&[unapproved], std::slice::from_ref(&b)), [b]);
+    }
 }

@@ -118,3 +118,30 @@ async fn a_leader_whose_lease_was_taken_stops_at_once() {
         .expect("hold returns once the lease is taken");
     assert!(lost.to_string().contains("held by another replica"), "{lost}");
 }
+
+#[tokio::test]
+async fn a_leader_whose_renewal_hangs_stops_before_its_lease_expires() {
+    let h = Harness::new();
+    let mut settings = LeaseSettings::new("default".into(), "crd-lifecycle".into(), "replica-a".into());
+    settings.lease_duration = std::time::Duration::from_millis(1500);
+    settings.renew_deadline = std::time::Duration::from_millis(1000);
+    settings.retry_period = std::time::Duration::from_millis(100);
+    let leader = LeaderElector::new(h.fake.client(), settings);
+    leader.acquire().await;
+    let acquired = std::time::Instant::now();
+    // From now on every lease request hangs: no answer, no error.
+    h.fake.lock().leases_stall = true;
+    let lost = tokio::time::timeout(std::time::Duration::from_secs(5), leader.hold())
+        .await
+        .expect("hold returns although the renewal never answers");
+    let stopped = acquired.elapsed();
+    assert!(lost.to_string().contains("could not renew"), "{lost}");
+    // Stopped once the renew deadline passed, before another replica could take over
+    // (a lease duration after the last renewal).
+    assert!(stopped >= std::time::Duration::from_millis(900), "{stopped:?}");
+    assert!(stopped < std::time::Duration::from_millis(1500), "{stopped:?}");
+    // Releasing on the way out does not hang either.
+    tokio::time::timeout(std::time::Duration::from_secs(3), leader.release())
+        .await
+        .expect("release is bounded");
+}

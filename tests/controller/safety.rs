@@ -319,3 +319,32 @@ async fn deleting_a_policy_leaves_the_crd_as_it_is() {
     assert!(h.fake.crd_writes().is_empty());
     assert_eq!(h.fake.crd(CRD), before);
 }
+
+#[tokio::test]
+async fn history_only_grows_whatever_the_cache() {
+    let mut h = Harness::with_example();
+    h.at("2026-01-15T00:00:00Z");
+    // The cache as it was before the next transition's status write.
+    let stale: DeserializeGuard<VersionPolicy> =
+        serde_json::from_value(h.fake.policy("widgets")).expect("decodes");
+    h.reconcile("widgets").await;
+    h.at("2026-02-01T00:00:00Z");
+    h.reconcile("widgets").await;
+    let recorded = h.status("widgets")["history"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(!recorded.is_empty(), "transitions were recorded");
+
+    // A reconcile that sees the stale cache (e.g. right after our own CRD patch) keeps them.
+    reconcile(Arc::new(stale), h.ctx.clone())
+        .await
+        .expect("reconciles");
+    let after = h.status("widgets")["history"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for entry in &recorded {
+        assert!(after.contains(entry), "{entry} kept: {after:?}");
+    }
+}

@@ -364,3 +364,33 @@ fn convert_reports_objects_it_cannot_convert() {
     assert_eq!(output.status.code(), Some(2));
     assert!(text(&output.stderr).contains("the policy has no spec.conversion"));
 }
+
+#[test]
+fn run_exits_non_zero_when_the_metrics_address_is_taken() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = taken.local_addr().expect("address").to_string();
+    let kubeconfig = std::env::temp_dir().join(format!("crd-lifecycle-cli-{}.yaml", std::process::id()));
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"http://127.0.0.1:9\"}}]\n\
+         users: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n",
+    )
+    .expect("kubeconfig");
+    let output = run(
+        &[
+            "run",
+            "--kubeconfig",
+            kubeconfig.to_str().expect("path"),
+            "--metrics-addr",
+            &address,
+        ],
+        None,
+    );
+    let _ = std::fs::remove_file(&kubeconfig);
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("cannot serve metrics and probes on the --metrics-addr address"),
+        "{stderr}"
+    );
+}

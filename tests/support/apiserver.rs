@@ -101,6 +101,8 @@ pub struct State {
     pub policies: BTreeMap<String, Value>,
     pub events: Vec<Value>,
     pub leases: BTreeMap<String, Value>,
+    /// Lease requests get no answer (an apiserver or network that hangs).
+    pub leases_stall: bool,
     pub secrets: BTreeMap<String, Value>,
     pub requests: Vec<Recorded>,
     resource_version: u64,
@@ -387,6 +389,10 @@ impl FakeApiserver {
             state.requests.push(recorded.clone());
             return discovery(&mut state, group, version);
         }
+        if recorded.path.starts_with("/apis/coordination.k8s.io/") && self.lock().leases_stall {
+            self.lock().requests.push(recorded.clone());
+            std::future::pending::<()>().await;
+        }
         let custom = custom_resource(&mut self.lock(), &segments);
         if let Some(resource) = custom {
             if self.stalls(&resource) {
@@ -567,6 +573,12 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
                 .unwrap_or_default()
                 .to_owned();
             apply_policy_status(state, name, &manager, body)
+        }
+        ("GET", ["apis", "crdlifecycle.io", "v1alpha1", "versionpolicies", name]) => {
+            match state.policies.get(*name) {
+                Some(policy) => (200, policy.clone()),
+                None => not_found("versionpolicies.crdlifecycle.io", name),
+            }
         }
         ("POST", ["apis", "events.k8s.io", "v1", "namespaces", _, "events"]) => {
             state.events.push(body.clone());
