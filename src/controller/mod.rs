@@ -31,11 +31,12 @@ use kube::{Client, ResourceExt};
 use tracing::{error, info, warn};
 
 pub use error::{Error, status_code};
-pub use reconcile::{Clock, Context, competing_owner, error_policy, reconcile, requeue_after};
+pub use reconcile::{
+    Clock, Context, RELEASE_FINALIZER, competing_owner, error_policy, reconcile, requeue_after,
+};
 
 use crate::api::VersionPolicy;
 use http::Health;
-use kube::runtime::WatchStreamExt;
 use leader::{LeaderElector, LeaseSettings};
 use metrics::Metrics;
 use migrations::Migrations;
@@ -147,34 +148,22 @@ async fn start_webhook(
         },
     ));
 
-    let (reader, writer) = kube::runtime::reflector::store();
-    let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(client);
-    // With backoff: a watch error (e.g. missing RBAC) is retried, not spun on.
-    let stream = kube::runtime::reflector(
-        writer,
-        watcher(api, watcher::Config::default().any_semantic()).default_backoff(),
-    );
-    supervisor.add(Essential::spawn("the webhook's policy watch", async move {
-        stream
-            .for_each(|event| async move {
-                if let Err(error) = event {
-                    warn!(error = %error, "the conversion webhook's policy watch failed; retrying");
-                }
-            })
-            .await;
-        Err("the watch ended".to_owned())
+    let (cache, watches) = crate::webhook::CachedPolicies::watch(client);
+    supervisor.add(Essential::spawn("the conversion webhook's watches", async move {
+        watches.await;
+        Err("the watches ended".to_owned())
     }));
-    let policies: Arc<dyn crate::webhook::PolicySource> =
-        Arc::new(crate::webhook::CachedPolicies(reader.clone()));
+    let cache = Arc::new(cache);
+    let policies: Arc<dyn crate::webhook::PolicySource> = cache.clone();
     let serve = crate::webhook::serve(settings.address, certs, policies, shutdown);
     supervisor.add(Essential::spawn("the conversion webhook server", async move {
         serve.await.map_err(|error| error.to_string())
     }));
-    // Ready (and so in the Service) only once the webhook knows every policy: before that
-    // it would refuse reviews for policies it has not seen yet.
-    info!("waiting for the conversion webhook's policy cache");
+    // Ready (and so in the Service) only once the webhook knows every policy and every
+    // CRD's recorded conversion: before that it would refuse reviews it can answer.
+    info!("waiting for the conversion webhook's caches");
     tokio::select! {
-        ready = reader.wait_until_ready() => ready.map_err(|e| RunError::Webhook(e.to_string()))?,
+        ready = cache.wait_until_ready() => ready.map_err(|e| RunError::Webhook(e.to_string()))?,
         failed = supervisor.first_failure() => return Err(failed.into()),
     }
     Ok(endpoint)

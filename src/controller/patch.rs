@@ -11,6 +11,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 };
 use serde_json::{Value, json};
 
+use crate::conversion::{CRD_CONVERSION_ANNOTATION, CRD_CONVERSION_BEFORE_ANNOTATION, RecordedConversion};
 use crate::lifecycle::{DesiredVersion, Evaluation};
 
 /// The operations that make `crd` match `evaluation`, guarded by `test` operations on
@@ -76,19 +77,103 @@ fn flag_changes(
     }
 }
 
-/// Adds the operation that sets `spec.conversion` to `desired` when the CRD's differs
-/// (guarded like the rest); returns whether it did.
-pub fn add_conversion(ops: &mut Vec<Value>, crd: &CustomResourceDefinition, desired: &Value) -> bool {
+/// Adds the operations that point `spec.conversion` at the webhook (`desired`) and record
+/// the conversion on the CRD (guarded like the rest): the `crdlifecycle.io/conversion`
+/// annotation, and, the first time, the conversion the CRD had before in
+/// `crdlifecycle.io/conversion-before`. Returns whether `spec.conversion` changed.
+pub fn add_conversion(
+    ops: &mut Vec<Value>,
+    crd: &CustomResourceDefinition,
+    desired: &Value,
+    record: &RecordedConversion,
+) -> bool {
     let current = serde_json::to_value(&crd.spec.conversion).unwrap_or(Value::Null);
-    if current == *desired {
+    let annotations = crd.metadata.annotations.as_ref();
+    let recorded = RecordedConversion::from_annotations(annotations);
+    let conversion_changes = current != *desired;
+    let mut wanted: Vec<(&str, String)> = Vec::new();
+    if recorded.as_ref() != Some(record) {
+        wanted.push((
+            CRD_CONVERSION_ANNOTATION,
+            serde_json::to_string(record).unwrap_or_default(),
+        ));
+    }
+    // What to give back when the webhook is turned off: what the CRD had before any
+    // policy pointed it at the webhook (kept across later changes).
+    if recorded.is_none() && !annotations.is_some_and(|a| a.contains_key(CRD_CONVERSION_BEFORE_ANNOTATION)) {
+        let before = match current.clone() {
+            Value::Null => json!({"strategy": "None"}),
+            before => before,
+        };
+        wanted.push((CRD_CONVERSION_BEFORE_ANNOTATION, before.to_string()));
+    }
+    if !conversion_changes && wanted.is_empty() {
         return false;
     }
+    guard(ops, crd);
+    if conversion_changes {
+        ops.push(json!({"op": "add", "path": "/spec/conversion", "value": desired}));
+    }
+    set_annotations(ops, crd, &wanted, &[]);
+    conversion_changes
+}
+
+/// Gives the CRD back the conversion it had before the webhook took over, when this
+/// policy's webhook conversion is what it has (its `crdlifecycle.io/conversion` names the
+/// policy), and removes the records. Returns whether it did.
+pub fn restore_conversion(ops: &mut Vec<Value>, crd: &CustomResourceDefinition, policy: &str) -> bool {
+    let annotations = crd.metadata.annotations.as_ref();
+    if RecordedConversion::from_annotations(annotations).is_none_or(|r| r.policy != policy) {
+        return false;
+    }
+    let before = annotations
+        .and_then(|a| a.get(CRD_CONVERSION_BEFORE_ANNOTATION))
+        .and_then(|text| serde_json::from_str::<Value>(text).ok())
+        .unwrap_or_else(|| json!({"strategy": "None"}));
+    guard(ops, crd);
+    ops.push(json!({"op": "add", "path": "/spec/conversion", "value": before}));
+    set_annotations(
+        ops,
+        crd,
+        &[],
+        &[CRD_CONVERSION_ANNOTATION, CRD_CONVERSION_BEFORE_ANNOTATION],
+    );
+    true
+}
+
+/// Starts the patch with the resourceVersion guard if nothing else did.
+fn guard(ops: &mut Vec<Value>, crd: &CustomResourceDefinition) {
     if ops.is_empty() {
         let resource_version = crd.metadata.resource_version.clone().unwrap_or_default();
         ops.push(json!({"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}));
     }
-    ops.push(json!({"op": "add", "path": "/spec/conversion", "value": desired}));
-    true
+}
+
+/// Sets and removes annotations (JSON Pointer escapes `/` in keys as `~1`).
+fn set_annotations(
+    ops: &mut Vec<Value>,
+    crd: &CustomResourceDefinition,
+    set: &[(&str, String)],
+    remove: &[&str],
+) {
+    let existing = crd.metadata.annotations.as_ref();
+    let pointer = |key: &str| {
+        format!(
+            "/metadata/annotations/{}",
+            key.replace('~', "~0").replace('/', "~1")
+        )
+    };
+    if !set.is_empty() && existing.is_none() {
+        ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": {}}));
+    }
+    for (key, value) in set {
+        ops.push(json!({"op": "add", "path": pointer(key), "value": value}));
+    }
+    for key in remove {
+        if existing.is_some_and(|a| a.contains_key(*key)) {
+            ops.push(json!({"op": "remove", "path": pointer(key)}));
+        }
+    }
 }
 
 /// The patch as kube sends it.

@@ -12,19 +12,23 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
-use serde_json::json;
+use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use super::error::{Error, status_code};
 use super::gates;
 use super::metrics::Metrics;
 use super::migrations::Migrations;
-use super::patch::{add_conversion, as_json_patch, crd_patch};
+use super::patch::{add_conversion, as_json_patch, crd_patch, restore_conversion};
 use super::status::{BlockedReason, Observation, build_status};
 use super::traffic::TrafficMonitor;
 use super::webhook::WebhookEndpoint;
 use crate::api::{FIELD_MANAGER, MigrationPhase, MilestoneKind, TrafficStatus, VersionPolicy};
+use crate::conversion::RecordedConversion;
 use crate::lifecycle::{BlockReason, CompletedMigration, CrdState, Evaluation, Schedule, Transition};
+
+/// The finalizer that keeps a policy until its CRD is released.
+pub const RELEASE_FINALIZER: &str = "crdlifecycle.io/release-crd";
 
 /// How often a guarded patch is recomputed after the CRD changed under it, per reconcile.
 const PATCH_ATTEMPTS: usize = 3;
@@ -89,9 +93,9 @@ pub fn error_policy(
 async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Action, Error> {
     let name = policy.metadata.name.clone().ok_or(Error::MissingName)?;
     if policy.metadata.deletion_timestamp.is_some() {
-        // No finalizer: deleting a policy leaves the CRD as it is.
-        return Ok(Action::await_change());
+        return release(policy, ctx).await;
     }
+    ensure_finalizer(policy, ctx).await?;
     let now = ctx.now();
     let crd_name = policy.spec.crd_name.clone();
     let mut observation = Observation::default();
@@ -119,6 +123,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         observation.dry_run_patch = outcome.dry_run_patch;
         observation.traffic = outcome.traffic;
         observation.conversion_configured = outcome.conversion_changed;
+        observation.conversion_restored = outcome.conversion_restored;
         // A `store` waiting for its conversion preflight: run it in the background, once
         // the version is served (this reconcile's patch may just have introduced it).
         let waiting = evaluation.iter().flat_map(|e| &e.blocked).filter(|b| {
@@ -205,6 +210,8 @@ struct Applied {
     approved: Vec<(String, MilestoneKind)>,
     /// Whether the patch pointed the CRD's spec.conversion at the webhook.
     conversion_changed: bool,
+    /// Whether the patch gave the CRD back its conversion from before the webhook.
+    conversion_restored: bool,
 }
 
 /// Reads the CRD, evaluates the policy and applies the guarded patch, recomputing it when
@@ -256,10 +263,17 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 .map(|b| (BlockedReason::from(b.reason), b.message.clone())),
         );
         let mut ops = crd_patch(&crd, &evaluation);
-        // Keep spec.conversion pointed at this operator's webhook, in the same guarded patch.
-        if policy.spec.conversion.as_ref().is_some_and(|c| c.webhook.enabled) {
+        // Keep spec.conversion pointed at this operator's webhook, and the conversion it relies
+        // on recorded on the CRD, in the same guarded patch.
+        if let Some(conversion) = policy.spec.conversion.as_ref().filter(|c| c.webhook.enabled) {
+            let record = RecordedConversion {
+                policy: policy.name_any(),
+                conversion: conversion.clone(),
+            };
             match ctx.webhook.as_ref().map(|w| w.desired_conversion(&policy.name_any())) {
-                Some(Some(desired)) => outcome.conversion_changed = add_conversion(&mut ops, &crd, &desired),
+                Some(Some(desired)) => {
+                    outcome.conversion_changed = add_conversion(&mut ops, &crd, &desired, &record);
+                }
                 Some(None) => outcome.blocked.push((
                     BlockedReason::WebhookNotConfigured,
                     "the conversion webhook's certificate is not ready yet; spec.conversion is left as it is".to_owned(),
@@ -271,6 +285,10 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                         .to_owned(),
                 )),
             }
+        } else {
+            // The webhook was turned off (or spec.conversion removed): the CRD gets back the
+            // conversion it had before.
+            outcome.conversion_restored = restore_conversion(&mut ops, &crd, &policy.name_any());
         }
         let pending: Vec<Transition> = evaluation
             .pending_transitions(&state)
@@ -406,6 +424,134 @@ pub fn competing_owner(
         .map(|(_, name)| name)
 }
 
+/// Keeps the policy from disappearing before its CRD is released (see `release`).
+async fn ensure_finalizer(policy: &VersionPolicy, ctx: &Context) -> Result<(), Error> {
+    let finalizers = policy.metadata.finalizers.as_deref().unwrap_or_default();
+    if finalizers.iter().any(|f| f == RELEASE_FINALIZER) {
+        return Ok(());
+    }
+    let op = if policy.metadata.finalizers.is_none() {
+        json!({"op": "add", "path": "/metadata/finalizers", "value": [RELEASE_FINALIZER]})
+    } else {
+        json!({"op": "add", "path": "/metadata/finalizers/-", "value": RELEASE_FINALIZER})
+    };
+    patch_policy(ctx, &policy.name_any(), vec![op]).await
+}
+
+/// A deleted policy releases its CRD, then lets itself go. The CRD keeps every version and
+/// flag as it is. If it converts through this operator's webhook for this policy, it keeps
+/// doing so: the conversion is recorded on the CRD (`crdlifecycle.io/conversion`, written
+/// here if an older version of the operator did not), and the webhook serves it from there
+/// once the policy is gone, so every served version stays readable. Turning
+/// `spec.conversion.webhook.enabled` off before deleting hands conversion back instead.
+async fn release(policy: &VersionPolicy, ctx: &Context) -> Result<Action, Error> {
+    let name = policy.name_any();
+    let finalizers = policy.metadata.finalizers.clone().unwrap_or_default();
+    let Some(index) = finalizers.iter().position(|f| f == RELEASE_FINALIZER) else {
+        return Ok(Action::await_change());
+    };
+    let crd_name = &policy.spec.crd_name;
+    let note = match get_crd(ctx, crd_name).await? {
+        None => format!("VersionPolicy {name} deleted; CustomResourceDefinition {crd_name} does not exist"),
+        Some(crd) => match converting_for(&crd, &name) {
+            Some(current) => {
+                if let Some(conversion) = &policy.spec.conversion {
+                    let record = RecordedConversion {
+                        policy: name.clone(),
+                        conversion: conversion.clone(),
+                    };
+                    let mut ops = Vec::new();
+                    add_conversion(&mut ops, &crd, &current, &record);
+                    if !ops.is_empty()
+                        && let Err(error) = patch_crd(ctx, crd_name, ops).await
+                    {
+                        let message = format!(
+                            "cannot record the conversion of {crd_name} on it before releasing it ({error}); \
+                             the policy stays until it can, so that every version stays readable"
+                        );
+                        warn!(policy = name, "{message}");
+                        publish(ctx, policy, EventType::Warning, "CannotReleaseCRD", &message).await;
+                        let observation = Observation {
+                            blocked: vec![(BlockedReason::ReleasingCrd, message)],
+                            ..Observation::default()
+                        };
+                        let status = build_status(policy, &observation, ctx.now());
+                        let _ = write_status(ctx, &name, &status).await;
+                        return Err(error);
+                    }
+                }
+                format!(
+                    "VersionPolicy {name} deleted; {crd_name} keeps its versions as they are and keeps converting \
+                     through this operator's webhook, from its crdlifecycle.io/conversion annotation. To hand \
+                     conversion back, set spec.conversion.webhook.enabled: false before deleting the policy"
+                )
+            }
+            None => format!("VersionPolicy {name} deleted; {crd_name} keeps its versions as they are"),
+        },
+    };
+    info!(policy = name, "{note}");
+    publish(ctx, policy, EventType::Normal, "CRDReleased", &note).await;
+    ctx.metrics.set_blocked(&name, &[]);
+    ctx.metrics.set_next_transition(&name, None);
+    let ops = vec![
+        json!({"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": RELEASE_FINALIZER}),
+        json!({"op": "remove", "path": format!("/metadata/finalizers/{index}")}),
+    ];
+    match patch_policy(ctx, &name, ops).await {
+        // Gone already, or the finalizers changed: the next event tells.
+        Err(Error::Kube(error)) if matches!(status_code(&error), Some(404 | 409 | 422)) => {
+            Ok(Action::await_change())
+        }
+        other => other.map(|()| Action::await_change()),
+    }
+}
+
+/// The CRD's `spec.conversion` when it is this operator's webhook for `policy`.
+fn converting_for(crd: &CustomResourceDefinition, policy: &str) -> Option<Value> {
+    let conversion = crd.spec.conversion.as_ref()?;
+    let config = conversion.webhook.as_ref()?.client_config.as_ref()?;
+    let path = format!("/convert/{policy}");
+    let ours = config.service.as_ref().and_then(|s| s.path.as_deref()) == Some(path.as_str())
+        || config.url.as_deref().is_some_and(|u| u.ends_with(&path));
+    (conversion.strategy == "Webhook" && ours)
+        .then(|| serde_json::to_value(conversion).unwrap_or(Value::Null))
+}
+
+async fn patch_policy(ctx: &Context, name: &str, ops: Vec<Value>) -> Result<(), Error> {
+    let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(ctx.client.clone());
+    let patch = as_json_patch(&ops).map_err(|source| Error::Serialize {
+        what: "patch",
+        source,
+    })?;
+    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await?;
+    Ok(())
+}
+
+async fn patch_crd(ctx: &Context, name: &str, ops: Vec<Value>) -> Result<(), Error> {
+    let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
+    let patch = as_json_patch(&ops).map_err(|source| Error::Serialize {
+        what: "patch",
+        source,
+    })?;
+    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await?;
+    Ok(())
+}
+
+async fn publish(ctx: &Context, policy: &VersionPolicy, type_: EventType, reason: &str, note: &str) {
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(truncate(note.to_owned())),
+        action: "Release".to_owned(),
+        secondary: None,
+    };
+    if let Err(error) = ctx.recorder.publish(&event, &policy.object_ref(&())).await {
+        warn!(reason, error = %error, "cannot publish event");
+    }
+}
+
 /// `status.history` as the apiserver has it, read past the cache (which lags behind our own
 /// writes); the cached one when the read fails.
 async fn recorded_history(
@@ -465,6 +611,19 @@ pub(crate) async fn apply_status(
 /// reported as invalid instead of breaking the watch for every policy.
 async fn report_undecodable(invalid: &InvalidObject, ctx: &Context) -> Result<Action, Error> {
     let name = invalid.metadata.name.clone().ok_or(Error::MissingName)?;
+    // Its spec cannot be read, so there is nothing to release: let a deletion proceed (a
+    // conversion recorded on the CRD stays served from there).
+    if invalid.metadata.deletion_timestamp.is_some() {
+        let finalizers = invalid.metadata.finalizers.clone().unwrap_or_default();
+        if let Some(index) = finalizers.iter().position(|f| f == RELEASE_FINALIZER) {
+            let ops = vec![
+                json!({"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": RELEASE_FINALIZER}),
+                json!({"op": "remove", "path": format!("/metadata/finalizers/{index}")}),
+            ];
+            patch_policy(ctx, &name, ops).await?;
+        }
+        return Ok(Action::await_change());
+    }
     let now = ctx.now();
     let message = format!("the policy cannot be read: {}", invalid.error);
     let condition = |type_: &str, status: &str, reason: &str| {
@@ -530,6 +689,17 @@ async fn publish_events(
                 "{crd} now converts between versions through this operator's webhook (spec.conversion)"
             )),
             action: "ConfigureConversion".to_owned(),
+            secondary: None,
+        });
+    }
+    if observation.conversion_restored {
+        events.push(Event {
+            type_: EventType::Normal,
+            reason: "ConversionRestored".to_owned(),
+            note: Some(format!(
+                "{crd} has its spec.conversion from before this operator's webhook back (spec.conversion.webhook is off)"
+            )),
+            action: "RestoreConversion".to_owned(),
             secondary: None,
         });
     }

@@ -38,10 +38,12 @@ pub enum BlockedReason {
     /// The policy wants the conversion webhook but this controller does not serve one
     /// (or its certificate is not ready yet).
     WebhookNotConfigured,
+    /// The policy is being deleted and its CRD cannot be released yet.
+    ReleasingCrd,
 }
 
 impl BlockedReason {
-    pub const ALL: [BlockedReason; 11] = [
+    pub const ALL: [BlockedReason; 12] = [
         BlockedReason::CrdNotFound,
         BlockedReason::InvalidPolicy,
         BlockedReason::Conflict,
@@ -53,6 +55,7 @@ impl BlockedReason {
         BlockedReason::AwaitingPreflight,
         BlockedReason::ConversionPreflightFailed,
         BlockedReason::WebhookNotConfigured,
+        BlockedReason::ReleasingCrd,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -68,6 +71,7 @@ impl BlockedReason {
             BlockedReason::AwaitingPreflight => "AwaitingPreflight",
             BlockedReason::ConversionPreflightFailed => "ConversionPreflightFailed",
             BlockedReason::WebhookNotConfigured => "WebhookNotConfigured",
+            BlockedReason::ReleasingCrd => "ReleasingCRD",
         }
     }
 }
@@ -111,6 +115,8 @@ pub struct Observation<'a> {
     pub traffic: Vec<TrafficStatus>,
     /// Whether this reconcile pointed the CRD's spec.conversion at the webhook.
     pub conversion_configured: bool,
+    /// Whether this reconcile gave the CRD back its conversion from before the webhook.
+    pub conversion_restored: bool,
 }
 
 /// The status to write. Condition transition times and history are carried over from the

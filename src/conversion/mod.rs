@@ -24,6 +24,32 @@ pub use path::FieldPath;
 /// The annotation holding what a version cannot hold.
 pub const CONVERSION_DATA_ANNOTATION: &str = "crdlifecycle.io/conversion-data";
 
+/// The annotation on a CRD recording the conversion its `spec.conversion` relies on (a
+/// `RecordedConversion` as JSON), written in the same guarded patch that points the CRD at
+/// the webhook: the webhook still finds it after the policy is gone.
+pub const CRD_CONVERSION_ANNOTATION: &str = "crdlifecycle.io/conversion";
+
+/// The annotation on a CRD recording its `spec.conversion` from before the webhook took
+/// over (JSON), restored when the policy turns its webhook off.
+pub const CRD_CONVERSION_BEFORE_ANNOTATION: &str = "crdlifecycle.io/conversion-before";
+
+/// The conversion a CRD relies on, as recorded on it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RecordedConversion {
+    /// The VersionPolicy that configured it (the webhook path is `/convert/<policy>`).
+    pub policy: String,
+    /// Its declarative conversion.
+    pub conversion: ConversionSpec,
+}
+
+impl RecordedConversion {
+    /// The record on a CRD, from its annotations.
+    pub fn from_annotations(annotations: Option<&BTreeMap<String, String>>) -> Option<RecordedConversion> {
+        let text = annotations?.get(CRD_CONVERSION_ANNOTATION)?;
+        serde_json::from_str(text).ok()
+    }
+}
+
 /// `namespace/name` (or `name`) of an object, for messages.
 pub fn object_name(object: &Value) -> String {
     let name = object

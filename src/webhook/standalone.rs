@@ -3,13 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use futures::StreamExt;
-use kube::Api;
-use kube::core::DeserializeGuard;
-use kube::runtime::{reflector, watcher};
-
 use super::{CachedPolicies, CertStore, PolicySource, StaticPolicies, certs};
-use crate::api::VersionPolicy;
 use crate::cli::StandaloneWebhookArgs;
 use crate::{kubeclient, manifest};
 
@@ -19,11 +13,10 @@ pub async fn run(args: &StandaloneWebhookArgs) -> Result<(), String> {
         let client = kubeclient::client(&args.cluster)
             .await
             .map_err(|e| e.to_string())?;
-        let (reader, writer) = reflector::store();
-        let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(client);
-        let stream = reflector(writer, watcher(api, watcher::Config::default().any_semantic()));
-        tokio::spawn(stream.for_each(|_| async {}));
-        Arc::new(CachedPolicies(reader))
+        let (cache, watches) = CachedPolicies::watch(client);
+        tokio::spawn(watches);
+        cache.wait_until_ready().await.map_err(|e| e.to_string())?;
+        Arc::new(cache)
     } else {
         let mut loaded = Vec::new();
         for path in &args.policy {

@@ -207,7 +207,14 @@ fn rustls_pem_to_der(pem: &str) -> Vec<u8> {
 mod crd_conversion {
     use std::sync::Arc;
 
+    use crd_lifecycle::api::VersionPolicy;
+    use crd_lifecycle::controller::{RELEASE_FINALIZER, reconcile};
     use crd_lifecycle::controller::{WebhookEndpoint, WebhookTarget};
+    use crd_lifecycle::conversion::{CRD_CONVERSION_ANNOTATION, CRD_CONVERSION_BEFORE_ANNOTATION};
+    use crd_lifecycle::webhook::{self, CachedPolicies, PolicySource};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::core::{DeserializeGuard, PartialObjectMeta};
+    use kube::runtime::{reflector, watcher};
     use serde_json::json;
 
     use crate::{Harness, yaml};
@@ -274,6 +281,173 @@ mod crd_conversion {
             .edit_crd(CRD, |crd| crd["spec"]["conversion"] = json!({"strategy": "None"}));
         h.reconcile("gadgets").await;
         assert_eq!(h.fake.crd(CRD)["spec"]["conversion"]["strategy"], "Webhook");
+    }
+
+    fn configured() -> Harness {
+        let mut h = harness();
+        let endpoint = Arc::new(WebhookEndpoint::new(
+            WebhookTarget::parse_service("crd-lifecycle/crd-lifecycle-webhook").expect("service"),
+        ));
+        endpoint.set_ca_bundle("-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n".into());
+        h.serve_webhook(endpoint);
+        h
+    }
+
+    /// The webhook as `run` serves it: no policy left in its cache, only the CRDs' metadata.
+    fn webhook_without_the_policy(crd: &serde_json::Value) -> Arc<dyn PolicySource> {
+        let (policies, _) = reflector::store::<DeserializeGuard<VersionPolicy>>();
+        let (crds, mut writer) = reflector::store::<PartialObjectMeta<CustomResourceDefinition>>();
+        let meta: PartialObjectMeta<CustomResourceDefinition> = serde_json::from_value(
+            json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                                          "metadata": crd["metadata"]}),
+        )
+        .expect("metadata");
+        writer.apply_watcher_event(&watcher::Event::Apply(meta));
+        Arc::new(CachedPolicies { policies, crds })
+    }
+
+    #[tokio::test]
+    async fn the_conversion_is_recorded_on_the_crd_in_the_same_patch() {
+        let mut h = configured();
+        h.at("2026-01-20T00:00:00Z");
+        h.reconcile("gadgets").await;
+        assert_eq!(h.fake.crd_writes().len(), 1, "one guarded patch");
+        let annotations = &h.fake.crd(CRD)["metadata"]["annotations"];
+        let recorded: serde_json::Value =
+            serde_json::from_str(annotations[CRD_CONVERSION_ANNOTATION].as_str().expect("recorded"))
+                .expect("json");
+        assert_eq!(recorded["policy"], "gadgets");
+        assert_eq!(recorded["conversion"]["changes"][0]["from"], "v1alpha1");
+        assert_eq!(
+            annotations[CRD_CONVERSION_BEFORE_ANNOTATION],
+            json!({"strategy": "None"}).to_string(),
+            "what the CRD had before"
+        );
+    }
+
+    #[tokio::test]
+    async fn deleting_the_policy_keeps_every_version_readable() {
+        let mut h = configured();
+        h.at("2026-01-20T00:00:00Z");
+        h.reconcile("gadgets").await;
+        assert_eq!(
+            h.fake.policy("gadgets")["metadata"]["finalizers"],
+            json!([RELEASE_FINALIZER])
+        );
+        let conversion = h.fake.crd(CRD)["spec"]["conversion"].clone();
+
+        // `kubectl delete vp gadgets`: the finalizer releases the CRD, then the policy goes.
+        h.fake.delete_policy("gadgets");
+        h.reconcile("gadgets").await;
+        assert!(h.fake.policy("gadgets").is_null(), "deleted once released");
+        let crd = h.fake.crd(CRD);
+        assert_eq!(
+            crd["spec"]["conversion"], conversion,
+            "still converting through the webhook"
+        );
+        let released = h
+            .fake
+            .event_summaries()
+            .into_iter()
+            .find(|(_, r, _)| r == "CRDReleased")
+            .expect("an event");
+        assert!(released.2.contains("keeps converting"), "{released:?}");
+
+        // The webhook still answers /convert/gadgets, from the CRD's record.
+        let review = json!({"kind": "ConversionReview", "apiVersion": "apiextensions.k8s.io/v1",
+            "request": {"uid": "u1", "desiredAPIVersion": "example.com/v1",
+                        "objects": [super::gadget("v1alpha1", "g1", json!({"size": 3}))]}});
+        let (code, answer) = webhook::review(
+            review.to_string().as_bytes(),
+            "gadgets",
+            &webhook_without_the_policy(&crd),
+        );
+        assert_eq!(code, 200);
+        let answer = serde_json::to_value(answer).expect("json");
+        assert_eq!(answer["response"]["result"]["status"], "Success", "{answer}");
+        assert_eq!(
+            answer["response"]["convertedObjects"][0]["spec"]["scale"]["replicas"],
+            3
+        );
+    }
+
+    #[tokio::test]
+    async fn a_release_that_cannot_record_the_conversion_yet_holds_the_policy() {
+        let mut h = configured();
+        h.at("2026-01-20T00:00:00Z");
+        h.reconcile("gadgets").await;
+        // As an older operator left it: pointed at the webhook, nothing recorded.
+        h.fake
+            .edit_crd(CRD, |crd| crd["metadata"]["annotations"] = json!({}));
+        h.fake.delete_policy("gadgets");
+        h.fake.fail_next_crd_patch(500, "etcd is unavailable");
+        let object: DeserializeGuard<VersionPolicy> =
+            serde_json::from_value(h.fake.policy("gadgets")).expect("decodes");
+        let result = reconcile(Arc::new(object), h.ctx.clone()).await;
+        assert!(result.is_err(), "retried");
+        assert!(
+            !h.fake.policy("gadgets").is_null(),
+            "kept until the CRD is released"
+        );
+        let (status, reason, message) = h.condition("gadgets", "Blocked");
+        assert_eq!((status.as_str(), reason.as_str()), ("True", "ReleasingCRD"));
+        assert!(message.contains("cannot record the conversion"), "{message}");
+        assert!(
+            h.fake
+                .event_summaries()
+                .iter()
+                .any(|(t, r, _)| t == "Warning" && r == "CannotReleaseCRD")
+        );
+
+        // The next attempt records it, then lets the policy go.
+        h.reconcile("gadgets").await;
+        assert!(h.fake.policy("gadgets").is_null());
+        let annotations = &h.fake.crd(CRD)["metadata"]["annotations"];
+        assert!(
+            annotations[CRD_CONVERSION_ANNOTATION]
+                .as_str()
+                .is_some_and(|r| r.contains("\"gadgets\""))
+        );
+    }
+
+    #[tokio::test]
+    async fn turning_the_webhook_off_restores_the_conversion_the_crd_had() {
+        let mut h = configured();
+        h.at("2026-01-20T00:00:00Z");
+        h.reconcile("gadgets").await;
+        assert_eq!(h.fake.crd(CRD)["spec"]["conversion"]["strategy"], "Webhook");
+        h.edit_policy("gadgets", |p| {
+            p["spec"]["conversion"]["webhook"]["enabled"] = json!(false)
+        });
+        h.reconcile("gadgets").await;
+        let crd = h.fake.crd(CRD);
+        assert_eq!(crd["spec"]["conversion"], json!({"strategy": "None"}));
+        let annotations = crd["metadata"]["annotations"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            !annotations.contains_key(CRD_CONVERSION_ANNOTATION),
+            "{annotations:?}"
+        );
+        assert!(!annotations.contains_key(CRD_CONVERSION_BEFORE_ANNOTATION));
+        assert!(
+            h.fake
+                .event_summaries()
+                .iter()
+                .any(|(_, r, _)| r == "ConversionRestored")
+        );
+        // And so does removing spec.conversion, after turning it on again.
+        h.edit_policy("gadgets", |p| {
+            p["spec"]["conversion"]["webhook"]["enabled"] = json!(true)
+        });
+        h.reconcile("gadgets").await;
+        assert_eq!(h.fake.crd(CRD)["spec"]["conversion"]["strategy"], "Webhook");
+        h.edit_policy("gadgets", |p| {
+            p["spec"].as_object_mut().expect("spec").remove("conversion");
+        });
+        h.reconcile("gadgets").await;
+        assert_eq!(h.fake.crd(CRD)["spec"]["conversion"], json!({"strategy": "None"}));
     }
 
     #[tokio::test]

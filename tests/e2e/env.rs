@@ -186,15 +186,52 @@ impl Env {
         }
     }
 
+    /// `kubectl delete vp NAME` (the controller's finalizer then releases the CRD).
+    pub async fn delete_policy(&self, name: &str) -> Outcome {
+        self.policy_api()
+            .delete(name, &DeleteParams::default())
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Whether the policy still exists (deleted ones may wait for their finalizer).
+    pub async fn policy_exists(&self, name: &str) -> Result<bool, String> {
+        self.policy_api()
+            .get_opt(name)
+            .await
+            .map(|p| p.is_some())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Deletes a policy; if the controller does not release it within 10 s (it may be
+    /// stopped already), clears its finalizers so that nothing is left behind.
+    async fn delete_policy_for_cleanup(&self, name: &str) -> Result<(), kube::Error> {
+        let api: Api<kube::core::DynamicObject> = self.policy_api();
+        api.delete(name, &DeleteParams::default()).await?;
+        for _ in 0..20 {
+            if api.get_opt(name).await?.is_none() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        println!("e2e: {name} was not released in 10 s; clearing its finalizers");
+        let patch = serde_json::json!({"metadata": {"finalizers": null}});
+        api.patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// Deletes what the last scenario created (on success and on failure).
     pub async fn cleanup_scenario(&self) {
         let items: Vec<Cleanup> = self.cleanup.lock().expect("lock").drain(..).collect();
         for item in items.into_iter().rev() {
             let result = match &item {
-                Cleanup::Policy(name) => {
-                    let api: Api<kube::core::DynamicObject> = self.policy_api();
-                    api.delete(name, &DeleteParams::default()).await.map(|_| ())
-                }
+                Cleanup::Policy(name) => self.delete_policy_for_cleanup(name).await,
                 Cleanup::Crd(name) => {
                     let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
                     api.delete(name, &DeleteParams::default()).await.map(|_| ())

@@ -612,5 +612,23 @@ pub async fn conversion_webhook(env: &Env) -> Outcome {
             );
         }
     }
+
+    // Deleting the policy leaves every served version readable: the CRD keeps converting
+    // through the webhook, from the conversion recorded on it.
+    env.delete_policy(&name).await?;
+    wait_for(
+        "the policy releases its CRD and goes",
+        Duration::from_secs(30),
+        || async { Ok(!env.policy_exists(&name).await?) },
+    )
+    .await?;
+    for version in ["v1alpha1", "v1beta1", "v1"] {
+        let objects = env.list_via(&crd, version).await?;
+        ensure!(
+            objects.len() == count,
+            "after the policy was deleted: {} objects through {version}, {count} created",
+            objects.len()
+        );
+    }
     Ok(())
 }

@@ -237,6 +237,11 @@ impl FakeApiserver {
         state.policies.insert(name, policy);
     }
 
+    /// `kubectl delete vp NAME`.
+    pub fn delete_policy(&self, name: &str) {
+        delete_policy(&mut self.lock(), name);
+    }
+
     pub fn policy(&self, name: &str) -> Value {
         self.lock().policies.get(name).cloned().unwrap_or(Value::Null)
     }
@@ -574,6 +579,12 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
                 .to_owned();
             apply_policy_status(state, name, &manager, body)
         }
+        ("PATCH", ["apis", "crdlifecycle.io", "v1alpha1", "versionpolicies", name]) => {
+            patch_policy(state, name, body)
+        }
+        ("DELETE", ["apis", "crdlifecycle.io", "v1alpha1", "versionpolicies", name]) => {
+            delete_policy(state, name)
+        }
         ("GET", ["apis", "crdlifecycle.io", "v1alpha1", "versionpolicies", name]) => {
             match state.policies.get(*name) {
                 Some(policy) => (200, policy.clone()),
@@ -801,6 +812,57 @@ fn apply_policy_status(state: &mut State, name: &str, manager: &str, body: Value
     }
     policy["metadata"]["resourceVersion"] = rv.into();
     (200, policy.clone())
+}
+
+/// JSON Patch on a policy (its finalizers). Finalizers follow Kubernetes' documented
+/// semantics (no recorded sample): an object being deleted goes once its last finalizer is
+/// removed.
+fn patch_policy(state: &mut State, name: &str, body: Value) -> (u16, Value) {
+    let rv = state.next_resource_version();
+    let Some(mut policy) = state.policies.get(name).cloned() else {
+        return not_found("versionpolicies.crdlifecycle.io", name);
+    };
+    let Ok(patch) = serde_json::from_value::<json_patch::Patch>(body) else {
+        return (400, status_body(400, "BadRequest", "invalid JSON Patch"));
+    };
+    if json_patch::patch(&mut policy, &patch).is_err() {
+        return (
+            422,
+            status_body(
+                422,
+                "Invalid",
+                "the server rejected our request due to an error in our request",
+            ),
+        );
+    }
+    policy["metadata"]["resourceVersion"] = rv.into();
+    let unfinalized = policy["metadata"]["finalizers"]
+        .as_array()
+        .is_none_or(Vec::is_empty);
+    if policy["metadata"].get("deletionTimestamp").is_some() && unfinalized {
+        state.policies.remove(name);
+    } else {
+        state.policies.insert(name.to_owned(), policy.clone());
+    }
+    (200, policy)
+}
+
+/// DELETE of a policy: with finalizers it only gets a deletionTimestamp.
+fn delete_policy(state: &mut State, name: &str) -> (u16, Value) {
+    let rv = state.next_resource_version();
+    let Some(policy) = state.policies.get_mut(name) else {
+        return not_found("versionpolicies.crdlifecycle.io", name);
+    };
+    if policy["metadata"]["finalizers"]
+        .as_array()
+        .is_some_and(|f| !f.is_empty())
+    {
+        policy["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        policy["metadata"]["resourceVersion"] = rv.into();
+        return (200, policy.clone());
+    }
+    let removed = state.policies.remove(name).unwrap_or(Value::Null);
+    (200, removed)
 }
 
 fn create_lease(state: &mut State, mut body: Value) -> (u16, Value) {
