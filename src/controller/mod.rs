@@ -91,21 +91,24 @@ async fn start_webhook(
 ) -> Result<Arc<WebhookEndpoint>, RunError> {
     let endpoint = Arc::new(WebhookEndpoint::new(settings.target.clone()));
     let certs = Arc::new(CertStore::default());
+    let rotation = Arc::new(std::sync::Mutex::new(webhook::CaRotation::default()));
     let refresh = {
-        let (client, endpoint, certs, source) = (
+        let (client, endpoint, certs, source, rotation) = (
             client.clone(),
             endpoint.clone(),
             certs.clone(),
             settings.certificates.clone(),
+            rotation.clone(),
         );
         let names = settings.target.certificate_names();
         move || {
-            let (client, endpoint, certs, source, names) = (
+            let (client, endpoint, certs, source, names, rotation) = (
                 client.clone(),
                 endpoint.clone(),
                 certs.clone(),
                 source.clone(),
                 names.clone(),
+                rotation.clone(),
             );
             async move {
                 let loaded = match &source {
@@ -119,16 +122,20 @@ async fn start_webhook(
                             .map_err(|e| e.to_string())
                     }
                 };
-                match loaded.and_then(|(cert, key, ca)| certs.set_pem(&cert, &key).map(|()| ca)) {
-                    Ok(ca) => {
-                        endpoint.set_ca_bundle(ca);
-                        Ok(())
+                let result = match loaded {
+                    Ok((cert, key, ca)) => {
+                        let set = webhook::CertificateSet { cert, key, ca };
+                        webhook::refresh(set, &rotation, &endpoint, &client, |s| {
+                            certs.set_pem(&s.cert, &s.key)
+                        })
+                        .await
                     }
-                    Err(error) => {
-                        warn!(error = %error, "cannot load the conversion webhook's certificates");
-                        Err(error)
-                    }
+                    Err(error) => Err(error),
+                };
+                if let Err(error) = &result {
+                    warn!(error = %error, "cannot load the conversion webhook's certificates");
                 }
+                result.map(|_| ())
             }
         }
     };
@@ -297,7 +304,15 @@ async fn controller(
     let policies: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
     // Metadata is enough to know which CRD changed (and costs far less than the schemas).
     let crds: Api<PartialObjectMeta<CustomResourceDefinition>> = Api::all(client.clone());
-    let controller = Controller::new(policies.clone(), watcher::Config::default().any_semantic());
+    let mut controller = Controller::new(policies.clone(), watcher::Config::default().any_semantic());
+    // A new CA bundle (a CA rotation) reaches every CRD at once, not at the next resync.
+    if let Some(endpoint) = &webhook {
+        let changes = futures::stream::unfold(endpoint.bundle_changes(), |mut changes| async move {
+            changes.changed().await.ok()?;
+            Some(((), changes))
+        });
+        controller = controller.reconcile_all_on(changes);
+    }
     let store = controller.store();
 
     // A CRD event (including the migrator trimming status.storedVersions) reconciles the

@@ -451,6 +451,68 @@ mod crd_conversion {
     }
 
     #[tokio::test]
+    async fn a_new_ca_reaches_ca_bundle_before_the_serving_certificate_changes() {
+        use crd_lifecycle::controller::webhook::{CaRotation, CertificateSet, Rotation, refresh};
+        let mut h = harness();
+        let endpoint = Arc::new(WebhookEndpoint::new(
+            WebhookTarget::parse_service("crd-lifecycle/crd-lifecycle-webhook").expect("service"),
+        ));
+        let rotation = std::sync::Mutex::new(CaRotation::default());
+        let served = std::sync::Mutex::new(Vec::<String>::new());
+        let serve = |set: &CertificateSet| {
+            served.lock().expect("lock").push(set.cert.clone());
+            Ok(())
+        };
+        let files = |n: u8, ca: u8| CertificateSet {
+            cert: format!("serving-{n}"),
+            key: format!("key-{n}"),
+            ca: format!("-----BEGIN CERTIFICATE-----\nCA{ca}\n-----END CERTIFICATE-----\n"),
+        };
+        let client = h.ctx.client.clone();
+        let ca_bundle = |h: &Harness| {
+            let encoded =
+                h.fake.crd(CRD)["spec"]["conversion"]["webhook"]["clientConfig"]["caBundle"].clone();
+            let bytes: k8s_openapi::ByteString = serde_json::from_value(encoded).expect("base64");
+            String::from_utf8(bytes.0).expect("pem")
+        };
+
+        let first = refresh(files(1, 1), &rotation, &endpoint, &client, serve)
+            .await
+            .expect("loads");
+        assert!(matches!(first, Rotation::Serve(_)));
+        let mut changes = endpoint.bundle_changes();
+        changes.mark_unchanged();
+        h.serve_webhook(endpoint.clone());
+        h.at("2026-01-20T00:00:00Z");
+        h.reconcile("gadgets").await;
+        assert!(ca_bundle(&h).contains("CA1"));
+
+        // cert-manager rotates the CA: the new serving certificate waits, its CA is appended.
+        let rotated = refresh(files(2, 2), &rotation, &endpoint, &client, serve)
+            .await
+            .expect("loads");
+        assert_eq!(rotated, Rotation::Pending, "the CRD does not trust CA2 yet");
+        assert_eq!(*served.lock().expect("lock"), ["serving-1"]);
+        assert!(
+            changes.has_changed().expect("open"),
+            "every policy is reconciled at once"
+        );
+        h.reconcile("gadgets").await;
+        let bundle = ca_bundle(&h);
+        assert!(
+            bundle.contains("CA1") && bundle.contains("CA2"),
+            "appended: {bundle}"
+        );
+
+        // Every CRD trusts CA2 now: its certificate is served.
+        let next = refresh(files(2, 2), &rotation, &endpoint, &client, serve)
+            .await
+            .expect("loads");
+        assert!(matches!(next, Rotation::Serve(_)));
+        assert_eq!(*served.lock().expect("lock"), ["serving-1", "serving-2"]);
+    }
+
+    #[tokio::test]
     async fn without_a_webhook_the_policy_says_so_and_the_conversion_is_left_alone() {
         let mut h = harness();
         h.at("2026-01-20T00:00:00Z");

@@ -526,6 +526,12 @@ fn plain_not_found() -> Response<Body> {
 fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) -> (u16, Value) {
     match (request.method.as_str(), segments) {
         ("GET", ["version"]) => (200, json!({"major": "1", "minor": "21", "gitVersion": "v1.21.0"})),
+        ("GET", ["apis", "apiextensions.k8s.io", "v1", "customresourcedefinitions"]) => (
+            200,
+            json!({"kind": "CustomResourceDefinitionList", "apiVersion": "apiextensions.k8s.io/v1",
+                   "metadata": {"resourceVersion": state.resource_version.to_string()},
+                   "items": state.crds.values().cloned().collect::<Vec<_>>()}),
+        ),
         (
             "GET",
             [
