@@ -191,9 +191,9 @@ impl CaRotation {
     /// A set was read (from files, or a Secret).
     pub fn load(&mut self, set: CertificateSet) -> Rotation {
         let known = self.trusted.iter().any(|ca| ca.trim() == set.ca.trim());
-        if self.serving.is_none()
-            || (known && self.pending.as_ref().is_none_or(|p| p.ca.trim() == set.ca.trim()))
-        {
+        // At once: the first set, or one the CA in use signed (a renewal). Any other CA,
+        // even one already in the bundle, waits until every CRD is seen to trust it.
+        if self.serving.as_ref().is_none_or(|s| s.ca.trim() == set.ca.trim()) {
             if !known {
                 self.trusted = vec![set.ca.clone()];
             }
