@@ -145,3 +145,43 @@ async fn a_leader_whose_renewal_hangs_stops_before_its_lease_expires() {
         .await
         .expect("release is bounded");
 }
+
+#[tokio::test]
+async fn run_ends_before_the_lease_expires_when_the_renewal_hangs() {
+    use crd_lifecycle::controller::{RunError, RunSettings, run};
+    let h = Harness::with_example();
+    let mut lease = LeaseSettings::new("default".into(), "crd-lifecycle".into(), "replica-a".into());
+    lease.lease_duration = std::time::Duration::from_millis(1500);
+    lease.renew_deadline = std::time::Duration::from_millis(1000);
+    lease.retry_period = std::time::Duration::from_millis(100);
+    let settings = RunSettings {
+        metrics_address: "127.0.0.1:0".parse().expect("address"),
+        lease: Some(lease),
+        resync: std::time::Duration::from_secs(600),
+        identity: "replica-a".into(),
+        parallel_migrations: 1,
+        traffic_sample_interval: std::time::Duration::from_secs(60),
+        webhook: None,
+    };
+    let running = tokio::spawn(run(h.fake.client(), settings));
+    // It leads once it holds the lease; then the lease endpoint stops answering.
+    for _ in 0..100 {
+        if h.fake.lock().leases.contains_key("crd-lifecycle") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let stalled = std::time::Instant::now();
+    h.fake.lock().leases_stall = true;
+    let result = tokio::time::timeout(std::time::Duration::from_secs(5), running)
+        .await
+        .expect("run returns although the renewal never answers")
+        .expect("no panic");
+    assert!(matches!(result, Err(RunError::LeaseLost(_))), "{result:?}");
+    // Before another replica could take over (a lease duration after the last renewal).
+    assert!(
+        stalled.elapsed() < std::time::Duration::from_millis(1500),
+        "{:?}",
+        stalled.elapsed()
+    );
+}
