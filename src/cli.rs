@@ -91,10 +91,22 @@ pub struct MigrateArgs {
     #[arg(long)]
     pub dry_run: bool,
 
+    /// Send the no-op rewrites to this subresource (`status`) instead of the main resource,
+    /// for CRDs whose admission webhooks reject main-resource writes.
+    #[arg(long, value_enum)]
+    pub subresource: Option<RewriteThrough>,
+
     /// Longest wait for one request's answer, in seconds; a request that takes longer is
     /// retried.
     #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub request_timeout: u64,
+}
+
+/// Where `migrate` sends its rewrites.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RewriteThrough {
+    /// The `/status` subresource.
+    Status,
 }
 
 /// Arguments of `crd-lifecycle run`.

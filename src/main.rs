@@ -96,6 +96,7 @@ async fn run_migrate(args: MigrateArgs) -> Result<(), (u8, String)> {
             Mode::Rewrite
         },
         request_timeout: std::time::Duration::from_secs(args.request_timeout),
+        through_status: args.subresource.is_some(),
         ..migrate::Settings::default()
     };
     let display = migrate::command::ProgressDisplay::for_stderr(&args.crd);

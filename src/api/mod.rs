@@ -304,6 +304,21 @@ pub struct MigrationSettings {
     /// new storage version; any failure holds the switch. Only with `enabled`.
     #[serde(default = "default_true")]
     pub preflight: bool,
+
+    /// Where the no-op rewrite goes: `status` sends it to the `/status` subresource (which
+    /// also stores the whole object in the storage version), for CRDs whose admission
+    /// webhooks reject writes of the main resource. The storage version needs a status
+    /// subresource. Unset: the main resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subresource: Option<RewriteSubresource>,
+}
+
+/// A subresource the migrator's rewrites can go through.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RewriteSubresource {
+    /// `/status`.
+    Status,
 }
 
 impl Default for MigrationSettings {
@@ -314,6 +329,7 @@ impl Default for MigrationSettings {
             page_size: default_page_size(),
             qps: 0,
             preflight: true,
+            subresource: None,
         }
     }
 }

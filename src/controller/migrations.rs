@@ -337,6 +337,7 @@ impl Migrations {
             page_size: settings.page_size,
             qps: settings.qps,
             mode: Mode::Rewrite,
+            through_status: settings.subresource == Some(crate::api::RewriteSubresource::Status),
             resume,
             retry: self.retry.clone(),
             settle: self.settle.clone(),

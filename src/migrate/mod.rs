@@ -111,6 +111,8 @@ pub struct Settings {
     /// With `Mode::Preflight`: read through this version instead of the storage version
     /// (the version a `store` is about to switch to).
     pub through_version: Option<String>,
+    /// With `Mode::Rewrite`: send rewrites to the `/status` subresource.
+    pub through_status: bool,
 }
 
 impl Default for Settings {
@@ -128,6 +130,7 @@ impl Default for Settings {
             max_restarts: 3,
             max_expired_in_a_row: 10,
             through_version: None,
+            through_status: false,
         }
     }
 }
@@ -466,7 +469,10 @@ async fn read_target(
         crd: crd_name.to_owned(),
         reason,
     };
-    let target = Target::from_crd(&crd).map_err(unmigratable)?;
+    let mut target = Target::from_crd(&crd).map_err(unmigratable)?;
+    if settings.through_status && settings.mode == Mode::Rewrite {
+        target = target.through_status(&crd).map_err(unmigratable)?;
+    }
     match through {
         Some(version) => target.through(&crd, version).map_err(unmigratable),
         None => Ok(target),

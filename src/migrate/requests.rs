@@ -167,11 +167,14 @@ impl Requester<'_> {
     /// precondition, so an object written since it was listed answers 409 (12).
     pub async fn rewrite(&self, target: &Target, object: &ObjectKey) -> Answer {
         let patch = json!({"metadata": {"resourceVersion": object.resource_version}});
-        let request = kube::core::Request::new(target.collection_path(object.namespace.as_deref())).patch(
-            &object.name,
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        );
+        let collection = kube::core::Request::new(target.collection_path(object.namespace.as_deref()));
+        let params = PatchParams::default();
+        let request = match target.subresource.as_deref() {
+            Some(subresource) => {
+                collection.patch_subresource(subresource, &object.name, &params, &Patch::Merge(&patch))
+            }
+            None => collection.patch(&object.name, &params, &Patch::Merge(&patch)),
+        };
         self.answer(request).await
     }
 

@@ -20,6 +20,8 @@ pub struct Target {
     pub generation: Option<i64>,
     /// The CRD's `status.storedVersions` when the run started.
     pub stored_versions: Vec<String>,
+    /// Rewrites go through this subresource (`status`) instead of the main resource.
+    pub subresource: Option<String>,
 }
 
 impl Target {
@@ -55,7 +57,29 @@ impl Target {
                 .as_ref()
                 .and_then(|s| s.stored_versions.clone())
                 .unwrap_or_default(),
+            subresource: None,
         })
+    }
+
+    /// Sends rewrites through the `/status` subresource, which the storage version must
+    /// have (apiserver-samples/31: a no-op patch there re-encodes the whole object too).
+    pub fn through_status(mut self, crd: &CustomResourceDefinition) -> Result<Target, String> {
+        let has_status = crd
+            .spec
+            .versions
+            .iter()
+            .find(|v| v.name == self.storage_version)
+            .and_then(|v| v.subresources.as_ref())
+            .is_some_and(|s| s.status.is_some());
+        if !has_status {
+            return Err(format!(
+                "rewrites through /status need a status subresource, and the storage version {} of {} has none \
+                 (spec.versions[].subresources.status); rewrite through the main resource instead",
+                self.storage_version, self.crd
+            ));
+        }
+        self.subresource = Some("status".to_owned());
+        Ok(self)
     }
 
     /// Reads through another (served) version of the CRD instead of the storage version.

@@ -256,3 +256,29 @@ async fn the_migration_after_a_store_waits_for_the_apiserver_to_switch() {
     wait_until("status written", || migration(&h)["phase"] == "Succeeded").await;
     assert_eq!(migration(&h)["rewritten"], 200);
 }
+
+#[tokio::test]
+async fn the_policy_can_send_rewrites_through_status() {
+    let mut h = Harness::with_example_and_objects(50);
+    h.fake.edit_crd(CRD, |crd| {
+        for version in crd["spec"]["versions"].as_array_mut().expect("versions") {
+            version["subresources"] = json!({"status": {}});
+        }
+    });
+    h.edit_policy("widgets", |p| {
+        p["spec"]["migration"]["subresource"] = json!("status");
+        p["spec"]["migration"]["preflight"] = json!(false);
+    });
+    h.at("2026-02-01T00:00:00Z");
+    h.reconcile("widgets").await;
+    wait_until("migrated to v1", || h.stored_versions() == json!(["v1"])).await;
+    let rewrites: Vec<_> = h
+        .fake
+        .object_requests()
+        .into_iter()
+        .filter(|r| r.method == "PATCH")
+        .collect();
+    assert_eq!(rewrites.len(), 50);
+    assert!(rewrites.iter().all(|r| r.path.ends_with("/status")));
+    assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 50)].into());
+}

@@ -1095,3 +1095,45 @@ async fn the_fake_answers_discovery_and_expiry_as_recorded() {
         first["items"][0]["metadata"]["name"]
     );
 }
+
+#[tokio::test]
+async fn rewrites_can_go_through_the_status_subresource() {
+    let fake = cluster(20);
+    let through_status = Settings {
+        through_status: true,
+        ..settings(10)
+    };
+    // The storage version has no status subresource: a clear failure, nothing written.
+    let error = migrate::migrate(&fake.client(), CRD, &through_status, &migrate::Quiet)
+        .await
+        .expect_err("refused");
+    assert!(
+        error
+            .to_string()
+            .contains("need a status subresource, and the storage version v1"),
+        "{error}"
+    );
+    assert!(fake.object_requests().iter().all(|r| r.method == "GET"));
+
+    fake.edit_crd(CRD, |crd| {
+        crd["spec"]["versions"][1]["subresources"] = json!({"status": {}})
+    });
+    let report = migrate::migrate(&fake.client(), CRD, &through_status, &migrate::Quiet)
+        .await
+        .expect("runs");
+    assert!(report.succeeded(), "{}", report.summary());
+    let rewrites: Vec<_> = fake
+        .object_requests()
+        .into_iter()
+        .filter(|r| r.method == "PATCH")
+        .collect();
+    assert_eq!(rewrites.len(), 20);
+    assert!(
+        rewrites.iter().all(|r| r.path.ends_with("/status")),
+        "{}",
+        rewrites[0].path
+    );
+    // Sample 31: the whole object is stored in the storage version.
+    assert_eq!(fake.encodings(CRD), [("v1".to_owned(), 20)].into());
+    assert_eq!(stored_versions(&fake), json!(["v1"]));
+}

@@ -912,17 +912,21 @@ struct CustomRequest {
     plural: String,
     namespace: Option<String>,
     name: Option<String>,
+    /// `status` for requests to the `/status` subresource.
+    subresource: Option<String>,
 }
 
 fn custom_resource(state: &mut State, segments: &[&str]) -> Option<CustomRequest> {
     let ["apis", group, version, rest @ ..] = segments else {
         return None;
     };
-    let (namespace, plural, name) = match rest {
-        [plural] => (None, *plural, None),
-        ["namespaces", ns, plural] => (Some(*ns), *plural, None),
-        ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name)),
-        [plural, name] => (None, *plural, Some(*name)),
+    let (namespace, plural, name, subresource) = match rest {
+        [plural] => (None, *plural, None, None),
+        ["namespaces", ns, plural] => (Some(*ns), *plural, None, None),
+        ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name), None),
+        ["namespaces", ns, plural, name, "status"] => (Some(*ns), *plural, Some(*name), Some("status")),
+        [plural, name] => (None, *plural, Some(*name), None),
+        [plural, name, "status"] => (None, *plural, Some(*name), Some("status")),
         _ => return None,
     };
     let crd_name = state
@@ -934,6 +938,10 @@ fn custom_resource(state: &mut State, segments: &[&str]) -> Option<CustomRequest
     let crd = &state.effective_crd(&crd_name)?;
     let versions = crd["spec"]["versions"].as_array()?;
     let entry = versions.iter().find(|v| v["name"] == *version)?;
+    // Only a version with a status subresource serves `/status`.
+    if subresource.is_some() && entry["subresources"]["status"].is_null() {
+        return None;
+    }
     let storage = versions.iter().find(|v| v["storage"] == true)?["name"]
         .as_str()?
         .to_owned();
@@ -950,6 +958,7 @@ fn custom_resource(state: &mut State, segments: &[&str]) -> Option<CustomRequest
         plural: (*plural).to_owned(),
         namespace: namespace.map(str::to_owned),
         name: name.map(str::to_owned),
+        subresource: subresource.map(str::to_owned),
     })
 }
 
@@ -1021,7 +1030,8 @@ fn serve_custom(state: &mut State, request: &Recorded, target: &CustomRequest) -
                 let (code, body) = conflict(&resource, name);
                 return respond(code, &body);
             }
-            // Encoded again in the storage version of the apiserver answering. When that
+            // Through the main resource or `/status` alike (sample 31): encoded again in the
+            // storage version of the apiserver answering. When that
             // gives the bytes already stored, etcd3's store writes nothing and the
             // resourceVersion stays (its GuaranteedUpdate skips an unchanged value; no sample
             // records this: sample 11 shows a rewrite that did change the encoding).
