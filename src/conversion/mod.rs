@@ -208,6 +208,48 @@ impl Converter {
         Converter::new(spec, &chain, &[])
     }
 
+    /// Where a field of `from_version` (its path as segments, e.g. `["spec", "size"]`) is in
+    /// `to_version`: renames applied step by step; `None` when a step drops it (removed going
+    /// up, added going down). A version outside the chain keeps the path as it is.
+    pub fn translate_path(
+        &self,
+        path: &[String],
+        from_version: &str,
+        to_version: &str,
+    ) -> Option<Vec<String>> {
+        let position = |v: &str| self.versions.iter().position(|known| known == v);
+        let (Some(from), Some(to)) = (position(from_version), position(to_version)) else {
+            return Some(path.to_vec());
+        };
+        let under = |path: &[String], field: &FieldPath| path.starts_with(field.segments());
+        let moved = |path: &[String], from: &FieldPath, to: &FieldPath| {
+            let mut moved = to.segments().to_vec();
+            moved.extend_from_slice(&path[from.depth()..]);
+            moved
+        };
+        let mut path = path.to_vec();
+        if from < to {
+            for step in &self.steps[from..to] {
+                if step.removed.iter().any(|r| under(&path, r)) {
+                    return None;
+                }
+                if let Some((old, new)) = step.renamed.iter().find(|(old, _)| under(&path, old)) {
+                    path = moved(&path, old, new);
+                }
+            }
+        } else {
+            for step in self.steps[to..from].iter().rev() {
+                if step.added.iter().any(|(added, _)| under(&path, added)) {
+                    return None;
+                }
+                if let Some((old, new)) = step.renamed.iter().find(|(_, new)| under(&path, new)) {
+                    path = moved(&path, new, old);
+                }
+            }
+        }
+        Some(path)
+    }
+
     /// The versions of the chain, oldest first.
     pub fn versions(&self) -> &[String] {
         &self.versions

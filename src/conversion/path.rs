@@ -112,6 +112,11 @@ impl FieldPath {
     pub fn depth(&self) -> usize {
         self.0.len()
     }
+
+    /// The segments.
+    pub fn segments(&self) -> &[String] {
+        &self.0
+    }
 }
 
 impl fmt::Display for FieldPath {

@@ -9,6 +9,7 @@
 
 pub mod command;
 mod discovery;
+pub mod managed_fields;
 mod progress;
 
 mod requests;

@@ -384,3 +384,30 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn field_paths_follow_renames_across_the_chain() {
+    let c = converter();
+    let path = |p: &str| p.split('.').map(str::to_owned).collect::<Vec<_>>();
+    // Up: size → replicas → scale.replicas; a removed field has no counterpart.
+    assert_eq!(
+        c.translate_path(&path("spec.size"), "v1alpha1", "v1"),
+        Some(path("spec.scale.replicas"))
+    );
+    assert_eq!(c.translate_path(&path("spec.legacyMode"), "v1alpha1", "v1"), None);
+    assert_eq!(
+        c.translate_path(&path("spec.note"), "v1alpha1", "v1"),
+        Some(path("spec.note"))
+    );
+    // Down: back the same way; a field added later has none.
+    assert_eq!(
+        c.translate_path(&path("spec.scale.replicas"), "v1", "v1alpha1"),
+        Some(path("spec.size"))
+    );
+    assert_eq!(c.translate_path(&path("spec.color"), "v1", "v1alpha1"), None);
+    // A version outside the chain: unchanged.
+    assert_eq!(
+        c.translate_path(&path("spec.size"), "v0", "v1"),
+        Some(path("spec.size"))
+    );
+}
