@@ -42,6 +42,11 @@ pub enum Command {
     /// Rewrite every object of a CRD into its storage version, then trim
     /// status.storedVersions (exit 0 only when trimmed, 1 on failures, 2 on bad arguments).
     Migrate(MigrateArgs),
+    /// Repair objects whose metadata.managedFields still name a version the CRD no longer
+    /// has (every server-side apply of them fails with 500 "request to convert CR to an
+    /// invalid group/version"): rewrite those entries into the storage version (exit 0 when
+    /// every object is clean, 1 on failures, 2 on bad arguments).
+    RepairManagedFields(RepairArgs),
 }
 
 /// Arguments of `crd-lifecycle convert`.
@@ -95,6 +100,38 @@ pub struct MigrateArgs {
     /// for CRDs whose admission webhooks reject main-resource writes.
     #[arg(long, value_enum)]
     pub subresource: Option<RewriteThrough>,
+
+    /// Longest wait for one request's answer, in seconds; a request that takes longer is
+    /// retried.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub request_timeout: u64,
+}
+
+/// Arguments of `crd-lifecycle repair-managed-fields`.
+#[derive(Args, Debug, Clone)]
+pub struct RepairArgs {
+    /// The CustomResourceDefinition, e.g. widgets.example.com.
+    #[arg(value_name = "CRD_NAME")]
+    pub crd: String,
+
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+
+    /// Count the objects that need a repair; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub concurrency: u32,
+
+    /// Requests per second, lists included; 0 for no limit.
+    #[arg(long, default_value_t = 0)]
+    pub qps: u32,
+
+    /// Objects per list request.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub page_size: u32,
 
     /// Longest wait for one request's answer, in seconds; a request that takes longer is
     /// retried.

@@ -2,7 +2,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use crd_lifecycle::cli::{Cli, Command, LogFormat, MigrateArgs, RunArgs};
+use crd_lifecycle::cli::{Cli, Command, LogFormat, MigrateArgs, RepairArgs, RunArgs};
 use crd_lifecycle::controller::leader::LeaseSettings;
 use crd_lifecycle::controller::{self, CertificateSource, RunSettings, WebhookSettings, WebhookTarget};
 use crd_lifecycle::migrate::{self, Mode};
@@ -37,6 +37,10 @@ fn main() -> ExitCode {
         Command::Migrate(args) => {
             init_logging(cli.log_format);
             block_on(run_migrate(args))
+        }
+        Command::RepairManagedFields(args) => {
+            init_logging(cli.log_format);
+            block_on(run_repair(args))
         }
     };
     match result {
@@ -99,8 +103,38 @@ async fn run_migrate(args: MigrateArgs) -> Result<(), (u8, String)> {
         through_status: args.subresource.is_some(),
         ..migrate::Settings::default()
     };
-    let display = migrate::command::ProgressDisplay::for_stderr(&args.crd);
-    let result = migrate::migrate(&client, &args.crd, &settings, &display).await;
+    run_with_progress(&client, &args.crd, &settings).await
+}
+
+async fn run_repair(args: RepairArgs) -> Result<(), (u8, String)> {
+    let client = kubeclient::client(&args.cluster)
+        .await
+        .map_err(|e| (1, e.to_string()))?;
+    let settings = migrate::Settings {
+        concurrency: usize::try_from(args.concurrency).unwrap_or(16),
+        page_size: args.page_size,
+        qps: args.qps,
+        mode: Mode::CleanManagedFields,
+        managed_fields: migrate::ManagedFieldsCleanup {
+            versions: None,
+            conversion: None,
+            dry_run: args.dry_run,
+        },
+        request_timeout: std::time::Duration::from_secs(args.request_timeout),
+        ..migrate::Settings::default()
+    };
+    run_with_progress(&client, &args.crd, &settings).await
+}
+
+/// Runs the migrator with a progress display, prints the summary and the first failures,
+/// and maps the outcome to the exit code (0 done, 1 failures, 2 a missing CRD).
+async fn run_with_progress(
+    client: &kube::Client,
+    crd: &str,
+    settings: &migrate::Settings,
+) -> Result<(), (u8, String)> {
+    let display = migrate::command::ProgressDisplay::for_stderr(crd);
+    let result = migrate::migrate(client, crd, settings, &display).await;
     display.finish();
     match result {
         Ok(report) => {
@@ -117,7 +151,11 @@ async fn run_migrate(args: MigrateArgs) -> Result<(), (u8, String)> {
                     report.counts.failed - report.failures.len() as u64
                 );
             }
-            Err((1, "the migration did not complete".to_owned()))
+            let what = match settings.mode {
+                Mode::CleanManagedFields => "the repair",
+                Mode::Rewrite | Mode::Preflight => "the migration",
+            };
+            Err((1, format!("{what} did not complete")))
         }
         Err(error @ migrate::Error::CrdNotFound(_)) => Err((EXIT_INVALID_INPUT, error.to_string())),
         Err(error) => Err((1, error.to_string())),

@@ -49,6 +49,21 @@ pub enum Mode {
     Rewrite,
     /// Only read it through the storage version (conversion preflight); write nothing.
     Preflight,
+    /// Rewrite the `metadata.managedFields` entries that name stale versions so that they
+    /// name the storage version (see `Settings::managed_fields`); no trim.
+    CleanManagedFields,
+}
+
+/// Which managedFields entries a `Mode::CleanManagedFields` run rewrites.
+#[derive(Clone, Debug, Default)]
+pub struct ManagedFieldsCleanup {
+    /// The versions whose entries are rewritten (a version about to be removed); `None`:
+    /// every version the CRD no longer has (repairing objects after a removal).
+    pub versions: Option<Vec<String>>,
+    /// The policy's declarative conversion, to translate the entries' field paths.
+    pub conversion: Option<crate::api::ConversionSpec>,
+    /// Count the objects that need a rewrite; write nothing.
+    pub dry_run: bool,
 }
 
 /// How requests that may succeed later are retried: 5xx, 429 (after its `Retry-After`),
@@ -114,6 +129,8 @@ pub struct Settings {
     pub through_version: Option<String>,
     /// With `Mode::Rewrite`: send rewrites to the `/status` subresource.
     pub through_status: bool,
+    /// With `Mode::CleanManagedFields`: which entries.
+    pub managed_fields: ManagedFieldsCleanup,
 }
 
 impl Default for Settings {
@@ -132,6 +149,7 @@ impl Default for Settings {
             max_expired_in_a_row: 10,
             through_version: None,
             through_status: false,
+            managed_fields: ManagedFieldsCleanup::default(),
         }
     }
 }
@@ -164,6 +182,8 @@ pub enum Outcome {
     /// Every object was rewritten but the CRD changed during the run, so
     /// `status.storedVersions` was left untouched.
     NotTrimmed { reason: String },
+    /// No object's managedFields names a stale version any more.
+    ManagedFieldsCleaned,
 }
 
 /// The result of a run.
@@ -180,6 +200,8 @@ pub struct Report {
     pub restarts: usize,
     /// Expired continue tokens (etcd compactions) the listing went on from.
     pub expired_tokens: usize,
+    /// A managedFields cleanup that only counted (wrote nothing).
+    pub dry_run: bool,
     pub elapsed: Duration,
 }
 
@@ -188,7 +210,10 @@ impl Report {
     pub fn succeeded(&self) -> bool {
         matches!(
             self.outcome,
-            Outcome::Trimmed { .. } | Outcome::AlreadyMigrated | Outcome::PreflightPassed
+            Outcome::Trimmed { .. }
+                | Outcome::AlreadyMigrated
+                | Outcome::PreflightPassed
+                | Outcome::ManagedFieldsCleaned
         )
     }
 
@@ -199,10 +224,11 @@ impl Report {
             "{} listed, {} {}, {} skipped, {} failed in {:.1}s",
             c.listed,
             c.rewritten,
-            if matches!(self.outcome, Outcome::PreflightPassed) {
-                "converted"
-            } else {
-                "rewritten"
+            match self.mode {
+                Mode::Preflight => "converted",
+                Mode::CleanManagedFields if self.dry_run => "need a repair",
+                Mode::CleanManagedFields => "repaired",
+                Mode::Rewrite => "rewritten",
             },
             c.skipped,
             c.failed,
@@ -229,11 +255,20 @@ impl Report {
                 "preflight of {} through {}: every object converts ({counts})",
                 target.crd, target.version
             ),
+            Outcome::ManagedFieldsCleaned if self.dry_run => format!(
+                "dry run, nothing written: managedFields of {}: {counts}",
+                target.crd
+            ),
+            Outcome::ManagedFieldsCleaned => format!(
+                "managedFields of {} name only versions it serves from now on: {counts}",
+                target.crd
+            ),
             Outcome::Failed => {
                 let first: Vec<String> = self.failures.iter().take(3).map(ToString::to_string).collect();
                 let what = match self.mode {
                     Mode::Rewrite => format!("migration of {} to {}", target.crd, target.version),
                     Mode::Preflight => format!("preflight of {} through {}", target.crd, target.version),
+                    Mode::CleanManagedFields => format!("managedFields cleanup of {}", target.crd),
                 };
                 format!(
                     "{what} failed: {counts}; status.storedVersions left untouched; first failures: {}",
@@ -340,6 +375,7 @@ pub async fn migrate(
                 failures: Vec::new(),
                 restarts,
                 expired_tokens,
+                dry_run: settings.managed_fields.dry_run,
                 elapsed: started.elapsed(),
             });
         }
@@ -361,7 +397,7 @@ pub async fn migrate(
         // preflight only reads through a version the apiserver already serves.
         let expect = match settings.mode {
             Mode::Rewrite => Expect::Storage,
-            Mode::Preflight => Expect::Served,
+            Mode::Preflight | Mode::CleanManagedFields => Expect::Served,
         };
         discovery::wait(&requester, &target, expect, &settings.settle).await?;
         info!(crd = crd_name, storage = %target.storage_version, mode = ?settings.mode, "migration started");
@@ -385,13 +421,16 @@ pub async fn migrate(
             failures: failures.clone(),
             restarts,
             expired_tokens,
+            dry_run: settings.managed_fields.dry_run,
             elapsed: started.elapsed(),
         };
         if counts.failed > 0 {
             return Ok(report(Outcome::Failed));
         }
-        if settings.mode == Mode::Preflight {
-            return Ok(report(Outcome::PreflightPassed));
+        match settings.mode {
+            Mode::Preflight => return Ok(report(Outcome::PreflightPassed)),
+            Mode::CleanManagedFields => return Ok(report(Outcome::ManagedFieldsCleaned)),
+            Mode::Rewrite => {}
         }
         match trim(&requester, &target, settings).await? {
             TrimResult::Trimmed(previous) => return Ok(report(Outcome::Trimmed { previous })),
@@ -663,8 +702,12 @@ impl Run<'_> {
     /// caller follows its fresh token).
     async fn fetch(&self, token: Option<String>) -> Result<requests::Page, Answer> {
         self.with_retries(|| {
-            self.requester
-                .list_page(self.target, self.settings.page_size, token.as_deref())
+            self.requester.list_page(
+                self.target,
+                self.settings.page_size,
+                token.as_deref(),
+                self.settings.mode == Mode::CleanManagedFields,
+            )
         })
         .await
     }
@@ -684,6 +727,58 @@ impl Run<'_> {
                 warn!(crd = %self.target.crd, "{}; retrying in {wait:?}", describe(answer));
             })
             .await
+    }
+
+    /// Rewrites the object's stale managedFields entries with a guarded JSON Patch (the
+    /// resourceVersion it was read at is tested); an object changed since is read again (a
+    /// failed `test` answers 422, as apiserver-samples/03). `Ok(false)`: nothing to rewrite.
+    async fn clean_managed_fields(&self, key: &ObjectKey) -> Result<bool, Answer> {
+        let cleanup = &self.settings.managed_fields;
+        let converter = cleanup
+            .conversion
+            .as_ref()
+            .and_then(|spec| crate::conversion::Converter::for_spec(spec).ok());
+        let storage = self.target.storage_version.as_str();
+        let translate = move |path: &[String], from: &str| match &converter {
+            Some(converter) => converter.translate_path(path, from, storage),
+            None => Some(path.to_vec()),
+        };
+        let (mut resource_version, mut entries) = (key.resource_version.clone(), key.managed_fields.clone());
+        for _ in 0..3 {
+            let stale: std::collections::BTreeSet<String> = match &cleanup.versions {
+                Some(versions) => versions.iter().cloned().collect(),
+                None => managed_fields::named_versions(&entries, &self.target.group)
+                    .into_iter()
+                    .filter(|v| !self.target.versions.contains(v))
+                    .collect(),
+            };
+            let rewrite = managed_fields::Rewrite {
+                group: &self.target.group,
+                stale: &stale,
+                into: storage,
+                translate: &translate,
+            };
+            let Some(rewritten) = rewrite.apply(&entries) else {
+                return Ok(false);
+            };
+            if cleanup.dry_run {
+                return Ok(true);
+            }
+            match self
+                .requester
+                .replace_managed_fields(self.target, key, &resource_version, &rewritten)
+                .await
+            {
+                Answer::Ok => return Ok(true),
+                Answer::Status { code: 422, .. } => {
+                    (resource_version, entries) = self.requester.managed_fields(self.target, key).await?;
+                }
+                other => return Err(other),
+            }
+        }
+        Err(Answer::Transport(format!(
+            "{key} kept changing while its managedFields were being rewritten"
+        )))
     }
 
     async fn process_object(&self, page: usize, key: ObjectKey) -> (usize, Processed, ObjectKey) {
@@ -708,6 +803,11 @@ impl Run<'_> {
                 let answer = match self.settings.mode {
                     Mode::Rewrite => self.requester.rewrite(self.target, key).await,
                     Mode::Preflight => self.requester.read(self.target, key).await,
+                    Mode::CleanManagedFields => match self.clean_managed_fields(key).await {
+                        Ok(true) => Answer::Ok,
+                        Ok(false) => return Ok(Processed::Skipped),
+                        Err(answer) => answer,
+                    },
                 };
                 match classify(&answer) {
                     Verdict::Done => Ok(Processed::Done),

@@ -22,6 +22,8 @@ pub struct ObjectKey {
     pub namespace: Option<String>,
     pub name: String,
     pub resource_version: String,
+    /// Its `metadata.managedFields` (JSON), when a managedFields cleanup asked for them.
+    pub managed_fields: Vec<Value>,
 }
 
 impl std::fmt::Display for ObjectKey {
@@ -88,6 +90,7 @@ impl Requester<'_> {
         target: &Target,
         page_size: u32,
         token: Option<&str>,
+        with_managed_fields: bool,
     ) -> Result<Page, Answer> {
         let mut params = ListParams::default().limit(page_size);
         if let Some(token) = token {
@@ -103,6 +106,13 @@ impl Requester<'_> {
             .items
             .into_iter()
             .map(|item| ObjectKey {
+                managed_fields: match (with_managed_fields, &item.metadata.managed_fields) {
+                    (true, Some(entries)) => entries
+                        .iter()
+                        .filter_map(|e| serde_json::to_value(e).ok())
+                        .collect(),
+                    _ => Vec::new(),
+                },
                 namespace: item.metadata.namespace,
                 name: item.metadata.name.unwrap_or_default(),
                 resource_version: item.metadata.resource_version.unwrap_or_default(),
@@ -176,6 +186,53 @@ impl Requester<'_> {
             None => collection.patch(&object.name, &params, &Patch::Merge(&patch)),
         };
         self.answer(request).await
+    }
+
+    /// Replaces the object's `metadata.managedFields` with `entries`, guarded by a `test` of
+    /// the resourceVersion it was read at (a JSON Patch of managedFields repairs an object,
+    /// apiserver-samples/29).
+    pub async fn replace_managed_fields(
+        &self,
+        target: &Target,
+        object: &ObjectKey,
+        resource_version: &str,
+        entries: &[Value],
+    ) -> Answer {
+        let ops: json_patch::Patch = match serde_json::from_value(json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+            {"op": "replace", "path": "/metadata/managedFields", "value": entries},
+        ])) {
+            Ok(ops) => ops,
+            Err(e) => return Answer::Transport(e.to_string()),
+        };
+        let request = kube::core::Request::new(target.collection_path(object.namespace.as_deref())).patch(
+            &object.name,
+            &PatchParams::default(),
+            &Patch::<()>::Json(ops),
+        );
+        self.answer(request).await
+    }
+
+    /// The object's resourceVersion and managedFields, read again.
+    pub async fn managed_fields(
+        &self,
+        target: &Target,
+        object: &ObjectKey,
+    ) -> Result<(String, Vec<Value>), Answer> {
+        let request = kube::core::Request::new(target.collection_path(object.namespace.as_deref()))
+            .get(&object.name, &Default::default())
+            .map_err(|e| Answer::Transport(e.to_string()))?;
+        let body: Value = serde_json::from_slice(&self.send(request).await?)
+            .map_err(|e| Answer::Transport(format!("cannot decode {object}: {e}")))?;
+        let resource_version = body["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let entries = body["metadata"]["managedFields"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        Ok((resource_version, entries))
     }
 
     /// Reads one object through the storage version, which runs its conversion (a

@@ -22,6 +22,8 @@ pub struct Target {
     pub stored_versions: Vec<String>,
     /// Rewrites go through this subresource (`status`) instead of the main resource.
     pub subresource: Option<String>,
+    /// Every version in the CRD's `spec.versions`.
+    pub versions: Vec<String>,
 }
 
 impl Target {
@@ -58,6 +60,7 @@ impl Target {
                 .and_then(|s| s.stored_versions.clone())
                 .unwrap_or_default(),
             subresource: None,
+            versions: crd.spec.versions.iter().map(|v| v.name.clone()).collect(),
         })
     }
 

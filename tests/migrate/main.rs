@@ -1137,3 +1137,234 @@ async fn rewrites_can_go_through_the_status_subresource() {
     assert_eq!(fake.encodings(CRD), [("v1".to_owned(), 20)].into());
     assert_eq!(stored_versions(&fake), json!(["v1"]));
 }
+
+/// An entry as a server-side apply through `version` leaves it (sample 29).
+fn applied_through(version: &str, manager: &str, field: &str) -> Value {
+    json!({"apiVersion": format!("example.com/{version}"), "fieldsType": "FieldsV1",
+           "fieldsV1": {"f:spec": {format!("f:{field}"): {}}}, "manager": manager, "operation": "Apply",
+           "time": "2026-11-23T11:19:00Z"})
+}
+
+fn cleanup(versions: Option<Vec<&str>>, conversion: Option<Value>) -> Settings {
+    Settings {
+        mode: Mode::CleanManagedFields,
+        managed_fields: migrate::ManagedFieldsCleanup {
+            versions: versions.map(|v| v.into_iter().map(str::to_owned).collect()),
+            conversion: conversion.map(|c| serde_json::from_value(c).expect("conversion")),
+            dry_run: false,
+        },
+        ..settings(10)
+    }
+}
+
+#[tokio::test]
+async fn a_cleanup_names_the_storage_version_and_translates_renamed_fields() {
+    let fake = cluster(30);
+    for i in 0..10 {
+        let name = format!("w{i:05}");
+        fake.set_managed_fields(
+            CRD,
+            &format!("ns{}", i % 3),
+            &name,
+            vec![applied_through("v1alpha1", "gitops", "size")],
+        );
+    }
+    let conversion = json!({"changes": [{"from": "v1alpha1", "to": "v1", "renamed": [{"from": "spec.size", "to": "spec.replicas"}]}]});
+    let report = migrate::migrate(
+        &fake.client(),
+        CRD,
+        &cleanup(Some(vec!["v1alpha1"]), Some(conversion)),
+        &migrate::Quiet,
+    )
+    .await
+    .expect("runs");
+    assert_eq!(
+        report.outcome,
+        Outcome::ManagedFieldsCleaned,
+        "{}",
+        report.summary()
+    );
+    assert_eq!(
+        (report.counts.rewritten, report.counts.skipped),
+        (10, 20),
+        "only the objects that needed it"
+    );
+    let entries = fake.managed_fields(CRD, "ns0", "w00000");
+    assert_eq!(entries[0]["apiVersion"], "example.com/v1");
+    assert_eq!(
+        entries[0]["fieldsV1"],
+        json!({"f:spec": {"f:replicas": {}}}),
+        "the manager still owns the field"
+    );
+    assert_eq!(entries[0]["manager"], "gitops");
+    // Each write was guarded by the resourceVersion it was read at.
+    let patch = fake
+        .object_requests()
+        .into_iter()
+        .find(|r| r.method == "PATCH")
+        .expect("a write");
+    assert_eq!(patch.content_type, "application/json-patch+json");
+    assert_eq!(patch.body[0]["op"], "test");
+    assert_eq!(patch.body[0]["path"], "/metadata/resourceVersion");
+    assert_eq!(
+        stored_versions(&fake),
+        json!(["v1alpha1", "v1"]),
+        "a cleanup trims nothing"
+    );
+}
+
+#[tokio::test]
+async fn an_object_written_meanwhile_is_read_again() {
+    let fake = cluster(3);
+    fake.set_managed_fields(
+        CRD,
+        "ns0",
+        "w00000",
+        vec![applied_through("v1alpha1", "gitops", "size")],
+    );
+    // Written between the listing and the cleanup's patch: its resourceVersion moved on.
+    fake.after_next_list_page(|state| {
+        let key = (CRD.to_owned(), "ns0".to_owned(), "w00000".to_owned());
+        let rv = state.objects[&key].resource_version.clone();
+        state.objects.get_mut(&key).expect("object").resource_version = format!("{rv}9");
+    });
+    let report = migrate::migrate(
+        &fake.client(),
+        CRD,
+        &cleanup(Some(vec!["v1alpha1"]), None),
+        &migrate::Quiet,
+    )
+    .await
+    .expect("runs");
+    assert!(report.succeeded(), "{}", report.summary());
+    assert_eq!(
+        fake.managed_fields(CRD, "ns0", "w00000")[0]["apiVersion"],
+        "example.com/v1"
+    );
+    let patches = fake
+        .object_requests()
+        .into_iter()
+        .filter(|r| r.method == "PATCH")
+        .count();
+    assert_eq!(
+        patches, 2,
+        "the guarded patch failed once (422), then went through after a read"
+    );
+}
+
+#[tokio::test]
+async fn repair_fixes_objects_a_removal_already_broke() {
+    let fake = cluster(5);
+    fake.set_managed_fields(
+        CRD,
+        "ns1",
+        "w00001",
+        vec![applied_through("v1alpha1", "ssa-old", "size")],
+    );
+    // v1alpha1 removed without a cleanup (storedVersions [v1]).
+    fake.edit_crd(CRD, |crd| {
+        crd["spec"]["versions"]
+            .as_array_mut()
+            .expect("versions")
+            .remove(0);
+        crd["status"]["storedVersions"] = json!(["v1"]);
+    });
+    let api: kube::Api<kube::core::DynamicObject> = kube::Api::namespaced_with(
+        fake.client(),
+        "ns1",
+        &kube::discovery::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("example.com", "v1", "Widget"),
+            "widgets",
+        ),
+    );
+    let apply = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w00001"}, "spec": {"size": 3}});
+    let params = kube::api::PatchParams::apply("ssa-old");
+    let broken = api
+        .patch("w00001", &params, &kube::api::Patch::Apply(&apply))
+        .await
+        .expect_err("broken");
+    let kube::Error::Api(status) = broken else {
+        panic!("{broken}")
+    };
+    assert_eq!(status.code, 500);
+    assert_eq!(
+        status.message,
+        "request to convert CR to an invalid group/version: example.com/v1alpha1"
+    );
+
+    // Repair: every entry naming a version the CRD no longer has.
+    let report = migrate::migrate(&fake.client(), CRD, &cleanup(None, None), &migrate::Quiet)
+        .await
+        .expect("runs");
+    assert!(report.succeeded(), "{}", report.summary());
+    assert_eq!(report.counts.rewritten, 1);
+    api.patch("w00001", &params, &kube::api::Patch::Apply(&apply))
+        .await
+        .expect("server-side apply works again");
+}
+
+#[tokio::test]
+async fn the_repair_command_finds_and_fixes_broken_objects() {
+    let fake = cluster(40);
+    fake.set_managed_fields(
+        CRD,
+        "ns2",
+        "w00002",
+        vec![applied_through("v1alpha1", "ssa-old", "size")],
+    );
+    fake.edit_crd(CRD, |crd| {
+        crd["spec"]["versions"]
+            .as_array_mut()
+            .expect("versions")
+            .remove(0);
+        crd["status"]["storedVersions"] = json!(["v1"]);
+    });
+    let (kubeconfig, server) = serve_over_http(fake.clone()).await;
+    let repair = |extra: &'static [&'static str]| {
+        let path = kubeconfig.0.clone();
+        async move {
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"))
+                .args(["repair-managed-fields", CRD, "--kubeconfig"])
+                .arg(&path)
+                .args(extra)
+                .output()
+                .await
+                .expect("the binary runs")
+        }
+    };
+    let output = repair(&["--dry-run"]).await;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("dry run, nothing written") && stdout.contains("1 need a repair"),
+        "{stdout}"
+    );
+    assert_eq!(
+        fake.managed_fields(CRD, "ns2", "w00002")[0]["apiVersion"],
+        "example.com/v1alpha1"
+    );
+
+    let output = repair(&[]).await;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("1 repaired"), "{stdout}");
+    assert_eq!(
+        fake.managed_fields(CRD, "ns2", "w00002")[0]["apiVersion"],
+        "example.com/v1"
+    );
+
+    // A CRD that does not exist: exit 2.
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"))
+        .args(["repair-managed-fields", "gone.example.com", "--kubeconfig"])
+        .arg(&kubeconfig.0)
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(2));
+    server.abort();
+}

@@ -35,6 +35,8 @@ pub struct StoredObject {
     pub encoded_as: String,
     pub resource_version: String,
     pub data: Value,
+    /// `metadata.managedFields` (samples 11, 28, 29 show them on every object).
+    pub managed_fields: Vec<Value>,
 }
 
 /// What the fake answers for one object instead of processing the request.
@@ -299,6 +301,7 @@ impl FakeApiserver {
                     encoded_as: encoded_as.to_owned(),
                     resource_version,
                     data,
+                    managed_fields: Vec::new(),
                 },
             );
         }
@@ -313,6 +316,26 @@ impl FakeApiserver {
             }
         }
         counts
+    }
+
+    /// Gives an object managedFields entries (as a server-side apply through an old version
+    /// leaves them, sample 29).
+    pub fn set_managed_fields(&self, crd: &str, namespace: &str, name: &str, entries: Vec<Value>) {
+        let mut state = self.lock();
+        let key = (crd.to_owned(), namespace.to_owned(), name.to_owned());
+        if let Some(object) = state.objects.get_mut(&key) {
+            object.managed_fields = entries;
+        }
+    }
+
+    /// An object's managedFields.
+    pub fn managed_fields(&self, crd: &str, namespace: &str, name: &str) -> Vec<Value> {
+        let key = (crd.to_owned(), namespace.to_owned(), name.to_owned());
+        self.lock()
+            .objects
+            .get(&key)
+            .map(|o| o.managed_fields.clone())
+            .unwrap_or_default()
     }
 
     pub fn set_fault(&self, namespace: &str, name: &str, fault: ObjectFault) {
@@ -1021,6 +1044,39 @@ fn serve_custom(state: &mut State, request: &Recorded, target: &CustomRequest) -
     };
     match request.method.as_str() {
         "GET" => respond(200, &object_json(&object, target, &namespace, name)),
+        "PATCH" if request.content_type.starts_with("application/apply-patch") => {
+            server_side_apply(state, request, target, key, object)
+        }
+        "PATCH" if request.content_type.starts_with("application/json-patch") => {
+            // A JSON Patch (e.g. of managedFields, sample 29); a failing `test` answers 422
+            // with the generic message (as sample 03).
+            let mut view = object_json(&object, target, &namespace, name);
+            let applied = serde_json::from_value::<json_patch::Patch>(request.body.clone())
+                .ok()
+                .is_some_and(|patch| json_patch::patch(&mut view, &patch).is_ok());
+            if !applied {
+                return respond(
+                    422,
+                    &status_body(
+                        422,
+                        "Invalid",
+                        "the server rejected our request due to an error in our request",
+                    ),
+                );
+            }
+            let resource_version = state.next_resource_version();
+            let updated = StoredObject {
+                encoded_as: target.storage.clone(),
+                resource_version,
+                data: object.data,
+                managed_fields: view["metadata"]["managedFields"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
+            };
+            state.objects.insert(key, updated.clone());
+            respond(200, &object_json(&updated, target, &namespace, name))
+        }
         "PATCH" => {
             let precondition = request
                 .body
@@ -1043,6 +1099,7 @@ fn serve_custom(state: &mut State, request: &Recorded, target: &CustomRequest) -
                 encoded_as: target.storage.clone(),
                 resource_version,
                 data: object.data,
+                managed_fields: object.managed_fields,
             };
             state.objects.insert(key, updated.clone());
             respond(200, &object_json(&updated, target, &namespace, name))
@@ -1057,7 +1114,66 @@ fn object_json(object: &StoredObject, target: &CustomRequest, namespace: &str, n
     data["kind"] = json!(target.kind);
     data["metadata"] =
         json!({"name": name, "namespace": namespace, "resourceVersion": object.resource_version});
+    if !object.managed_fields.is_empty() {
+        data["metadata"]["managedFields"] = json!(object.managed_fields);
+    }
     data
+}
+
+/// Server-side apply of `spec` fields. An object whose managedFields name a version the CRD
+/// no longer has answers 500 "request to convert CR to an invalid group/version" for any
+/// field manager (sample 29); otherwise the fields are set and the manager's Apply entry
+/// (in the request's version) owns them.
+fn server_side_apply(
+    state: &mut State,
+    request: &Recorded,
+    target: &CustomRequest,
+    key: (String, String, String),
+    object: StoredObject,
+) -> Response<Body> {
+    let versions: Vec<String> = state.crds[&target.crd]["spec"]["versions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["name"].as_str().map(str::to_owned))
+        .collect();
+    for entry in &object.managed_fields {
+        let api_version = entry["apiVersion"].as_str().unwrap_or_default();
+        let version = api_version.rsplit_once('/').map_or("", |(_, v)| v);
+        if !versions.iter().any(|v| v == version) {
+            let message = format!("request to convert CR to an invalid group/version: {api_version}");
+            return respond(
+                500,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": message, "code": 500}),
+            );
+        }
+    }
+    let manager = request
+        .query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("fieldManager="))
+        .unwrap_or_default()
+        .to_owned();
+    let mut updated = object;
+    let spec = request.body["spec"].as_object().cloned().unwrap_or_default();
+    let mut owned = serde_json::Map::new();
+    for (field, value) in spec {
+        owned.insert(format!("f:{field}"), json!({}));
+        updated.data["spec"][field.as_str()] = value;
+    }
+    let api_version = format!("{}/{}", target.group, target.version);
+    updated
+        .managed_fields
+        .retain(|e| !(e["manager"] == manager.as_str() && e["operation"] == "Apply"));
+    updated.managed_fields.push(
+        json!({"manager": manager, "operation": "Apply", "apiVersion": api_version,
+                                       "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": owned}}),
+    );
+    updated.resource_version = state.next_resource_version();
+    updated.encoded_as = target.storage.clone();
+    state.objects.insert(key.clone(), updated.clone());
+    respond(200, &object_json(&updated, target, &key.1, &key.2))
 }
 
 /// A list in name order, `limit` at a time: metadata-only (`PartialObjectMetadataList`,
@@ -1135,9 +1251,13 @@ fn list_custom(state: &mut State, request: &Recorded, target: &CustomRequest) ->
             continue;
         }
         items.push(if metadata_only {
-            json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+            let mut item = json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
                    "metadata": {"name": name, "namespace": namespace,
-                                "resourceVersion": object.resource_version}})
+                                "resourceVersion": object.resource_version}});
+            if !object.managed_fields.is_empty() {
+                item["metadata"]["managedFields"] = json!(object.managed_fields);
+            }
+            item
         } else {
             object_json(object, target, namespace, name)
         });
