@@ -45,6 +45,11 @@ pub struct VersionPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<MigrationStatus>,
 
+    /// Progress of the rewrite of objects' `metadata.managedFields` entries that name a
+    /// version about to be removed (a removal waits for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub managed_fields_cleanup: Option<MigrationStatus>,
+
     /// The last conversion preflight (every object read through the version a `store`
     /// switches to).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -196,6 +201,9 @@ pub struct MigrationStatus {
     pub phase: MigrationPhase,
     /// The storage version objects are rewritten into.
     pub storage_version: String,
+    /// For a managedFields cleanup: the versions whose entries it rewrites.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub versions: Vec<String>,
     /// The CRD generation the run started with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crd_generation: Option<i64>,

@@ -59,6 +59,8 @@ pub struct Metrics {
     pub objects_remaining: Family<CrdLabels, Gauge>,
     pub migrations: Family<MigrationResultLabels, Counter>,
     pub migration_duration: Histogram,
+    pub objects_repaired: Family<CrdLabels, Counter>,
+    pub managed_fields_cleanups: Family<MigrationResultLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -130,6 +132,18 @@ impl Default for Metrics {
             Unit::Seconds,
             migration_duration.clone(),
         );
+        let objects_repaired = Family::<CrdLabels, Counter>::default();
+        registry.register(
+            "managed_fields_objects_repaired",
+            "Objects whose managedFields entries naming a version about to be removed were rewritten",
+            objects_repaired.clone(),
+        );
+        let managed_fields_cleanups = Family::<MigrationResultLabels, Counter>::default();
+        registry.register(
+            "managed_fields_cleanups",
+            "Finished managedFields cleanups, by result",
+            managed_fields_cleanups.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -144,6 +158,8 @@ impl Default for Metrics {
             objects_remaining,
             migrations,
             migration_duration,
+            objects_repaired,
+            managed_fields_cleanups,
         }
     }
 }

@@ -29,6 +29,60 @@ pub const MIGRATION_FIELD_MANAGER: &str = "crd-lifecycle-migrator";
 /// Field manager of `status.preflight`.
 pub const PREFLIGHT_FIELD_MANAGER: &str = "crd-lifecycle-preflight";
 
+/// Field manager of `status.managedFieldsCleanup`.
+pub const CLEANUP_FIELD_MANAGER: &str = "crd-lifecycle-managed-fields";
+
+/// What a background run does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Job {
+    /// Rewrite every object into the storage version, then trim `storedVersions`.
+    Migrate,
+    /// Rewrite the managedFields entries naming these versions into the storage version.
+    CleanManagedFields { versions: Vec<String> },
+}
+
+impl Job {
+    /// The key of its run and of its last failure.
+    fn key(&self, crd: &str) -> String {
+        match self {
+            Job::Migrate => crd.to_owned(),
+            Job::CleanManagedFields { .. } => format!("managed-fields/{crd}"),
+        }
+    }
+
+    /// Its status field and field manager.
+    fn status_field(&self) -> (&'static str, &'static str) {
+        match self {
+            Job::Migrate => ("migration", MIGRATION_FIELD_MANAGER),
+            Job::CleanManagedFields { .. } => ("managedFieldsCleanup", CLEANUP_FIELD_MANAGER),
+        }
+    }
+
+    /// The status of its previous run.
+    fn previous(&self, policy: &VersionPolicy) -> Option<MigrationStatus> {
+        let status = policy.status.as_ref()?;
+        match self {
+            Job::Migrate => status.migration.clone(),
+            Job::CleanManagedFields { .. } => status.managed_fields_cleanup.clone(),
+        }
+    }
+
+    /// The event reason of a stage (`Started`, `Resumed`, `Succeeded`, `Failed`).
+    fn reason(&self, stage: &str) -> String {
+        match self {
+            Job::Migrate => format!("Migration{stage}"),
+            Job::CleanManagedFields { .. } => format!("ManagedFieldsCleanup{stage}"),
+        }
+    }
+
+    fn versions(&self) -> Vec<String> {
+        match self {
+            Job::Migrate => Vec::new(),
+            Job::CleanManagedFields { versions } => versions.clone(),
+        }
+    }
+}
+
 /// How long after a failed run a new one may start.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(300);
 
@@ -40,7 +94,8 @@ const MAX_RERUNS: usize = 5;
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
 
 struct Running {
-    storage_version: String,
+    /// What the run works towards: the storage version (and, for a cleanup, its versions).
+    goal: String,
     handle: JoinHandle<()>,
 }
 
@@ -116,7 +171,7 @@ impl Migrations {
         if let Some(current) = running.get(&crd)
             && !current.handle.is_finished()
         {
-            if current.storage_version == storage_version {
+            if current.goal == storage_version {
                 return true;
             }
             // The storage version moved on: this run can only end in a restart.
@@ -131,15 +186,49 @@ impl Migrations {
         let this = self.clone();
         let policy = policy.clone();
         let storage = storage_version.to_owned();
-        let handle = tokio::spawn(async move { this.run(policy, storage).await });
+        let handle = tokio::spawn(async move { this.run(policy, storage, Job::Migrate).await });
         running.insert(
             crd,
             Running {
-                storage_version: storage_version.to_owned(),
+                goal: storage_version.to_owned(),
                 handle,
             },
         );
         true
+    }
+
+    /// Starts rewriting the managedFields entries that name `versions` (versions whose
+    /// removal is due) into the storage version, unless that already runs or failed
+    /// recently; the result goes to `status.managedFieldsCleanup`.
+    pub fn ensure_cleanup(
+        self: &Arc<Self>,
+        policy: &VersionPolicy,
+        storage_version: &str,
+        versions: Vec<String>,
+    ) {
+        let job = Job::CleanManagedFields { versions };
+        let key = job.key(&policy.spec.crd_name);
+        let goal = format!("{storage_version} {}", job.versions().join(","));
+        let mut running = lock(&self.running);
+        if let Some(current) = running.get(&key)
+            && !current.handle.is_finished()
+        {
+            if current.goal == goal {
+                return;
+            }
+            current.handle.abort();
+        }
+        if lock(&self.failed_at)
+            .get(&key)
+            .is_some_and(|at| at.elapsed() < self.retry_after_failure)
+        {
+            return;
+        }
+        let this = self.clone();
+        let policy = policy.clone();
+        let storage = storage_version.to_owned();
+        let handle = tokio::spawn(async move { this.run(policy, storage, job).await });
+        running.insert(key, Running { goal, handle });
     }
 
     /// Starts a conversion preflight of the policy's CRD through `version` (every object
@@ -164,7 +253,7 @@ impl Migrations {
         running.insert(
             key,
             Running {
-                storage_version: version.to_owned(),
+                goal: version.to_owned(),
                 handle,
             },
         );
@@ -264,7 +353,7 @@ impl Migrations {
         }
     }
 
-    async fn run(self: Arc<Self>, policy: VersionPolicy, storage_version: String) {
+    async fn run(self: Arc<Self>, policy: VersionPolicy, storage_version: String, job: Job) {
         let Ok(_slot) = self.slots.clone().acquire_owned().await else {
             return;
         };
@@ -272,12 +361,12 @@ impl Migrations {
         let name = policy.metadata.name.clone().unwrap_or_default();
         let reference = policy.object_ref(&());
         let settings = &policy.spec.migration;
-        let previous = policy.status.as_ref().and_then(|s| s.migration.clone());
+        let previous = job.previous(&policy);
         // Resume a run that was interrupted with the same storage version; the migrator
         // itself starts afresh if the CRD changed since the checkpoint.
         let resume = previous
             .as_ref()
-            .filter(|m| m.phase == MigrationPhase::Running)
+            .filter(|m| m.phase == MigrationPhase::Running && m.versions == job.versions())
             .and_then(|m| m.checkpoint.clone())
             .filter(|c| c.storage_version == storage_version)
             .map(|c| Resume {
@@ -301,6 +390,7 @@ impl Migrations {
         let mut status = MigrationStatus {
             phase: MigrationPhase::Running,
             storage_version: storage_version.clone(),
+            versions: job.versions(),
             crd_generation: resume.as_ref().and_then(|r| r.crd_generation),
             started_at: Some(started_at),
             finished_at: None,
@@ -310,33 +400,42 @@ impl Migrations {
             failed: 0,
             checkpoint: None,
             failures: Vec::new(),
-            message: Some(format!("rewriting objects of {crd} into {storage_version}")),
+            message: None,
         };
+        let what = match &job {
+            Job::Migrate => format!("the migration of {crd} to {storage_version}"),
+            Job::CleanManagedFields { versions } => format!(
+                "the rewrite of {crd}'s managedFields entries naming {} into {storage_version}",
+                versions.join(", ")
+            ),
+        };
+        status.message = Some(format!("running {what}"));
         if let Some(resume) = &resume {
             apply_counts(&mut status, &resume.counts);
             status.checkpoint = Some(checkpoint_status(resume));
         }
         let note = match &resume {
-            Some(resume) => format!(
-                "resuming the migration of {crd} to {storage_version} after {} objects",
-                resume.counts.done()
-            ),
-            None => format!("migrating the objects of {crd} to {storage_version}"),
+            Some(resume) => format!("resuming {what} after {} objects", resume.counts.done()),
+            None => format!("starting {what}"),
         };
         info!(crd, storage = storage_version, "{note}");
-        let reason = if resume.is_some() {
-            "MigrationResumed"
-        } else {
-            "MigrationStarted"
-        };
-        self.event(&reference, EventType::Normal, reason, note).await;
-        self.write(&name, &status).await;
+        let reason = job.reason(if resume.is_some() { "Resumed" } else { "Started" });
+        self.event(&reference, EventType::Normal, &reason, note).await;
+        self.write(&name, &job, &status).await;
 
         let migrate_settings = migrate::Settings {
             concurrency: usize::try_from(settings.concurrency).unwrap_or(16),
             page_size: settings.page_size,
             qps: settings.qps,
-            mode: Mode::Rewrite,
+            mode: match job {
+                Job::Migrate => Mode::Rewrite,
+                Job::CleanManagedFields { .. } => Mode::CleanManagedFields,
+            },
+            managed_fields: migrate::ManagedFieldsCleanup {
+                versions: Some(job.versions()),
+                conversion: policy.spec.conversion.clone(),
+                dry_run: false,
+            },
             through_status: settings.subresource == Some(crate::api::RewriteSubresource::Status),
             resume,
             retry: self.retry.clone(),
@@ -346,6 +445,10 @@ impl Migrations {
         let labels = CrdLabels { crd: crd.clone() };
         let progress = Arc::new(TaskProgress {
             metrics: self.metrics.clone(),
+            done_counter: match job {
+                Job::Migrate => self.metrics.objects_migrated.clone(),
+                Job::CleanManagedFields { .. } => self.metrics.objects_repaired.clone(),
+            },
             labels: labels.clone(),
             live: Mutex::new((Counts::default(), None)),
             target: Mutex::new(None),
@@ -360,6 +463,7 @@ impl Migrations {
         // Aborted when this run ends, and also when the run itself is aborted (shutdown).
         let reporter = AbortOnDrop(self.clone().report_progress(
             name.clone(),
+            job.clone(),
             status.clone(),
             progress.clone(),
         ));
@@ -388,22 +492,22 @@ impl Migrations {
             .migration_duration
             .observe(started.elapsed().as_secs_f64());
         match result {
-            Ok(report) => self.finish(&name, &reference, status, &report).await,
+            Ok(report) => self.finish(&name, &reference, &job, status, &report).await,
             Err(error) => {
-                warn!(crd, error = %error, "migration failed");
+                warn!(crd, error = %error, "{what} failed");
                 status.phase = MigrationPhase::Failed;
                 status.finished_at = Some(Time(Timestamp::now()));
                 status.message = Some(error.to_string());
-                self.write(&name, &status).await;
+                self.write(&name, &job, &status).await;
                 self.event(
                     &reference,
                     EventType::Warning,
-                    "MigrationFailed",
+                    &job.reason("Failed"),
                     error.to_string(),
                 )
                 .await;
-                self.record_result(&crd, "error");
-                lock(&self.failed_at).insert(crd, Instant::now());
+                self.record_result(&job, &crd, "error");
+                lock(&self.failed_at).insert(job.key(&crd), Instant::now());
             }
         }
     }
@@ -412,6 +516,7 @@ impl Migrations {
         &self,
         name: &str,
         reference: &ObjectReference,
+        job: &Job,
         mut status: MigrationStatus,
         report: &Report,
     ) {
@@ -431,24 +536,29 @@ impl Migrations {
         if report.succeeded() {
             status.phase = MigrationPhase::Succeeded;
             info!(crd, "{}", report.summary());
-            self.write(name, &status).await;
+            self.write(name, job, &status).await;
             self.event(
                 reference,
                 EventType::Normal,
-                "MigrationSucceeded",
+                &job.reason("Succeeded"),
                 report.summary(),
             )
             .await;
-            self.record_result(crd, "succeeded");
-            lock(&self.failed_at).remove(crd);
+            self.record_result(job, crd, "succeeded");
+            lock(&self.failed_at).remove(&job.key(crd));
         } else {
             status.phase = MigrationPhase::Failed;
             warn!(crd, "{}", report.summary());
-            self.write(name, &status).await;
-            self.event(reference, EventType::Warning, "MigrationFailed", report.summary())
-                .await;
-            self.record_result(crd, "failed");
-            lock(&self.failed_at).insert(crd.clone(), Instant::now());
+            self.write(name, job, &status).await;
+            self.event(
+                reference,
+                EventType::Warning,
+                &job.reason("Failed"),
+                report.summary(),
+            )
+            .await;
+            self.record_result(job, crd, "failed");
+            lock(&self.failed_at).insert(job.key(crd), Instant::now());
         }
     }
 
@@ -456,6 +566,7 @@ impl Migrations {
     fn report_progress(
         self: Arc<Self>,
         name: String,
+        job: Job,
         mut status: MigrationStatus,
         progress: Arc<TaskProgress>,
     ) -> JoinHandle<()> {
@@ -484,17 +595,18 @@ impl Migrations {
                     _ => {}
                 }
                 if written.as_ref() != Some(&status) {
-                    self.write(&name, &status).await;
+                    self.write(&name, &job, &status).await;
                     written = Some(status.clone());
                 }
             }
         })
     }
 
-    async fn write(&self, name: &str, status: &MigrationStatus) {
-        let status = json!({"migration": status});
-        if let Err(error) = apply_status(&self.client, name, MIGRATION_FIELD_MANAGER, status).await {
-            warn!(policy = name, error = %error, "cannot write the migration status");
+    async fn write(&self, name: &str, job: &Job, status: &MigrationStatus) {
+        let (field, manager) = job.status_field();
+        let status = json!({ field: status });
+        if let Err(error) = apply_status(&self.client, name, manager, status).await {
+            warn!(policy = name, error = %error, "cannot write status.{field}");
         }
     }
 
@@ -511,9 +623,12 @@ impl Migrations {
         }
     }
 
-    fn record_result(&self, crd: &str, result: &str) {
-        self.metrics
-            .migrations
+    fn record_result(&self, job: &Job, crd: &str, result: &str) {
+        let family = match job {
+            Job::Migrate => &self.metrics.migrations,
+            Job::CleanManagedFields { .. } => &self.metrics.managed_fields_cleanups,
+        };
+        family
             .get_or_create(&MigrationResultLabels {
                 crd: crd.to_owned(),
                 result: result.to_owned(),
@@ -526,6 +641,9 @@ impl Migrations {
 /// per-object metrics.
 struct TaskProgress {
     metrics: Arc<Metrics>,
+    /// Counts the objects done (migrated, or repaired).
+    done_counter:
+        prometheus_client::metrics::family::Family<CrdLabels, prometheus_client::metrics::counter::Counter>,
     labels: CrdLabels,
     /// Live counts and total, for metrics and the status.
     live: Mutex<(Counts, Option<u64>)>,
@@ -553,8 +671,7 @@ impl migrate::Observer for TaskProgress {
         let now = counts.rewritten + counts.skipped;
         let mut migrated = lock(&self.migrated);
         if now > *migrated {
-            self.metrics
-                .objects_migrated
+            self.done_counter
                 .get_or_create(&self.labels)
                 .inc_by(now - *migrated);
         }

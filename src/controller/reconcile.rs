@@ -156,6 +156,26 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         {
             observation.migrating = ctx.migrations.ensure(policy, storage);
         }
+        // A due removal waits until no object's managedFields names the version: rewrite
+        // those entries in the background (after unserve, so that no client adds more).
+        let awaiting: Vec<String> = evaluation
+            .iter()
+            .flat_map(|e| &e.blocked)
+            .filter(|b| b.reason == BlockReason::AwaitingManagedFieldsCleanup)
+            .filter(|b| {
+                crd_after
+                    .as_ref()
+                    .and_then(|c| c.version(&b.version))
+                    .is_some_and(|v| !v.served)
+            })
+            .map(|b| b.version.clone())
+            .collect();
+        if !awaiting.is_empty()
+            && !policy.spec.dry_run
+            && let Some(storage) = crd_after.as_ref().and_then(CrdState::storage_version)
+        {
+            ctx.migrations.ensure_cleanup(policy, storage, awaiting);
+        }
     }
     observation.crd = crd_after.as_ref();
     observation.evaluation = evaluation.as_ref();
@@ -228,7 +248,8 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             ));
             return Ok(outcome);
         };
-        let state = CrdState::from_crd(&crd);
+        let mut state = CrdState::from_crd(&crd);
+        state.managed_fields_pending = managed_fields_pending(policy, &state);
         let schedule = match Schedule::new(&policy.spec, &state, now) {
             Ok(schedule) => schedule,
             Err(error) => {
@@ -388,6 +409,24 @@ async fn get_crd(ctx: &Context, name: &str) -> Result<Option<CustomResourceDefin
 }
 
 /// Migrations the migrator recorded as finished in the policy's status.
+/// The versions (other than the storage version) whose managedFields entries no cleanup has
+/// rewritten yet. Served ones count too: a version unserved and removed at the same instant
+/// is unserved first, and removed only after the cleanup.
+fn managed_fields_pending(policy: &VersionPolicy, crd: &CrdState) -> Vec<String> {
+    let cleaned: Vec<String> = policy
+        .status
+        .as_ref()
+        .and_then(|s| s.managed_fields_cleanup.as_ref())
+        .filter(|c| c.phase == MigrationPhase::Succeeded)
+        .map(|c| c.versions.clone())
+        .unwrap_or_default();
+    crd.versions
+        .iter()
+        .filter(|v| !v.storage && !cleaned.contains(&v.name))
+        .map(|v| v.name.clone())
+        .collect()
+}
+
 fn completed_migrations(policy: &VersionPolicy) -> Vec<CompletedMigration> {
     let Some(migration) = policy.status.as_ref().and_then(|s| s.migration.as_ref()) else {
         return Vec::new();

@@ -40,10 +40,12 @@ pub enum BlockedReason {
     WebhookNotConfigured,
     /// The policy is being deleted and its CRD cannot be released yet.
     ReleasingCrd,
+    /// A removal waits until no object's managedFields names the version.
+    AwaitingManagedFieldsCleanup,
 }
 
 impl BlockedReason {
-    pub const ALL: [BlockedReason; 12] = [
+    pub const ALL: [BlockedReason; 13] = [
         BlockedReason::CrdNotFound,
         BlockedReason::InvalidPolicy,
         BlockedReason::Conflict,
@@ -56,6 +58,7 @@ impl BlockedReason {
         BlockedReason::ConversionPreflightFailed,
         BlockedReason::WebhookNotConfigured,
         BlockedReason::ReleasingCrd,
+        BlockedReason::AwaitingManagedFieldsCleanup,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -72,6 +75,7 @@ impl BlockedReason {
             BlockedReason::ConversionPreflightFailed => "ConversionPreflightFailed",
             BlockedReason::WebhookNotConfigured => "WebhookNotConfigured",
             BlockedReason::ReleasingCrd => "ReleasingCRD",
+            BlockedReason::AwaitingManagedFieldsCleanup => "AwaitingManagedFieldsCleanup",
         }
     }
 }
@@ -85,6 +89,7 @@ impl From<BlockReason> for BlockedReason {
             BlockReason::VersionInUse => BlockedReason::VersionInUse,
             BlockReason::AwaitingPreflight => BlockedReason::AwaitingPreflight,
             BlockReason::ConversionPreflightFailed => BlockedReason::ConversionPreflightFailed,
+            BlockReason::AwaitingManagedFieldsCleanup => BlockedReason::AwaitingManagedFieldsCleanup,
         }
     }
 }
@@ -194,8 +199,9 @@ pub fn build_status(
         next_transition,
         history,
         dry_run_patch: observation.dry_run_patch.clone(),
-        // Written by the migration and preflight tasks under their own field manager.
+        // Written by the migration, cleanup and preflight tasks under their own field manager.
         migration: None,
+        managed_fields_cleanup: None,
         preflight: None,
         traffic: observation.traffic.clone(),
     }

@@ -12,12 +12,17 @@ pub struct CrdVersion {
     pub deprecation_warning: Option<String>,
 }
 
-/// A CRD as the engine sees it: its versions in order and `status.storedVersions`.
+/// A CRD as the engine sees it: its versions in order, `status.storedVersions`, and the
+/// versions objects' managedFields may still name.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct CrdState {
     pub name: String,
     pub versions: Vec<CrdVersion>,
     pub stored_versions: Vec<String>,
+    /// Versions that objects' `metadata.managedFields` may still name (no cleanup has
+    /// rewritten them since they were unserved): removing one would break server-side apply
+    /// of those objects (apiserver-samples/29), so its removal waits.
+    pub managed_fields_pending: Vec<String>,
 }
 
 impl CrdState {
@@ -42,6 +47,7 @@ impl CrdState {
                 .as_ref()
                 .and_then(|s| s.stored_versions.clone())
                 .unwrap_or_default(),
+            managed_fields_pending: Vec::new(),
         }
     }
 

@@ -57,6 +57,8 @@ pub enum BlockReason {
     AwaitingPreflight,
     /// A `store` is held because objects failed to convert to the new version.
     ConversionPreflightFailed,
+    /// A removal waits until no object's managedFields names the version.
+    AwaitingManagedFieldsCleanup,
 }
 
 impl BlockReason {
@@ -68,6 +70,7 @@ impl BlockReason {
             BlockReason::VersionInUse => "VersionInUse",
             BlockReason::AwaitingPreflight => "AwaitingPreflight",
             BlockReason::ConversionPreflightFailed => "ConversionPreflightFailed",
+            BlockReason::AwaitingManagedFieldsCleanup => "AwaitingManagedFieldsCleanup",
         }
     }
 }
@@ -199,6 +202,20 @@ impl Schedule {
                         storage.as_deref(),
                         self,
                         migrations,
+                    ),
+                });
+            } else if crd.managed_fields_pending.contains(&desired.name) {
+                desired.present = true;
+                desired.phase = VersionPhase::Unserved;
+                blocked.push(Blocked {
+                    reason: BlockReason::AwaitingManagedFieldsCleanup,
+                    version: desired.name.clone(),
+                    milestone: Some(MilestoneKind::Remove),
+                    message: format!(
+                        "removal of {} waits until no object's metadata.managedFields names it: server-side apply of \
+                         such objects fails once the version is gone; their entries are being rewritten into {}",
+                        desired.name,
+                        storage.as_deref().unwrap_or("the storage version")
                     ),
                 });
             }

@@ -84,9 +84,10 @@ async fn every_milestone_is_applied_at_its_instant() {
             .any(|(t, r, _)| t == "Warning" && r == "AwaitingMigration")
     );
 
-    // The migrator trims storedVersions: the block lifts and the removal proceeds.
+    // The migrator trims storedVersions: the block lifts and, once no object's
+    // managedFields names v1alpha1, the removal proceeds.
     h.trim_stored_versions(&["v1"]);
-    h.reconcile("widgets").await;
+    h.reconcile_through_cleanup("widgets").await;
     assert_eq!(h.flags(), "v1beta1:sd v1:sS");
     assert_eq!(h.condition("widgets", "Blocked").0, "False");
     assert!(
@@ -100,7 +101,7 @@ async fn every_milestone_is_applied_at_its_instant() {
     h.reconcile("widgets").await;
     assert_eq!(h.flags(), "v1beta1:d v1:sS");
     h.at("2026-08-29T00:00:00Z");
-    h.reconcile("widgets").await;
+    h.reconcile_through_cleanup("widgets").await;
     assert_eq!(
         h.flags(),
         "v1:sS",
@@ -210,9 +211,35 @@ async fn deprecation_and_removal_patches() {
     h.fake.clear_requests();
     h.at("2026-08-29T00:00:00Z");
     h.reconcile("widgets").await;
-    // v1beta1 is unserved and removed in one patch; both removals, highest index first.
+    // v1beta1 is unserved first; both removals wait for the managedFields cleanup.
     assert_eq!(
         h.fake.crd_writes()[0].body,
+        json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+            {"op": "test", "path": "/spec/versions/1/name", "value": "v1beta1"},
+            {"op": "replace", "path": "/spec/versions/1/served", "value": false},
+        ])
+    );
+    assert_eq!(
+        h.condition("widgets", "Blocked").1,
+        "AwaitingManagedFieldsCleanup"
+    );
+    let rv = h.fake.crd(CRD)["metadata"]["resourceVersion"].clone();
+    h.fake.clear_requests();
+    h.reconcile_through_cleanup("widgets").await;
+    // Then both removals in one patch, highest index first.
+    let removal = h
+        .fake
+        .crd_writes()
+        .into_iter()
+        .find(|w| {
+            w.body
+                .as_array()
+                .is_some_and(|ops| ops.iter().any(|op| op["op"] == "remove"))
+        })
+        .expect("the removal patch");
+    assert_eq!(
+        removal.body,
         json!([
             {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
             {"op": "test", "path": "/spec/versions/0/name", "value": "v1alpha1"},

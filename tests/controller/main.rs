@@ -235,6 +235,36 @@ impl Harness {
         }
     }
 
+    /// Reconciles; while a removal waits for the managedFields cleanup, waits for that
+    /// cleanup (a background task) and reconciles again.
+    async fn reconcile_through_cleanup(&mut self, name: &str) {
+        self.reconcile(name).await;
+        for _ in 0..3 {
+            if self.condition(name, "Blocked").1 != "AwaitingManagedFieldsCleanup" {
+                return;
+            }
+            let fake = self.fake.clone();
+            let unserved: Vec<String> = self.fake.crd(CRD)["spec"]["versions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|v| v["served"] == false && v["storage"] == false)
+                .filter_map(|v| v["name"].as_str().map(str::to_owned))
+                .collect();
+            wait_until("the managedFields cleanup ends", || {
+                let cleanup = fake.policy(name)["status"]["managedFieldsCleanup"].clone();
+                let covers = unserved.iter().all(|v| {
+                    cleanup["versions"]
+                        .as_array()
+                        .is_some_and(|vs| vs.contains(&json!(v)))
+                });
+                covers && (cleanup["phase"] == "Succeeded" || cleanup["phase"] == "Failed")
+            })
+            .await;
+            self.reconcile(name).await;
+        }
+    }
+
     /// What the migrator does once every object is rewritten.
     fn trim_stored_versions(&self, to: &[&str]) {
         self.fake

@@ -42,8 +42,9 @@ async fn a_due_removal_waits_for_the_migration_then_proceeds() {
     assert_eq!(h.stored_versions(), json!(["v1"]));
     assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 1200)].into());
 
-    // The trim is a CRD change: the next reconcile removes v1alpha1.
-    h.reconcile("widgets").await;
+    // The trim is a CRD change: the next reconcile removes v1alpha1 (after the managedFields
+    // cleanup it starts).
+    h.reconcile_through_cleanup("widgets").await;
     assert_eq!(h.flags(), "v1beta1:sd v1:sS");
     assert_eq!(h.condition("widgets", "Blocked").0, "False");
     let events = h.fake.event_summaries();
@@ -281,4 +282,120 @@ async fn the_policy_can_send_rewrites_through_status() {
     assert_eq!(rewrites.len(), 50);
     assert!(rewrites.iter().all(|r| r.path.ends_with("/status")));
     assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 50)].into());
+}
+
+#[tokio::test]
+async fn a_removal_waits_for_the_managed_fields_cleanup_which_resumes_after_a_restart() {
+    let mut h = Harness::with_example_and_objects(400);
+    // Every object was server-side applied through v1alpha1 (sample 29's entry).
+    let keys: Vec<(String, String)> = h
+        .fake
+        .lock()
+        .objects
+        .keys()
+        .map(|(_, ns, name)| (ns.clone(), name.clone()))
+        .collect();
+    for (ns, name) in &keys {
+        h.fake.set_managed_fields(
+            CRD,
+            ns,
+            name,
+            vec![json!({
+            "apiVersion": "example.com/v1alpha1", "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:spec": {"f:size": {}}}, "manager": "gitops", "operation": "Apply"})],
+        );
+    }
+    h.edit_policy(
+        "widgets",
+        |p| {
+            p["spec"]["migration"] =
+                json!({"enabled": true, "concurrency": 2, "pageSize": 50, "preflight": false})
+        },
+    );
+    h.at("2026-06-29T00:00:00Z");
+    h.reconcile("widgets").await;
+    wait_until("the migration succeeds", || migration(&h)["phase"] == "Succeeded").await;
+    h.fake.lock().latency = Duration::from_millis(2);
+
+    // storedVersions is [v1] now, but objects' managedFields still name v1alpha1: held.
+    h.reconcile("widgets").await;
+    assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS", "removal held");
+    let (status, reason, message) = h.condition("widgets", "Blocked");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "AwaitingManagedFieldsCleanup")
+    );
+    assert!(
+        message.contains("removal of v1alpha1 waits until no object's metadata.managedFields names it"),
+        "{message}"
+    );
+    let cleanup = |h: &Harness| h.status("widgets")["managedFieldsCleanup"].clone();
+    wait_until("a cleanup checkpoint is saved", || {
+        cleanup(&h)["checkpoint"]["rewritten"].as_u64().unwrap_or(0) >= 100
+    })
+    .await;
+    assert_eq!(cleanup(&h)["phase"], "Running");
+    assert_eq!(cleanup(&h)["versions"], json!(["v1alpha1"]));
+
+    // The controller is killed mid-cleanup; a new one resumes from the checkpoint.
+    h.ctx.migrations.shutdown();
+    let ctx = &h.ctx;
+    let fresh = Migrations::new(ctx.client.clone(), ctx.recorder.clone(), ctx.metrics.clone(), 2)
+        .with_settle_check(super::fast_settle_check());
+    h.replace_context(Arc::new(fresh), None);
+    h.fake.clear_requests();
+    h.reconcile("widgets").await;
+    wait_until("the cleanup succeeds", || cleanup(&h)["phase"] == "Succeeded").await;
+    let first_list = h.fake.metadata_lists().into_iter().next().expect("a list");
+    assert!(
+        first_list.query.contains("continue="),
+        "resumed: {}",
+        first_list.query
+    );
+    let done = cleanup(&h);
+    assert_eq!(done["listed"], 400, "{done}");
+    assert_eq!(
+        done["rewritten"].as_u64().unwrap_or(0) + done["skipped"].as_u64().unwrap_or(0),
+        400,
+        "{done}"
+    );
+    assert!(
+        h.fake
+            .event_summaries()
+            .iter()
+            .any(|(_, r, _)| r == "ManagedFieldsCleanupResumed"),
+        "{:?}",
+        h.fake.event_summaries()
+    );
+
+    // Every entry names v1 now; the removal proceeds; server-side apply keeps working.
+    for (ns, name) in &keys {
+        let entries = h.fake.managed_fields(CRD, ns, name);
+        assert_eq!(entries[0]["apiVersion"], "example.com/v1", "{ns}/{name}");
+    }
+    h.reconcile("widgets").await;
+    assert_eq!(h.flags(), "v1beta1:sd v1:sS");
+    let api: kube::Api<kube::core::DynamicObject> = kube::Api::namespaced_with(
+        h.ctx.client.clone(),
+        &keys[0].0,
+        &kube::discovery::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("example.com", "v1", "Widget"),
+            "widgets",
+        ),
+    );
+    let apply = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": keys[0].1}, "spec": {"size": 7}});
+    api.patch(
+        &keys[0].1,
+        &kube::api::PatchParams::apply("gitops"),
+        &kube::api::Patch::Apply(&apply),
+    )
+    .await
+    .expect("server-side apply after the removal");
+    let metrics = h.ctx.metrics.encode();
+    assert!(
+        metrics.contains(
+            r#"crd_lifecycle_managed_fields_cleanups_total{crd="widgets.example.com",result="succeeded"} 1"#
+        ),
+        "{metrics}"
+    );
 }

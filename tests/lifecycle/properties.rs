@@ -126,6 +126,7 @@ fn build(choices: &[VersionChoice]) -> Case {
             })
             .collect(),
         stored_versions: vec![names[0].clone()],
+        managed_fields_pending: Vec::new(),
     };
     let spec = VersionPolicySpec {
         crd_name: "widgets.example.com".into(),
@@ -241,6 +242,32 @@ proptest! {
     fn generated_policies_are_valid((case, _, _) in case_with_instants()) {
         let result = Schedule::new(&case.spec, &case.crd, Timestamp::MIN);
         prop_assert!(result.is_ok(), "{:?}\n{:#?}", result.err(), case.spec);
+    }
+
+    /// Never remove a version that objects' managedFields may still name.
+    #[test]
+    fn no_version_named_in_managed_fields_is_removed(
+        (case, instants, pick) in case_with_instants(),
+        pending in proptest::collection::vec(any::<bool>(), 4),
+    ) {
+        let schedule = Schedule::new(&case.spec, &case.crd, Timestamp::MIN).expect("valid by construction");
+        let named: Vec<String> = case.crd.versions.iter().zip(&pending).filter(|(_, p)| **p).map(|(v, _)| v.name.clone()).collect();
+        for at in instants {
+            let probe = evaluate(&schedule, &case.crd, at);
+            let crd = CrdState {
+                stored_versions: stored_versions(&case, probe.storage_version(), &pick),
+                managed_fields_pending: named.clone(),
+                ..case.crd.clone()
+            };
+            let evaluation = evaluate(&schedule, &crd, at);
+            for name in &named {
+                prop_assert!(evaluation.version(name).is_some_and(|v| v.present), "{} removed while named in managedFields at {}", name, at);
+            }
+            // A removal held for it says so.
+            for blocked in evaluation.blocked.iter().filter(|b| b.reason == BlockReason::AwaitingManagedFieldsCleanup) {
+                prop_assert!(named.contains(&blocked.version));
+            }
+        }
     }
 
     #[test]
