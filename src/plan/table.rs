@@ -20,7 +20,8 @@ pub fn render(policy: &VersionPolicy, plan: &Plan) -> String {
         out.push_str(&format!("status.storedVersions (given): {stored}\n"));
     } else {
         out.push_str(&format!(
-            "status.storedVersions (assuming each migration completes at its storage switch): {stored}\n"
+            "status.storedVersions (assuming each migration completes at its storage switch, and each \
+             managedFields cleanup before its removal): {stored}\n"
         ));
     }
 
@@ -147,6 +148,10 @@ fn detail(policy: &VersionPolicy, transition: &Transition) -> String {
     let migration = &policy.spec.migration;
     if transition.milestone == MilestoneKind::Store && migration.enabled && migration.preflight {
         parts.push("gate: conversion preflight".to_owned());
+    }
+    // Every removal waits until no object's managedFields names the version.
+    if transition.milestone == MilestoneKind::Remove {
+        parts.push("after: managedFields cleanup".to_owned());
     }
     parts.join("; ")
 }

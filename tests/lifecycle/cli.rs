@@ -77,7 +77,7 @@ fn plan_table_shows_timeline_and_versions() {
         "VersionPolicy widgets for CRD widgets.example.com, evaluated at 2026-04-15T00:00:00Z",
         "2026-04-01T00:00:00Z  v1beta1   deprecate  done",
         "2026-05-30T00:00:00Z  v1alpha1  unserve    next, in 45d  90d after deprecate",
-        "2026-06-29T00:00:00Z  v1alpha1  remove     upcoming      30d after unserve",
+        "2026-06-29T00:00:00Z  v1alpha1  remove     upcoming      30d after unserve; after: managedFields cleanup",
         "v1alpha1  Deprecated  yes     no       yes         example.com/v1alpha1 Widget is deprecated; use example.com/v1",
         "v1        Stored      yes     yes      no",
     ] {
