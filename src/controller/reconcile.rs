@@ -158,18 +158,24 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         }
         // A due removal waits until no object's managedFields names the version: rewrite
         // those entries in the background (after unserve, so that no client adds more).
-        let awaiting: Vec<String> = evaluation
-            .iter()
-            .flat_map(|e| &e.blocked)
-            .filter(|b| b.reason == BlockReason::AwaitingManagedFieldsCleanup)
-            .filter(|b| {
-                crd_after
-                    .as_ref()
-                    .and_then(|c| c.version(&b.version))
-                    .is_some_and(|v| !v.served)
+        // It starts as soon as such a version is unserved, so that the removal lands on time.
+        let awaiting: Vec<String> = crd_after
+            .as_ref()
+            .map(|crd| {
+                let scheduled_removals: Vec<&str> = policy
+                    .spec
+                    .versions
+                    .iter()
+                    .filter(|v| v.remove.is_some())
+                    .map(|v| v.name.as_str())
+                    .collect();
+                managed_fields_pending(policy, crd)
+                    .into_iter()
+                    .filter(|v| crd.version(v).is_some_and(|v| !v.served))
+                    .filter(|v| scheduled_removals.contains(&v.as_str()))
+                    .collect()
             })
-            .map(|b| b.version.clone())
-            .collect();
+            .unwrap_or_default();
         if !awaiting.is_empty()
             && !policy.spec.dry_run
             && let Some(storage) = crd_after.as_ref().and_then(CrdState::storage_version)

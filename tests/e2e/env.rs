@@ -397,6 +397,33 @@ impl Env {
         results.into_iter().collect()
     }
 
+    /// Server-side applies `spec` to the object `name` through `version` as `manager`.
+    pub async fn apply_via(
+        &self,
+        crd: &TestCrd,
+        version: &str,
+        name: &str,
+        spec: Value,
+        manager: &str,
+    ) -> Result<Value, String> {
+        let resource = kube::discovery::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk(&crd.group, version, "Widget"),
+            "widgets",
+        );
+        let api: Api<kube::core::DynamicObject> = Api::all_with(self.client.clone(), &resource);
+        let object = json!({"apiVersion": format!("{}/{version}", crd.group), "kind": "Widget",
+                            "metadata": {"name": name}, "spec": spec});
+        let applied = api
+            .patch(
+                name,
+                &kube::api::PatchParams::apply(manager).force(),
+                &kube::api::Patch::Apply(&object),
+            )
+            .await
+            .map_err(|e| format!("server-side apply of {name} through {version}: {e}"))?;
+        serde_json::to_value(applied).map_err(|e| e.to_string())
+    }
+
     /// GET an object through a version: status code, headers, body.
     pub async fn get_via(
         &self,

@@ -30,6 +30,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("conversion_webhook", |env| {
         Box::pin(scenarios::conversion_webhook(env))
     }),
+    ("managed_fields", |env| Box::pin(scenarios::managed_fields(env))),
 ];
 
 fn main() -> ExitCode {

@@ -632,3 +632,59 @@ pub async fn conversion_webhook(env: &Env) -> Outcome {
     }
     Ok(())
 }
+
+/// Server-side apply through the old version, the whole lifecycle to its removal, then
+/// server-side apply through the new version: it must work (without the managedFields
+/// cleanup every apply answers 500, apiserver-samples/29).
+pub async fn managed_fields(env: &Env) -> Outcome {
+    let crd = env
+        .create_crd("managedfields", &[("v1alpha1", true, true), ("v1", true, false)])
+        .await?;
+    for i in 0..5 {
+        env.apply_via(&crd, "v1alpha1", &format!("m{i}"), json!({"size": i}), "gitops")
+            .await?;
+    }
+    let (store, _) = in_seconds(4);
+    let (deprecate, _) = in_seconds(6);
+    let (unserve, _) = in_seconds(8);
+    let (remove, due) = in_seconds(10);
+    let name = format!("{}-managedfields", env.run_id);
+    env.create_policy(policy(
+        &name,
+        &crd.name,
+        json!([
+            {"name": "v1alpha1", "deprecate": {"at": deprecate}, "unserve": {"at": unserve}, "remove": {"at": remove}},
+            {"name": "v1", "store": {"at": store}},
+        ]),
+        json!({"enabled": true, "preflight": false}),
+    ))
+    .await?;
+    let limit = due.saturating_duration_since(Instant::now()) + Duration::from_secs(90);
+    wait_for(
+        "v1alpha1 is removed after its managedFields cleanup",
+        limit,
+        || async { Ok(env.flags(&crd.name).await? == "v1:sS") },
+    )
+    .await?;
+    let cleanup = env.policy(&name).await?["status"]["managedFieldsCleanup"].clone();
+    ensure!(
+        cleanup["phase"] == "Succeeded" && cleanup["versions"] == json!(["v1alpha1"]),
+        "cleanup: {cleanup}"
+    );
+    for i in 0..5 {
+        let applied = env
+            .apply_via(&crd, "v1", &format!("m{i}"), json!({"size": i + 10}), "gitops")
+            .await?;
+        let entries = applied["metadata"]["managedFields"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        ensure!(
+            entries
+                .iter()
+                .all(|e| e["apiVersion"] != format!("{}/v1alpha1", crd.group)),
+            "m{i} still names v1alpha1: {entries:?}"
+        );
+    }
+    Ok(())
+}
