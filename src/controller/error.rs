@@ -28,7 +28,7 @@ pub enum Error {
 
 impl Error {
     /// Short stable label, for metrics (`error` label) and event reasons.
-    pub fn metric_label(&self) -> &'static str {
+    pub fn label(&self) -> &'static str {
         match self {
             Error::Kube(_) => "kube",
             Error::ConcurrentModification { .. } => "concurrent_modification",

@@ -86,6 +86,10 @@ impl Job {
 /// How long after a failed run a new one may start.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(300);
 
+/// How long a passed preflight stands for its store: a reconcile that still sees the store
+/// waiting (its cache lagging behind the preflight's status write) starts no second one.
+const PREFLIGHT_STANDS_FOR: Duration = Duration::from_secs(60);
+
 /// How often a run that could not trim because the CRD changed meanwhile is repeated at
 /// once.
 const MAX_RERUNS: usize = 5;
@@ -107,6 +111,8 @@ pub struct Migrations {
     slots: Arc<Semaphore>,
     running: Mutex<HashMap<String, Running>>,
     failed_at: Mutex<HashMap<String, Instant>>,
+    /// When each preflight (by key) last passed.
+    passed_at: Mutex<HashMap<String, Instant>>,
     progress_interval: Duration,
     retry: migrate::RetryPolicy,
     settle: migrate::SettleCheck,
@@ -123,6 +129,7 @@ impl Migrations {
             slots: Arc::new(Semaphore::new(parallel.max(1))),
             running: Mutex::new(HashMap::new()),
             failed_at: Mutex::new(HashMap::new()),
+            passed_at: Mutex::new(HashMap::new()),
             progress_interval: PROGRESS_INTERVAL,
             retry: migrate::RetryPolicy::default(),
             settle: migrate::SettleCheck::default(),
@@ -246,6 +253,12 @@ impl Migrations {
         {
             return;
         }
+        if lock(&self.passed_at)
+            .get(&key)
+            .is_some_and(|at| at.elapsed() < PREFLIGHT_STANDS_FOR)
+        {
+            return;
+        }
         let this = self.clone();
         let policy = policy.clone();
         let target = version.to_owned();
@@ -309,6 +322,7 @@ impl Migrations {
                     )
                     .await;
                     lock(&self.failed_at).remove(&key);
+                    lock(&self.passed_at).insert(key, Instant::now());
                 } else {
                     status.phase = MigrationPhase::Failed;
                     self.write_preflight(&name, &status).await;

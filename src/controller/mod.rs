@@ -374,8 +374,13 @@ async fn controller(
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
-            if let Err(error) = result {
-                warn!(error = %error, "controller error");
+            match result {
+                // A policy deleted between its event and its reconcile: routine.
+                Err(error @ kube::runtime::controller::Error::ObjectNotFound(_)) => {
+                    tracing::debug!(error = %error, "policy gone before its reconcile");
+                }
+                Err(error) => warn!(error = %error, "controller error"),
+                Ok(_) => {}
             }
         });
     let mut sampler_only = Supervisor::default();

@@ -85,8 +85,16 @@ pub fn error_policy(
         .0
         .as_ref()
         .map_or_else(|i| i.metadata.name.clone(), |p| p.metadata.name.clone());
-    warn!(policy = name.unwrap_or_default(), error = %error, "reconcile failed");
-    ctx.metrics.record_failure(error.metric_label());
+    let name = name.unwrap_or_default();
+    match error {
+        // The policy was deleted while it was being reconciled (its status write answers
+        // 404): routine, and the next event says so.
+        Error::Kube(kube::Error::Api(status)) if status.code == 404 => {
+            tracing::debug!(policy = name, error = %error, "policy gone during its reconcile");
+        }
+        _ => warn!(policy = name, error = %error, "reconcile failed"),
+    }
+    ctx.metrics.record_failure(error.label());
     Action::requeue(Duration::from_secs(5))
 }
 

@@ -400,3 +400,32 @@ async fn a_removal_waits_for_the_managed_fields_cleanup_which_resumes_after_a_re
         "{metrics}"
     );
 }
+
+#[tokio::test]
+async fn a_store_starts_one_preflight_even_with_a_stale_cache() {
+    use crd_lifecycle::api::VersionPolicy;
+    use crd_lifecycle::controller::reconcile;
+    use kube::core::DeserializeGuard;
+    let mut h = Harness::with_example_and_objects(50);
+    h.at("2026-01-05T00:00:00Z");
+    // The cache as a reconcile right after the first one may still see it.
+    let stale: DeserializeGuard<VersionPolicy> =
+        serde_json::from_value(h.fake.policy("widgets")).expect("decodes");
+    h.reconcile("widgets").await;
+    assert_eq!(h.condition("widgets", "Blocked").1, "AwaitingPreflight");
+    wait_until("the preflight passes", || {
+        h.status("widgets")["preflight"]["phase"] == "Succeeded"
+    })
+    .await;
+    reconcile(Arc::new(stale), h.ctx.clone())
+        .await
+        .expect("reconciles");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = h
+        .fake
+        .event_summaries()
+        .into_iter()
+        .filter(|(_, r, _)| r == "PreflightStarted")
+        .count();
+    assert_eq!(started, 1, "{:?}", h.fake.event_summaries());
+}
