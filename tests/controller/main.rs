@@ -298,3 +298,12 @@ pub fn fast_settle_check() -> crd_lifecycle::migrate::SettleCheck {
         timeout: Duration::from_secs(5),
     }
 }
+
+impl Drop for Harness {
+    /// A request the fake does not serve fails the test, naming the method and path.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.fake.assert_only_known_requests();
+        }
+    }
+}

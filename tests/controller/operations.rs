@@ -163,6 +163,9 @@ async fn run_ends_before_the_lease_expires_when_the_renewal_hangs() {
         traffic_sample_interval: std::time::Duration::from_secs(60),
         webhook: None,
     };
+    // The whole controller runs here: its policy and CRD watches are not served by the fake
+    // (they fail and back off), which this test does not depend on.
+    h.fake.lock().unknown_requests_allowed = true;
     let running = tokio::spawn(run(h.fake.client(), settings));
     // It leads once it holds the lease; then the lease endpoint stops answering.
     for _ in 0..100 {
@@ -183,5 +186,22 @@ async fn run_ends_before_the_lease_expires_when_the_renewal_hangs() {
         stalled.elapsed() < std::time::Duration::from_millis(1500),
         "{:?}",
         stalled.elapsed()
+    );
+}
+
+#[tokio::test]
+#[should_panic(
+    expected = "requests the fake apiserver does not serve: [\"GET /apis/nowhere.example.com/v1/things/x?\"]"
+)]
+async fn a_request_the_fake_does_not_serve_fails_the_test() {
+    let h = Harness::new();
+    let request = http::Request::get("/apis/nowhere.example.com/v1/things/x")
+        .body(Vec::new())
+        .expect("request");
+    let answer = h.ctx.client.request::<serde_json::Value>(request).await;
+    // Not a 404 that code could read as "does not exist".
+    assert!(
+        matches!(answer, Err(kube::Error::Api(ref s)) if s.code == 501),
+        "{answer:?}"
     );
 }

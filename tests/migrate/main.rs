@@ -6,7 +6,7 @@ mod apiserver;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use apiserver::{FakeApiserver, ListFault, ObjectFault};
+use apiserver::{CheckedFake, FakeApiserver, ListFault, ObjectFault};
 use crd_lifecycle::migrate::{
     self, Checkpoint, Counts, Mode, Observer, Outcome, Resume, RetryPolicy, Settings, SettleCheck,
 };
@@ -16,8 +16,8 @@ const CRD: &str = "widgets.example.com";
 
 /// A CRD whose storage moved from v1alpha1 to v1 (both still listed in storedVersions)
 /// with `count` objects still encoded as v1alpha1.
-fn cluster(count: usize) -> FakeApiserver {
-    let fake = FakeApiserver::new();
+fn cluster(count: usize) -> CheckedFake {
+    let fake = CheckedFake(FakeApiserver::new());
     let version = |name: &str, storage: bool| {
         json!({"name": name, "served": true, "storage": storage,
                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}})
@@ -450,7 +450,7 @@ async fn a_failing_list_page_is_retried_not_fatal() {
 
 /// A CRD storing v1alpha1 whose storage is then switched to v1, as the controller's `store`
 /// does, on an apiserver that acts on the switch only after `lag` more requests.
-fn switched_with_lag(count: usize, lag: u32) -> FakeApiserver {
+fn switched_with_lag(count: usize, lag: u32) -> CheckedFake {
     let fake = cluster(count);
     fake.edit_crd(CRD, |crd| {
         crd["spec"]["versions"][0]["storage"] = json!(true);
@@ -965,7 +965,7 @@ async fn migrate_cli(kubeconfig: &tempfile_path::Path, extra: &[&str]) -> std::p
 #[tokio::test]
 async fn the_migrate_command_reports_and_exits_by_outcome() {
     let fake = cluster(700);
-    let (kubeconfig, server) = serve_over_http(fake.clone()).await;
+    let (kubeconfig, server) = serve_over_http(FakeApiserver::clone(&fake)).await;
 
     // Preflight first: reads everything, writes nothing, exit 0.
     let output = migrate_cli(&kubeconfig, &["--dry-run", "--page-size", "100"]).await;
@@ -1319,7 +1319,7 @@ async fn the_repair_command_finds_and_fixes_broken_objects() {
             .remove(0);
         crd["status"]["storedVersions"] = json!(["v1"]);
     });
-    let (kubeconfig, server) = serve_over_http(fake.clone()).await;
+    let (kubeconfig, server) = serve_over_http(FakeApiserver::clone(&fake)).await;
     let repair = |extra: &'static [&'static str]| {
         let path = kubeconfig.0.clone();
         async move {

@@ -101,6 +101,11 @@ pub struct State {
     pub max_in_flight: usize,
 
     pub policies: BTreeMap<String, Value>,
+    /// Requests for routes the fake does not serve (`METHOD path?query`): a test whose
+    /// code sent one fails (see `assert_only_known_requests`).
+    pub unknown_requests: Vec<String>,
+    /// Set by tests that run code whose requests the fake knowingly does not serve.
+    pub unknown_requests_allowed: bool,
     pub events: Vec<Value>,
     pub leases: BTreeMap<String, Value>,
     /// Lease requests get no answer (an apiserver or network that hangs).
@@ -196,6 +201,17 @@ impl FakeApiserver {
             async move { Ok::<_, Infallible>(fake.handle(request).await) }
         });
         Client::new(service, "default")
+    }
+
+    /// Fails the test if any request went to a route the fake does not serve.
+    pub fn assert_only_known_requests(&self) {
+        let state = self.lock();
+        if !state.unknown_requests_allowed && !state.unknown_requests.is_empty() {
+            panic!(
+                "requests the fake apiserver does not serve: {:?}",
+                state.unknown_requests
+            );
+        }
     }
 
     pub fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -689,17 +705,23 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
                 name,
             ],
         ) => replace_lease(state, name, body),
-        _ => (
-            404,
-            status_body(
-                404,
-                "NotFound",
-                &format!(
-                    "the fake apiserver does not serve {} {}",
-                    request.method, request.path
+        // Not 404: that would read as "does not exist" and let a wrong path pass a test.
+        _ => {
+            state
+                .unknown_requests
+                .push(format!("{} {}?{}", request.method, request.path, request.query));
+            (
+                501,
+                status_body(
+                    501,
+                    "NotImplemented",
+                    &format!(
+                        "the fake apiserver does not serve {} {}",
+                        request.method, request.path
+                    ),
                 ),
-            ),
-        ),
+            )
+        }
     }
 }
 
@@ -1343,4 +1365,24 @@ fn respond(code: u16, body: &Value) -> Response<Body> {
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Body::from(serde_json::to_vec(body).unwrap_or_default()))
         .unwrap_or_else(|_| Response::new(Body::from(Vec::new())))
+}
+
+/// A fake that fails the test when it goes out of scope if any request went to a route it
+/// does not serve (the test's own handle: clones held by clients do not check).
+pub struct CheckedFake(pub FakeApiserver);
+
+impl std::ops::Deref for CheckedFake {
+    type Target = FakeApiserver;
+
+    fn deref(&self) -> &FakeApiserver {
+        &self.0
+    }
+}
+
+impl Drop for CheckedFake {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.0.assert_only_known_requests();
+        }
+    }
 }
