@@ -1,4 +1,5 @@
-//! Command-line interface. `main.rs` only dispatches on these.
+//! Command-line interface (the binary's): `commands/` turns these into the library's
+//! settings.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -6,7 +7,7 @@ use std::time::Duration;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use jiff::Timestamp;
 
-use crate::kubeclient::ClusterArgs;
+use crd_lifecycle::kubeclient::ClusterArgs;
 
 /// Runs the life of CustomResourceDefinition versions as code.
 #[derive(Parser, Debug)]
@@ -349,7 +350,7 @@ pub fn parse_instant(text: &str) -> Result<Timestamp, String> {
 
 /// Parses a resync period: a milestone-style duration between 1s and 10m.
 pub fn parse_resync(text: &str) -> Result<Duration, String> {
-    let duration = crate::lifecycle::parse_duration(text)?;
+    let duration = crd_lifecycle::lifecycle::parse_duration(text)?;
     let seconds = u64::try_from(duration.as_secs()).unwrap_or(0);
     if !(1..=600).contains(&seconds) {
         return Err(format!("{text:?} is outside 1s..10m"));

@@ -5,7 +5,6 @@ use std::io::Write;
 
 use serde_json::Value;
 
-use crate::cli::{ConvertArgs, ObjectFormat};
 use crate::conversion::{Converter, object_name};
 use crate::lifecycle::FieldErrors;
 use crate::manifest::{self, origin_of};
@@ -32,8 +31,27 @@ pub enum Error {
     Output(String),
 }
 
+/// How `convert` prints the objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ObjectFormat {
+    Yaml,
+    Json,
+}
+
+/// What `convert` converts.
+#[derive(Clone, Debug)]
+pub struct ConvertSettings {
+    /// The VersionPolicy whose spec.conversion to use (`-` for stdin).
+    pub policy: String,
+    /// The version to convert to.
+    pub to: String,
+    pub output: ObjectFormat,
+    /// The objects (YAML or JSON, several documents allowed; `-` for stdin).
+    pub objects: String,
+}
+
 /// Converts every document of the input and writes them out, in order.
-pub fn run(args: &ConvertArgs, out: &mut impl Write) -> Result<(), Error> {
+pub fn run(args: &ConvertSettings, out: &mut impl Write) -> Result<(), Error> {
     if args.policy == "-" && args.objects == "-" {
         return Err(Error::BothFromStdin);
     }

@@ -1,7 +1,6 @@
 //! crd-lifecycle: runs the life of CustomResourceDefinition versions as code.
 
 pub mod api;
-pub mod cli;
 pub mod controller;
 pub mod conversion;
 pub mod convert;

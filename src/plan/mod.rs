@@ -4,8 +4,9 @@ mod table;
 
 use std::io::Write;
 
+use jiff::Timestamp;
+
 use crate::api::VersionPolicy;
-use crate::cli::{OutputFormat, PlanArgs};
 use crate::lifecycle::{self, CrdState, Evaluation, FieldErrors, Schedule};
 use crate::manifest::{self, origin_of};
 
@@ -28,8 +29,34 @@ pub enum Error {
     Output(String),
 }
 
+/// How `plan` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// The CRD manifest as YAML.
+    Yaml,
+    /// The CRD manifest as JSON.
+    Json,
+    /// The timeline and the versions, for people.
+    Table,
+}
+
+/// What `plan` evaluates.
+#[derive(Clone, Debug)]
+pub struct PlanSettings {
+    /// The VersionPolicy file (`-` for stdin).
+    pub policy: String,
+    /// The CRD file (`-` for stdin).
+    pub crd: String,
+    /// The instant to evaluate at.
+    pub at: Timestamp,
+    /// `status.storedVersions` to assume, instead of "every migration completes at its
+    /// storage switch".
+    pub stored_versions: Option<Vec<String>>,
+    pub output: OutputFormat,
+}
+
 /// Runs `plan` and writes its output.
-pub fn run(args: &PlanArgs, out: &mut impl Write) -> Result<(), Error> {
+pub fn run(args: &PlanSettings, out: &mut impl Write) -> Result<(), Error> {
     if args.policy == "-" && args.crd == "-" {
         return Err(Error::BothFromStdin);
     }
@@ -80,7 +107,7 @@ pub struct Plan {
 
 impl Plan {
     /// Validates the policy against the CRD and evaluates it at `args.at`.
-    pub fn new(policy: &VersionPolicy, crd: CrdState, args: &PlanArgs) -> Result<Plan, lifecycle::Error> {
+    pub fn new(policy: &VersionPolicy, crd: CrdState, args: &PlanSettings) -> Result<Plan, lifecycle::Error> {
         let mut errors = FieldErrors::default();
         if policy.spec.crd_name != crd.name {
             errors.push(

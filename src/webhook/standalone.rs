@@ -4,15 +4,27 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use super::{CachedPolicies, CertStore, PolicySource, StaticPolicies, certs};
-use crate::cli::StandaloneWebhookArgs;
-use crate::{kubeclient, manifest};
+use crate::manifest;
+
+/// What the standalone webhook serves, and how.
+#[derive(Clone, Debug)]
+pub struct StandaloneSettings {
+    pub port: u16,
+    /// Policy files; none: watch the cluster's VersionPolicies through `client`.
+    pub policy: Vec<String>,
+    /// Serving certificate and key (PEM files); none: a self-signed pair for `name`.
+    pub cert_file: Option<String>,
+    pub key_file: Option<String>,
+    /// DNS names (or IPs) of the self-signed certificate.
+    pub name: Vec<String>,
+    /// Where to write the self-signed CA (the CRD's caBundle).
+    pub ca_out: Option<String>,
+}
 
 /// Serves until Ctrl-C / SIGTERM. Errors are bad input or a failed start.
-pub async fn run(args: &StandaloneWebhookArgs) -> Result<(), String> {
+pub async fn run(args: &StandaloneSettings, client: Option<kube::Client>) -> Result<(), String> {
     let policies: Arc<dyn PolicySource> = if args.policy.is_empty() {
-        let client = kubeclient::client(&args.cluster)
-            .await
-            .map_err(|e| e.to_string())?;
+        let client = client.ok_or("no policy file given and no cluster to watch VersionPolicies in")?;
         let (cache, watches) = CachedPolicies::watch(client);
         tokio::spawn(watches);
         cache.wait_until_ready().await.map_err(|e| e.to_string())?;

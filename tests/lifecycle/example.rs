@@ -1,15 +1,14 @@
 //! The bundled example (`examples/widgets/`) at instants before, at and after every milestone.
 
 use crd_lifecycle::api::{MilestoneKind, VersionPhase};
-use crd_lifecycle::cli::{OutputFormat, PlanArgs};
 use crd_lifecycle::lifecycle::{self, BlockReason, CompletedMigration, CrdState};
-use crd_lifecycle::plan::Plan;
+use crd_lifecycle::plan::{OutputFormat, Plan, PlanSettings};
 use jiff::{SignedDuration, Timestamp};
 
 use crate::fixtures::{EXAMPLE_CRD, EXAMPLE_POLICY, crd, flags, policy, ts};
 
 fn plan_at(at: Timestamp, stored_versions: Option<&[&str]>) -> Plan {
-    let args = PlanArgs {
+    let args = PlanSettings {
         policy: "policy.yaml".into(),
         crd: "crd.yaml".into(),
         at,
