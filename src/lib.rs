@@ -4,6 +4,7 @@ pub mod api;
 pub mod controller;
 pub mod conversion;
 pub mod convert;
+pub mod field_errors;
 pub mod kubeclient;
 pub mod lifecycle;
 pub mod manifest;

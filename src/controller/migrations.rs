@@ -10,15 +10,16 @@ use std::time::{Duration, Instant};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, Resource};
 use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use super::events;
 use super::metrics::{CrdLabels, Metrics, MigrationResultLabels};
-use super::reconcile::apply_status;
+use super::status::apply_status;
 use crate::api::{MigrationCheckpoint, MigrationPhase, MigrationStatus, PreflightStatus, VersionPolicy};
 use crate::migrate::{self, Checkpoint, Counts, Mode, Outcome, Report, Resume, Target};
 
@@ -625,16 +626,12 @@ impl Migrations {
     }
 
     async fn event(&self, reference: &ObjectReference, type_: EventType, reason: &str, note: String) {
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(super::reconcile::truncate(note)),
-            action: "Migrate".to_owned(),
-            secondary: None,
-        };
-        if let Err(error) = self.recorder.publish(&event, reference).await {
-            warn!(reason, error = %error, "cannot publish event");
-        }
+        events::send(
+            &self.recorder,
+            reference,
+            events::event(type_, reason, "Migrate", note),
+        )
+        .await;
     }
 
     fn record_result(&self, job: &Job, crd: &str, result: &str) {

@@ -2,6 +2,7 @@
 //! metrics, leader election and graceful shutdown.
 
 mod error;
+pub mod events;
 pub mod gates;
 pub mod http;
 pub mod leader;

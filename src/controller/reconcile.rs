@@ -16,11 +16,12 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use super::error::{Error, status_code};
+use super::events;
 use super::gates;
 use super::metrics::Metrics;
 use super::migrations::Migrations;
 use super::patch::{add_conversion, as_json_patch, crd_patch, restore_conversion};
-use super::status::{BlockedReason, Observation, build_status};
+use super::status::{BlockedReason, Observation, apply_status, build_status};
 use super::traffic::TrafficMonitor;
 use super::webhook::WebhookEndpoint;
 use crate::api::{FIELD_MANAGER, MigrationPhase, MilestoneKind, TrafficStatus, VersionPolicy};
@@ -593,16 +594,8 @@ async fn patch_crd(ctx: &Context, name: &str, ops: Vec<Value>) -> Result<(), Err
 }
 
 async fn publish(ctx: &Context, policy: &VersionPolicy, type_: EventType, reason: &str, note: &str) {
-    let event = Event {
-        type_,
-        reason: reason.to_owned(),
-        note: Some(truncate(note.to_owned())),
-        action: "Release".to_owned(),
-        secondary: None,
-    };
-    if let Err(error) = ctx.recorder.publish(&event, &policy.object_ref(&())).await {
-        warn!(reason, error = %error, "cannot publish event");
-    }
+    let event = events::event(type_, reason, "Release", note.to_owned());
+    events::send(&ctx.recorder, &policy.object_ref(&()), event).await;
 }
 
 /// `status.history` as the apiserver has it, read past the cache (which lags behind our own
@@ -637,26 +630,6 @@ async fn write_status(
         source,
     })?;
     apply_status(&ctx.client, name, FIELD_MANAGER, status).await?;
-    Ok(())
-}
-
-/// Server-side applies these status fields of a VersionPolicy as `manager` (each writer of
-/// status has its own manager, so that none takes another's fields). Responses are decoded
-/// leniently, so that writing the status of a policy that does not decode works too.
-pub(crate) async fn apply_status(
-    client: &Client,
-    name: &str,
-    manager: &str,
-    status: serde_json::Value,
-) -> Result<(), kube::Error> {
-    let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
-    let patch = json!({
-        "apiVersion": "crdlifecycle.io/v1alpha1",
-        "kind": "VersionPolicy",
-        "status": status,
-    });
-    api.patch_status(name, &PatchParams::apply(manager).force(), &Patch::Apply(&patch))
-        .await?;
     Ok(())
 }
 
@@ -726,7 +699,7 @@ async fn publish_events(
         events.push(Event {
             type_: EventType::Warning,
             reason: "DriftCorrected".to_owned(),
-            note: Some(truncate(format!(
+            note: Some(events::truncate(format!(
                 "{crd} had been changed back by someone else; restored: {}",
                 reset.join(", ")
             ))),
@@ -760,7 +733,9 @@ async fn publish_events(
         events.push(Event {
             type_: EventType::Normal,
             reason: "DryRun".to_owned(),
-            note: Some(truncate(format!("dry run: would patch {crd} with {patch}"))),
+            note: Some(events::truncate(format!(
+                "dry run: would patch {crd} with {patch}"
+            ))),
             action: "DryRun".to_owned(),
             secondary: None,
         });
@@ -785,15 +760,13 @@ async fn publish_events(
         events.push(Event {
             type_: EventType::Warning,
             reason: reason.as_str().to_owned(),
-            note: Some(truncate(message.clone())),
+            note: Some(events::truncate(message.clone())),
             action: "Reconcile".to_owned(),
             secondary: None,
         });
     }
     for event in events {
-        if let Err(error) = ctx.recorder.publish(&event, &reference).await {
-            warn!(reason = event.reason, error = %error, "cannot publish event");
-        }
+        events::send(&ctx.recorder, &reference, event).await;
     }
 }
 
@@ -820,20 +793,6 @@ fn transition_note(crd: &str, transition: &Transition) -> String {
         "{what} ({} milestone scheduled at {})",
         transition.milestone, transition.at
     )
-}
-
-/// Event notes are limited to 1 kB.
-pub(crate) fn truncate(mut note: String) -> String {
-    const LIMIT: usize = 1000;
-    if note.len() > LIMIT {
-        let mut end = LIMIT - 3;
-        while !note.is_char_boundary(end) {
-            end -= 1;
-        }
-        note.truncate(end);
-        note.push_str("...");
-    }
-    note
 }
 
 #[cfg(test)]
@@ -871,11 +830,5 @@ mod tests {
             requeue_after(now, Some(ts("2025-12-31T23:59:59Z")), resync),
             Duration::ZERO
         );
-    }
-
-    #[test]
-    fn long_notes_are_truncated_on_a_char_boundary() {
-        let note = truncate("é".repeat(800));
-        assert!(note.len() <= 1000 && note.ends_with("..."));
     }
 }

@@ -2,6 +2,10 @@
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
+use kube::core::DeserializeGuard;
+use serde_json::json;
 
 use crate::api::{
     HistoryEntry, MilestoneKind, NextTransition, TrafficStatus, VersionPhase, VersionPolicy,
@@ -369,6 +373,26 @@ fn version_statuses(
         }
     }
     statuses
+}
+
+/// Server-side applies these status fields of a VersionPolicy as `manager` (each writer of
+/// status has its own manager, so that none takes another's fields). Responses are decoded
+/// leniently, so that writing the status of a policy that does not decode works too.
+pub async fn apply_status(
+    client: &Client,
+    name: &str,
+    manager: &str,
+    status: serde_json::Value,
+) -> Result<(), kube::Error> {
+    let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
+    let patch = json!({
+        "apiVersion": "crdlifecycle.io/v1alpha1",
+        "kind": "VersionPolicy",
+        "status": status,
+    });
+    api.patch_status(name, &PatchParams::apply(manager).force(), &Patch::Apply(&patch))
+        .await?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use crate::api::ConversionSpec;
-use crate::lifecycle::FieldErrors;
+use crate::field_errors::FieldErrors;
 pub use path::FieldPath;
 
 /// The annotation holding what a version cannot hold.

@@ -11,6 +11,7 @@ mod error;
 mod gates;
 mod render;
 mod schedule;
+mod validate;
 
 pub use crd::{CrdState, CrdVersion};
 pub use duration::parse_duration;

@@ -4,7 +4,7 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::crd::CrdState;
 use super::duration::parse_duration;
-use super::error::{Error, FieldErrors};
+use super::error::FieldErrors;
 use crate::api::{Enforce, MAX_VERSIONS, MigrationSettings, MilestoneKind, VersionPolicySpec};
 
 /// One governed version with every milestone resolved to an instant.
@@ -110,32 +110,6 @@ impl std::fmt::Display for Transition {
 }
 
 impl Schedule {
-    /// Resolves the policy and runs every validation rule that needs its CRD and the
-    /// current instant (`now` decides whether a version missing from the CRD is already
-    /// due for removal). Every problem is reported at once.
-    pub fn new(spec: &VersionPolicySpec, crd: &CrdState, now: Timestamp) -> Result<Schedule, Error> {
-        let mut errors = FieldErrors::default();
-        let (schedule, complete) = resolve(spec, &mut errors);
-        schedule.check_versions(&mut errors);
-        schedule.check_against_crd(crd, now, &mut errors);
-        if let Some(conversion) = &spec.conversion {
-            let versions: Vec<String> = crd.versions.iter().map(|v| v.name.clone()).collect();
-            let governed: Vec<String> = spec.versions.iter().map(|v| v.name.clone()).collect();
-            if let Err(problems) = crate::conversion::Converter::new(conversion, &versions, &governed) {
-                errors.0.extend(problems.0);
-            }
-        }
-        // Timeline rules only make sense once every milestone has an instant; otherwise
-        // they would report the consequences of errors already listed.
-        if complete {
-            schedule.check_timeline(crd, &mut errors);
-            if schedule.enforce == Some(Enforce::KubernetesDeprecationPolicy) {
-                super::deprecation_policy::check(&schedule, crd, &mut errors);
-            }
-        }
-        errors.into_result(schedule)
-    }
-
     pub fn version(&self, name: &str) -> Option<&ScheduledVersion> {
         self.versions.iter().find(|v| v.name == name)
     }
@@ -174,7 +148,7 @@ impl Schedule {
 
     /// Rules about each version on its own: order of milestones, deprecate before unserve
     /// before remove, and distinct storage instants.
-    fn check_versions(&self, errors: &mut FieldErrors) {
+    pub(super) fn check_versions(&self, errors: &mut FieldErrors) {
         for v in &self.versions {
             let mut previous: Option<(MilestoneKind, Timestamp)> = None;
             for kind in MilestoneKind::ALL {
@@ -214,7 +188,7 @@ impl Schedule {
     }
 
     /// Rules that need the CRD: governed versions exist in it.
-    fn check_against_crd(&self, crd: &CrdState, now: Timestamp, errors: &mut FieldErrors) {
+    pub(super) fn check_against_crd(&self, crd: &CrdState, now: Timestamp, errors: &mut FieldErrors) {
         for v in &self.versions {
             if crd.version(&v.name).is_none() && v.present(now) {
                 errors.push(
@@ -232,7 +206,7 @@ impl Schedule {
 
     /// Rules over the whole timeline: at every instant the storage version is present and
     /// served, and some version is served.
-    fn check_timeline(&self, crd: &CrdState, errors: &mut FieldErrors) {
+    pub(super) fn check_timeline(&self, crd: &CrdState, errors: &mut FieldErrors) {
         let mut instants: Vec<Timestamp> = self.transitions().into_iter().map(|t| t.at).collect();
         instants.dedup();
         let Some(first) = instants.first().copied() else {
@@ -331,7 +305,7 @@ impl Schedule {
 
 /// Resolves every milestone to an instant, reporting what cannot be parsed or counted
 /// from. Returns the schedule and whether every milestone resolved.
-fn resolve(spec: &VersionPolicySpec, errors: &mut FieldErrors) -> (Schedule, bool) {
+pub(super) fn resolve(spec: &VersionPolicySpec, errors: &mut FieldErrors) -> (Schedule, bool) {
     check_crd_name(&spec.crd_name, errors);
     if spec.versions.is_empty() {
         errors.push("spec.versions", "at least one version must be listed");
