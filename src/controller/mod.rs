@@ -1,6 +1,7 @@
 //! The controller: applies VersionPolicies to live CRDs on schedule, with status, events,
 //! metrics, leader election and graceful shutdown.
 
+pub mod decide;
 mod error;
 pub mod events;
 pub mod gates;

@@ -15,18 +15,19 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
+use super::decide::{Decision, WebhookConversion, decide, managed_fields_pending};
 use super::error::{Error, status_code};
 use super::events;
 use super::gates;
 use super::metrics::Metrics;
 use super::migrations::Migrations;
-use super::patch::{add_conversion, as_json_patch, crd_patch, restore_conversion};
+use super::patch::{add_conversion, as_json_patch};
 use super::status::{BlockedReason, Observation, apply_status, build_status};
 use super::traffic::TrafficMonitor;
 use super::webhook::WebhookEndpoint;
-use crate::api::{FIELD_MANAGER, MigrationPhase, MilestoneKind, TrafficStatus, VersionPolicy};
+use crate::api::{FIELD_MANAGER, MilestoneKind, TrafficStatus, VersionPolicy};
 use crate::conversion::RecordedConversion;
-use crate::lifecycle::{BlockReason, CompletedMigration, CrdState, Evaluation, Schedule, Transition};
+use crate::lifecycle::{BlockReason, CrdState, Evaluation, Transition};
 
 /// The finalizer that keeps a policy until its CRD is released.
 pub const RELEASE_FINALIZER: &str = "crdlifecycle.io/release-crd";
@@ -263,74 +264,40 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             ));
             return Ok(outcome);
         };
-        let mut state = CrdState::from_crd(&crd);
-        state.managed_fields_pending = managed_fields_pending(policy, &state);
-        let schedule = match Schedule::new(&policy.spec, &state, now) {
-            Ok(schedule) => schedule,
-            Err(error) => {
-                outcome
-                    .blocked
-                    .push((BlockedReason::InvalidPolicy, error.to_string().replace('\n', " ")));
-                outcome.crd_after = Some(state);
-                return Ok(outcome);
-            }
-        };
         let gates = gates::gates(policy, &crd, &ctx.traffic);
-        outcome.traffic = gates.traffic;
         if !gates.invalid_approvals.is_empty() {
             warn!(policy = policy.name_any(), entries = ?gates.invalid_approvals, "ignoring approval entries that are not <version>.<milestone>");
         }
-        let evaluation =
-            schedule.evaluate_with_gates(&state, &completed_migrations(policy), &gates.inputs, now);
-        outcome.approved = schedule
-            .versions
-            .iter()
-            .flat_map(|v| {
-                MilestoneKind::ALL
-                    .into_iter()
-                    .filter(|k| v.needs_approval(*k))
-                    .map(|k| (v.name.clone(), k))
-            })
-            .collect();
-        outcome.blocked.extend(
-            evaluation
-                .blocked
-                .iter()
-                .map(|b| (BlockedReason::from(b.reason), b.message.clone())),
-        );
-        let mut ops = crd_patch(&crd, &evaluation);
-        // Keep spec.conversion pointed at this operator's webhook, and the conversion it relies
-        // on recorded on the CRD, in the same guarded patch.
-        if let Some(conversion) = policy.spec.conversion.as_ref().filter(|c| c.webhook.enabled) {
-            let record = RecordedConversion {
-                policy: policy.name_any(),
-                conversion: conversion.clone(),
-            };
-            match ctx.webhook.as_ref().map(|w| w.desired_conversion(&policy.name_any())) {
-                Some(Some(desired)) => {
-                    outcome.conversion_changed = add_conversion(&mut ops, &crd, &desired, &record);
-                }
-                Some(None) => outcome.blocked.push((
-                    BlockedReason::WebhookNotConfigured,
-                    "the conversion webhook's certificate is not ready yet; spec.conversion is left as it is".to_owned(),
-                )),
-                None => outcome.blocked.push((
-                    BlockedReason::WebhookNotConfigured,
-                    "spec.conversion.webhook.enabled is true but this controller serves no conversion webhook \
-                     (run it with --webhook-port and --webhook-service or --webhook-url); spec.conversion is left as it is"
-                        .to_owned(),
-                )),
-            }
-        } else {
-            // The webhook was turned off (or spec.conversion removed): the CRD gets back the
-            // conversion it had before.
-            outcome.conversion_restored = restore_conversion(&mut ops, &crd, &policy.name_any());
-        }
-        let pending: Vec<Transition> = evaluation
-            .pending_transitions(&state)
-            .into_iter()
-            .cloned()
-            .collect();
+        let webhook = match (
+            &ctx.webhook,
+            policy.spec.conversion.as_ref().filter(|c| c.webhook.enabled),
+        ) {
+            (_, None) => WebhookConversion::NotWanted,
+            (None, Some(_)) => WebhookConversion::NoWebhook,
+            (Some(endpoint), Some(_)) => match endpoint.desired_conversion(&policy.name_any()) {
+                Some(desired) => WebhookConversion::Desired(desired),
+                None => WebhookConversion::CertificateNotReady,
+            },
+        };
+        let Decision {
+            state,
+            evaluation,
+            blocked,
+            ops,
+            pending,
+            approved,
+            conversion_changed,
+            conversion_restored,
+        } = decide(policy, &crd, &gates.inputs, &webhook, now);
+        outcome.traffic = gates.traffic;
+        outcome.blocked = blocked;
+        outcome.approved = approved;
+        outcome.conversion_changed = conversion_changed;
+        outcome.conversion_restored = conversion_restored;
+        let Some(evaluation) = evaluation else {
+            outcome.crd_after = Some(state);
+            return Ok(outcome);
+        };
         if ops.is_empty() {
             outcome.crd_after = Some(state);
             outcome.evaluation = Some(evaluation);
@@ -421,38 +388,6 @@ fn api_message(error: &kube::Error) -> String {
 async fn get_crd(ctx: &Context, name: &str) -> Result<Option<CustomResourceDefinition>, Error> {
     let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
     Ok(api.get_opt(name).await?)
-}
-
-/// Migrations the migrator recorded as finished in the policy's status.
-/// The versions (other than the storage version) whose managedFields entries no cleanup has
-/// rewritten yet. Served ones count too: a version unserved and removed at the same instant
-/// is unserved first, and removed only after the cleanup.
-fn managed_fields_pending(policy: &VersionPolicy, crd: &CrdState) -> Vec<String> {
-    let cleaned: Vec<String> = policy
-        .status
-        .as_ref()
-        .and_then(|s| s.managed_fields_cleanup.as_ref())
-        .filter(|c| c.phase == MigrationPhase::Succeeded)
-        .map(|c| c.versions.clone())
-        .unwrap_or_default();
-    crd.versions
-        .iter()
-        .filter(|v| !v.storage && !cleaned.contains(&v.name))
-        .map(|v| v.name.clone())
-        .collect()
-}
-
-fn completed_migrations(policy: &VersionPolicy) -> Vec<CompletedMigration> {
-    let Some(migration) = policy.status.as_ref().and_then(|s| s.migration.as_ref()) else {
-        return Vec::new();
-    };
-    match (&migration.phase, &migration.finished_at) {
-        (MigrationPhase::Succeeded, Some(finished)) => vec![CompletedMigration {
-            storage_version: migration.storage_version.clone(),
-            finished_at: finished.0,
-        }],
-        _ => Vec::new(),
-    }
 }
 
 /// The name of an older policy governing the same CRD, if there is one: the policy with

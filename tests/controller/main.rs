@@ -283,6 +283,7 @@ async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
     panic!("timed out waiting until {what}");
 }
 
+mod decide;
 mod gates;
 mod lifecycle;
 mod migration;

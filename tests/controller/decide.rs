@@ -1,0 +1,162 @@
+//! The `decide` step on plain data: no fake apiserver, no client.
+
+use crd_lifecycle::api::{MilestoneKind, VersionPolicy};
+use crd_lifecycle::controller::decide::{WebhookConversion, decide};
+use crd_lifecycle::lifecycle::GateInputs;
+use jiff::Timestamp;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use serde_json::json;
+
+use super::{EXAMPLE_CRD, EXAMPLE_POLICY};
+
+fn policy(edit: impl FnOnce(&mut serde_json::Value)) -> VersionPolicy {
+    let mut value = super::yaml(EXAMPLE_POLICY);
+    edit(&mut value);
+    serde_json::from_value(value).expect("policy")
+}
+
+fn crd(edit: impl FnOnce(&mut serde_json::Value)) -> CustomResourceDefinition {
+    let mut value = super::yaml(EXAMPLE_CRD);
+    value["metadata"]["resourceVersion"] = json!("7");
+    edit(&mut value);
+    serde_json::from_value(value).expect("CRD")
+}
+
+fn at(text: &str) -> Timestamp {
+    text.parse().expect("instant")
+}
+
+fn reasons(blocked: &[(crd_lifecycle::controller::status::BlockedReason, String)]) -> Vec<&str> {
+    blocked.iter().map(|(r, _)| r.as_str()).collect()
+}
+
+#[test]
+fn a_due_store_waits_for_its_preflight() {
+    let decision = decide(
+        &policy(|_| {}),
+        &crd(|_| {}),
+        &GateInputs::default(),
+        &WebhookConversion::NotWanted,
+        at("2026-01-05T00:00:00Z"),
+    );
+    assert_eq!(reasons(&decision.blocked), ["AwaitingPreflight"]);
+    assert!(decision.ops.is_empty(), "{:?}", decision.ops);
+    assert!(decision.pending.is_empty());
+}
+
+#[test]
+fn a_due_store_is_one_guarded_patch() {
+    let policy = policy(|p| p["spec"]["migration"]["preflight"] = json!(false));
+    let decision = decide(
+        &policy,
+        &crd(|_| {}),
+        &GateInputs::default(),
+        &WebhookConversion::NotWanted,
+        at("2026-01-05T00:00:00Z"),
+    );
+    assert!(decision.blocked.is_empty(), "{:?}", decision.blocked);
+    assert_eq!(
+        decision.ops[0],
+        json!({"op": "test", "path": "/metadata/resourceVersion", "value": "7"})
+    );
+    assert!(
+        decision
+            .ops
+            .iter()
+            .any(|op| op == &json!({"op": "replace", "path": "/spec/versions/1/storage", "value": true}))
+    );
+    let pending: Vec<_> = decision
+        .pending
+        .iter()
+        .map(|t| (t.version.as_str(), t.milestone))
+        .collect();
+    assert_eq!(pending, [("v1beta1", MilestoneKind::Store)]);
+}
+
+#[test]
+fn an_invalid_policy_decides_nothing() {
+    let policy = policy(|p| p["spec"]["versions"][0]["unserve"] = json!({"after": "90x"}));
+    let decision = decide(
+        &policy,
+        &crd(|_| {}),
+        &GateInputs::default(),
+        &WebhookConversion::NotWanted,
+        at("2026-03-01T00:00:00Z"),
+    );
+    assert_eq!(reasons(&decision.blocked), ["InvalidPolicy"]);
+    assert!(decision.evaluation.is_none() && decision.ops.is_empty());
+}
+
+#[test]
+fn a_wanted_webhook_without_one_is_reported() {
+    let policy = policy(|p| p["spec"]["conversion"] = json!({"webhook": {"enabled": true}}));
+    let decision = decide(
+        &policy,
+        &crd(|_| {}),
+        &GateInputs::default(),
+        &WebhookConversion::NoWebhook,
+        at("2025-12-01T00:00:00Z"),
+    );
+    assert_eq!(reasons(&decision.blocked), ["WebhookNotConfigured"]);
+    let decision = decide(
+        &policy,
+        &crd(|_| {}),
+        &GateInputs::default(),
+        &WebhookConversion::Desired(json!({"strategy": "Webhook"})),
+        at("2025-12-01T00:00:00Z"),
+    );
+    assert!(decision.conversion_changed);
+    assert!(decision.ops.iter().any(|op| op["path"] == "/spec/conversion"));
+}
+
+#[test]
+fn a_removal_waits_for_the_managed_fields_cleanup() {
+    // v1alpha1 unserved, nothing stored in it any more; no cleanup recorded yet.
+    let crd = crd(|c| {
+        c["spec"]["versions"][0]["served"] = json!(false);
+        c["spec"]["versions"][0]["deprecated"] = json!(true);
+        c["spec"]["versions"][1]["deprecated"] = json!(true);
+        c["spec"]["versions"][1]["deprecationWarning"] =
+            json!("example.com/v1beta1 Widget is deprecated; use example.com/v1");
+        c["spec"]["versions"][0]["deprecationWarning"] =
+            json!("example.com/v1alpha1 Widget is deprecated; use example.com/v1");
+        c["spec"]["versions"][0]["storage"] = json!(false);
+        c["spec"]["versions"][2]["storage"] = json!(true);
+        c["spec"]["versions"][2]["served"] = json!(true);
+        c["status"] = json!({"storedVersions": ["v1"]});
+    });
+    let held = decide(
+        &policy(|_| {}),
+        &crd,
+        &GateInputs::default(),
+        &WebhookConversion::NotWanted,
+        at("2026-06-29T00:00:00Z"),
+    );
+    assert_eq!(
+        reasons(&held.blocked),
+        ["AwaitingManagedFieldsCleanup"],
+        "{:?}",
+        held.blocked
+    );
+    assert!(!held.ops.iter().any(|op| op["op"] == "remove"));
+    // Once a cleanup of v1alpha1 succeeded, the removal is in the patch.
+    let cleaned = policy(|p| {
+        p["status"] = json!({"managedFieldsCleanup": {"phase": "Succeeded", "storageVersion": "v1", "versions": ["v1alpha1"]}});
+    });
+    let removal = decide(
+        &cleaned,
+        &crd,
+        &GateInputs::default(),
+        &WebhookConversion::NotWanted,
+        at("2026-06-29T00:00:00Z"),
+    );
+    assert!(removal.blocked.is_empty(), "{:?}", removal.blocked);
+    assert!(
+        removal
+            .ops
+            .iter()
+            .any(|op| op == &json!({"op": "remove", "path": "/spec/versions/0"})),
+        "{:?}",
+        removal.ops
+    );
+}
