@@ -1,6 +1,7 @@
 //! The controller: applies VersionPolicies to live CRDs on schedule, with status, events,
 //! metrics, leader election and graceful shutdown.
 
+mod context;
 pub mod decide;
 mod error;
 pub mod events;
@@ -11,6 +12,7 @@ pub mod metrics;
 pub mod migrations;
 pub mod patch;
 mod reconcile;
+mod release;
 pub mod status;
 pub mod supervise;
 pub mod traffic;
@@ -32,10 +34,10 @@ use kube::runtime::{Controller, watcher};
 use kube::{Client, ResourceExt};
 use tracing::{error, info, warn};
 
+pub use context::{Clock, Context};
 pub use error::{Error, status_code};
-pub use reconcile::{
-    Clock, Context, RELEASE_FINALIZER, competing_owner, error_policy, reconcile, requeue_after,
-};
+pub use reconcile::{competing_owner, error_policy, reconcile, requeue_after};
+pub use release::RELEASE_FINALIZER;
 
 use crate::api::VersionPolicy;
 use http::Health;

@@ -6,61 +6,27 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::{DeserializeGuard, error_boundary::InvalidObject};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
-use kube::{Client, Resource, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 use tracing::{info, warn};
 
+use super::context::{Context, get_crd};
 use super::decide::{Decision, WebhookConversion, decide, managed_fields_pending};
 use super::error::{Error, status_code};
-use super::events;
+use super::events::publish_events;
 use super::gates;
-use super::metrics::Metrics;
-use super::migrations::Migrations;
-use super::patch::{add_conversion, as_json_patch};
-use super::status::{BlockedReason, Observation, apply_status, build_status};
-use super::traffic::TrafficMonitor;
-use super::webhook::WebhookEndpoint;
+use super::patch::as_json_patch;
+use super::release::{RELEASE_FINALIZER, ensure_finalizer, patch_policy, release};
+use super::status::{BlockedReason, Observation, apply_status, build_status, recorded_history, write_status};
 use crate::api::{FIELD_MANAGER, MilestoneKind, TrafficStatus, VersionPolicy};
-use crate::conversion::RecordedConversion;
 use crate::lifecycle::{BlockReason, CrdState, Evaluation, Transition};
-
-/// The finalizer that keeps a policy until its CRD is released.
-pub const RELEASE_FINALIZER: &str = "crdlifecycle.io/release-crd";
 
 /// How often a guarded patch is recomputed after the CRD changed under it, per reconcile.
 const PATCH_ATTEMPTS: usize = 3;
-
-/// A source of the current instant (the wall clock, or a fixed one in tests).
-pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
-
-/// What every reconcile shares.
-pub struct Context {
-    pub client: Client,
-    pub recorder: Recorder,
-    pub metrics: Arc<Metrics>,
-    /// The controller's cache of VersionPolicies, to find policies competing for a CRD.
-    pub policies: Store<DeserializeGuard<VersionPolicy>>,
-    pub clock: Clock,
-    /// Reconcile at least this often even when nothing is scheduled.
-    pub resync: Duration,
-    /// The storage-version migrations running in the background.
-    pub migrations: Arc<Migrations>,
-    /// Samples the apiserver's request counters for traffic gates.
-    pub traffic: Arc<TrafficMonitor>,
-    /// The conversion webhook this controller serves, if any.
-    pub webhook: Option<Arc<WebhookEndpoint>>,
-}
-
-impl Context {
-    pub fn now(&self) -> Timestamp {
-        (self.clock)()
-    }
-}
 
 /// Reconciles one policy (or reports one that cannot even be decoded).
 pub async fn reconcile(
@@ -196,7 +162,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
     observation.crd = crd_after.as_ref();
     observation.evaluation = evaluation.as_ref();
 
-    publish_events(policy, &observation, &drift, ctx).await;
+    publish_events(policy, &observation, &drift, &ctx.recorder).await;
     for transition in &observation.applied {
         ctx.metrics
             .record_transition(&crd_name, &transition.version, transition.milestone.as_str());
@@ -209,9 +175,9 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         .map(|t| t.at);
     ctx.metrics.set_next_transition(&name, next);
 
-    observation.recorded_history = recorded_history(ctx, &name, policy).await;
+    observation.recorded_history = recorded_history(&ctx.client, &name, policy).await;
     let status = build_status(policy, &observation, now);
-    write_status(ctx, &name, &status).await?;
+    write_status(&ctx.client, &name, &status).await?;
     // Wake at the next transition, or when a held one may proceed by time alone.
     let wake_at = evaluation.as_ref().and_then(|e| e.wake_at);
     let wake = [next, wake_at].into_iter().flatten().min();
@@ -385,11 +351,6 @@ fn api_message(error: &kube::Error) -> String {
     }
 }
 
-async fn get_crd(ctx: &Context, name: &str) -> Result<Option<CustomResourceDefinition>, Error> {
-    let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
-    Ok(api.get_opt(name).await?)
-}
-
 /// The name of an older policy governing the same CRD, if there is one: the policy with
 /// the earliest creationTimestamp (then name) keeps the CRD.
 pub fn competing_owner(
@@ -411,161 +372,6 @@ pub fn competing_owner(
         .filter(|other| *other < mine)
         .min()
         .map(|(_, name)| name)
-}
-
-/// Keeps the policy from disappearing before its CRD is released (see `release`).
-async fn ensure_finalizer(policy: &VersionPolicy, ctx: &Context) -> Result<(), Error> {
-    let finalizers = policy.metadata.finalizers.as_deref().unwrap_or_default();
-    if finalizers.iter().any(|f| f == RELEASE_FINALIZER) {
-        return Ok(());
-    }
-    let op = if policy.metadata.finalizers.is_none() {
-        json!({"op": "add", "path": "/metadata/finalizers", "value": [RELEASE_FINALIZER]})
-    } else {
-        json!({"op": "add", "path": "/metadata/finalizers/-", "value": RELEASE_FINALIZER})
-    };
-    patch_policy(ctx, &policy.name_any(), vec![op]).await
-}
-
-/// A deleted policy releases its CRD, then lets itself go. The CRD keeps every version and
-/// flag as it is. If it converts through this operator's webhook for this policy, it keeps
-/// doing so: the conversion is recorded on the CRD (`crdlifecycle.io/conversion`, written
-/// here if an older version of the operator did not), and the webhook serves it from there
-/// once the policy is gone, so every served version stays readable. Turning
-/// `spec.conversion.webhook.enabled` off before deleting hands conversion back instead.
-async fn release(policy: &VersionPolicy, ctx: &Context) -> Result<Action, Error> {
-    let name = policy.name_any();
-    let finalizers = policy.metadata.finalizers.clone().unwrap_or_default();
-    let Some(index) = finalizers.iter().position(|f| f == RELEASE_FINALIZER) else {
-        return Ok(Action::await_change());
-    };
-    let crd_name = &policy.spec.crd_name;
-    let note = match get_crd(ctx, crd_name).await? {
-        None => format!("VersionPolicy {name} deleted; CustomResourceDefinition {crd_name} does not exist"),
-        Some(crd) => match converting_for(&crd, &name) {
-            Some(current) => {
-                if let Some(conversion) = &policy.spec.conversion {
-                    let record = RecordedConversion {
-                        policy: name.clone(),
-                        conversion: conversion.clone(),
-                    };
-                    let mut ops = Vec::new();
-                    add_conversion(&mut ops, &crd, &current, &record);
-                    if !ops.is_empty()
-                        && let Err(error) = patch_crd(ctx, crd_name, ops).await
-                    {
-                        let message = format!(
-                            "cannot record the conversion of {crd_name} on it before releasing it ({error}); \
-                             the policy stays until it can, so that every version stays readable"
-                        );
-                        warn!(policy = name, "{message}");
-                        publish(ctx, policy, EventType::Warning, "CannotReleaseCRD", &message).await;
-                        let observation = Observation {
-                            blocked: vec![(BlockedReason::ReleasingCrd, message)],
-                            ..Observation::default()
-                        };
-                        let status = build_status(policy, &observation, ctx.now());
-                        let _ = write_status(ctx, &name, &status).await;
-                        return Err(error);
-                    }
-                }
-                format!(
-                    "VersionPolicy {name} deleted; {crd_name} keeps its versions as they are and keeps converting \
-                     through this operator's webhook, from its crdlifecycle.io/conversion annotation. To hand \
-                     conversion back, set spec.conversion.webhook.enabled: false before deleting the policy"
-                )
-            }
-            None => format!("VersionPolicy {name} deleted; {crd_name} keeps its versions as they are"),
-        },
-    };
-    info!(policy = name, "{note}");
-    publish(ctx, policy, EventType::Normal, "CRDReleased", &note).await;
-    ctx.metrics.set_blocked(&name, &[]);
-    ctx.metrics.set_next_transition(&name, None);
-    let ops = vec![
-        json!({"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": RELEASE_FINALIZER}),
-        json!({"op": "remove", "path": format!("/metadata/finalizers/{index}")}),
-    ];
-    match patch_policy(ctx, &name, ops).await {
-        // Gone already, or the finalizers changed: the next event tells.
-        Err(Error::Kube(error)) if matches!(status_code(&error), Some(404 | 409 | 422)) => {
-            Ok(Action::await_change())
-        }
-        other => other.map(|()| Action::await_change()),
-    }
-}
-
-/// The CRD's `spec.conversion` when it is this operator's webhook for `policy`.
-fn converting_for(crd: &CustomResourceDefinition, policy: &str) -> Option<Value> {
-    let conversion = crd.spec.conversion.as_ref()?;
-    let config = conversion.webhook.as_ref()?.client_config.as_ref()?;
-    let path = format!("/convert/{policy}");
-    let ours = config.service.as_ref().and_then(|s| s.path.as_deref()) == Some(path.as_str())
-        || config.url.as_deref().is_some_and(|u| u.ends_with(&path));
-    (conversion.strategy == "Webhook" && ours)
-        .then(|| serde_json::to_value(conversion).unwrap_or(Value::Null))
-}
-
-async fn patch_policy(ctx: &Context, name: &str, ops: Vec<Value>) -> Result<(), Error> {
-    let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(ctx.client.clone());
-    let patch = as_json_patch(&ops).map_err(|source| Error::Serialize {
-        what: "patch",
-        source,
-    })?;
-    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
-        .await?;
-    Ok(())
-}
-
-async fn patch_crd(ctx: &Context, name: &str, ops: Vec<Value>) -> Result<(), Error> {
-    let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
-    let patch = as_json_patch(&ops).map_err(|source| Error::Serialize {
-        what: "patch",
-        source,
-    })?;
-    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
-        .await?;
-    Ok(())
-}
-
-async fn publish(ctx: &Context, policy: &VersionPolicy, type_: EventType, reason: &str, note: &str) {
-    let event = events::event(type_, reason, "Release", note.to_owned());
-    events::send(&ctx.recorder, &policy.object_ref(&()), event).await;
-}
-
-/// `status.history` as the apiserver has it, read past the cache (which lags behind our own
-/// writes); the cached one when the read fails.
-async fn recorded_history(
-    ctx: &Context,
-    name: &str,
-    cached: &VersionPolicy,
-) -> Vec<crate::api::HistoryEntry> {
-    let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(ctx.client.clone());
-    match api.get_opt(name).await {
-        Ok(Some(DeserializeGuard(Ok(fresh)))) => fresh.status.map(|s| s.history).unwrap_or_default(),
-        Ok(_) => Vec::new(),
-        Err(error) => {
-            warn!(policy = name, error = %error, "cannot read the policy's recorded history; using the cached one");
-            cached
-                .status
-                .as_ref()
-                .map(|s| s.history.clone())
-                .unwrap_or_default()
-        }
-    }
-}
-
-async fn write_status(
-    ctx: &Context,
-    name: &str,
-    status: &crate::api::VersionPolicyStatus,
-) -> Result<(), Error> {
-    let status = serde_json::to_value(status).map_err(|source| Error::Serialize {
-        what: "status",
-        source,
-    })?;
-    apply_status(&ctx.client, name, FIELD_MANAGER, status).await?;
-    Ok(())
 }
 
 /// A policy that does not decode (possible for objects stored before a schema change):
@@ -603,131 +409,6 @@ async fn report_undecodable(invalid: &InvalidObject, ctx: &Context) -> Result<Ac
     ctx.metrics
         .set_blocked(&name, &[BlockedReason::InvalidPolicy.as_str()]);
     Ok(Action::await_change())
-}
-
-/// Events: one Normal event per applied transition, a Warning per blocked reason and for
-/// corrected drift. Failing to publish an event never fails the reconcile.
-async fn publish_events(
-    policy: &VersionPolicy,
-    observation: &Observation<'_>,
-    drift: &[Transition],
-    ctx: &Context,
-) {
-    let reference = policy.object_ref(&());
-    let crd = &policy.spec.crd_name;
-    let mut events = Vec::new();
-    for transition in &observation.applied {
-        events.push(Event {
-            type_: EventType::Normal,
-            reason: transition_reason(transition.milestone).to_owned(),
-            note: Some(transition_note(crd, transition)),
-            // Part of the recorder's de-duplication key: one event per version and milestone.
-            action: format!("{}/{}", transition.milestone, transition.version),
-            secondary: None,
-        });
-    }
-    if !drift.is_empty() {
-        let reset: Vec<String> = drift
-            .iter()
-            .map(|t| format!("{} {}", t.version, t.milestone))
-            .collect();
-        events.push(Event {
-            type_: EventType::Warning,
-            reason: "DriftCorrected".to_owned(),
-            note: Some(events::truncate(format!(
-                "{crd} had been changed back by someone else; restored: {}",
-                reset.join(", ")
-            ))),
-            action: "CorrectDrift".to_owned(),
-            secondary: None,
-        });
-    }
-    if observation.conversion_configured {
-        events.push(Event {
-            type_: EventType::Normal,
-            reason: "ConversionWebhookConfigured".to_owned(),
-            note: Some(format!(
-                "{crd} now converts between versions through this operator's webhook (spec.conversion)"
-            )),
-            action: "ConfigureConversion".to_owned(),
-            secondary: None,
-        });
-    }
-    if observation.conversion_restored {
-        events.push(Event {
-            type_: EventType::Normal,
-            reason: "ConversionRestored".to_owned(),
-            note: Some(format!(
-                "{crd} has its spec.conversion from before this operator's webhook back (spec.conversion.webhook is off)"
-            )),
-            action: "RestoreConversion".to_owned(),
-            secondary: None,
-        });
-    }
-    if let Some(patch) = &observation.dry_run_patch {
-        events.push(Event {
-            type_: EventType::Normal,
-            reason: "DryRun".to_owned(),
-            note: Some(events::truncate(format!(
-                "dry run: would patch {crd} with {patch}"
-            ))),
-            action: "DryRun".to_owned(),
-            secondary: None,
-        });
-    }
-    // A Warning when something starts holding the policy back (or holds it for another
-    // reason), not again on every reconcile while nothing changed: the previous status'
-    // Blocked condition already lists every message.
-    let previous = policy
-        .status
-        .as_ref()
-        .and_then(|s| {
-            s.conditions
-                .iter()
-                .find(|c| c.type_ == "Blocked" && c.status == "True")
-        })
-        .map(|c| c.message.as_str())
-        .unwrap_or_default();
-    for (reason, message) in &observation.blocked {
-        if previous.contains(message.as_str()) {
-            continue;
-        }
-        events.push(Event {
-            type_: EventType::Warning,
-            reason: reason.as_str().to_owned(),
-            note: Some(events::truncate(message.clone())),
-            action: "Reconcile".to_owned(),
-            secondary: None,
-        });
-    }
-    for event in events {
-        events::send(&ctx.recorder, &reference, event).await;
-    }
-}
-
-fn transition_reason(milestone: MilestoneKind) -> &'static str {
-    match milestone {
-        MilestoneKind::Introduce => "VersionIntroduced",
-        MilestoneKind::Store => "StorageVersionChanged",
-        MilestoneKind::Deprecate => "VersionDeprecated",
-        MilestoneKind::Unserve => "VersionUnserved",
-        MilestoneKind::Remove => "VersionRemoved",
-    }
-}
-
-fn transition_note(crd: &str, transition: &Transition) -> String {
-    let version = &transition.version;
-    let what = match transition.milestone {
-        MilestoneKind::Introduce => format!("{version} of {crd} is now served"),
-        MilestoneKind::Store => format!("{version} is now the storage version of {crd}"),
-        MilestoneKind::Deprecate => format!("{version} of {crd} is now deprecated"),
-        MilestoneKind::Unserve => format!("{version} of {crd} is no longer served"),
-        MilestoneKind::Remove => format!("{version} was removed from {crd}"),
-    };
-    format!(
-        "{what} ({} milestone scheduled at {})",
-        transition.milestone, transition.at
-    )
 }
 
 #[cfg(test)]

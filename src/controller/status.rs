@@ -3,6 +3,10 @@
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::Client;
+use tracing::warn;
+
+use super::error::Error;
+use crate::api::FIELD_MANAGER;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::DeserializeGuard;
 use serde_json::json;
@@ -392,6 +396,41 @@ pub async fn apply_status(
     });
     api.patch_status(name, &PatchParams::apply(manager).force(), &Patch::Apply(&patch))
         .await?;
+    Ok(())
+}
+
+/// `status.history` as the apiserver has it, read past the cache (which lags behind our own
+/// writes); the cached one when the read fails.
+pub async fn recorded_history(
+    client: &Client,
+    name: &str,
+    cached: &VersionPolicy,
+) -> Vec<crate::api::HistoryEntry> {
+    let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
+    match api.get_opt(name).await {
+        Ok(Some(DeserializeGuard(Ok(fresh)))) => fresh.status.map(|s| s.history).unwrap_or_default(),
+        Ok(_) => Vec::new(),
+        Err(error) => {
+            warn!(policy = name, error = %error, "cannot read the policy's recorded history; using the cached one");
+            cached
+                .status
+                .as_ref()
+                .map(|s| s.history.clone())
+                .unwrap_or_default()
+        }
+    }
+}
+
+pub async fn write_status(
+    client: &Client,
+    name: &str,
+    status: &crate::api::VersionPolicyStatus,
+) -> Result<(), Error> {
+    let status = serde_json::to_value(status).map_err(|source| Error::Serialize {
+        what: "status",
+        source,
+    })?;
+    apply_status(client, name, FIELD_MANAGER, status).await?;
     Ok(())
 }
 
