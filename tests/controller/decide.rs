@@ -160,3 +160,41 @@ fn a_removal_waits_for_the_managed_fields_cleanup() {
         removal.ops
     );
 }
+
+#[test]
+fn removals_are_one_patch_highest_index_first() {
+    let crd = crd(|c| {
+        for (i, served) in [(0, false), (1, false), (2, true)] {
+            c["spec"]["versions"][i]["served"] = json!(served);
+            c["spec"]["versions"][i]["storage"] = json!(i == 2);
+        }
+        c["spec"]["versions"][0]["deprecated"] = json!(true);
+        c["spec"]["versions"][0]["deprecationWarning"] =
+            json!("example.com/v1alpha1 Widget is deprecated; use example.com/v1");
+        c["spec"]["versions"][1]["deprecated"] = json!(true);
+        c["spec"]["versions"][1]["deprecationWarning"] =
+            json!("example.com/v1beta1 Widget is deprecated; use example.com/v1");
+        c["status"] = json!({"storedVersions": ["v1"]});
+    });
+    let cleaned = policy(|p| {
+        p["status"] = json!({"managedFieldsCleanup": {"phase": "Succeeded", "storageVersion": "v1", "versions": ["v1alpha1", "v1beta1"]}});
+    });
+    let decision = decide(
+        &cleaned,
+        &crd,
+        &GateInputs::default(),
+        &WebhookConversion::NotWanted,
+        at("2026-08-29T00:00:00Z"),
+    );
+    assert!(decision.blocked.is_empty(), "{:?}", decision.blocked);
+    assert_eq!(
+        decision.ops,
+        [
+            json!({"op": "test", "path": "/metadata/resourceVersion", "value": "7"}),
+            json!({"op": "test", "path": "/spec/versions/0/name", "value": "v1alpha1"}),
+            json!({"op": "test", "path": "/spec/versions/1/name", "value": "v1beta1"}),
+            json!({"op": "remove", "path": "/spec/versions/1"}),
+            json!({"op": "remove", "path": "/spec/versions/0"}),
+        ]
+    );
+}

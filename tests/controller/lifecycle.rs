@@ -207,17 +207,27 @@ async fn deprecation_and_removal_patches() {
     h.at("2026-06-01T00:00:00Z");
     h.reconcile("widgets").await;
     h.trim_stored_versions(&["v1"]);
+    // v1alpha1 was unserved at 05-30: its managedFields cleanup runs (and ends) well before
+    // its removal is due.
+    let fake = h.fake.clone();
+    super::wait_until("v1alpha1's managedFields cleanup ends", || {
+        fake.policy("widgets")["status"]["managedFieldsCleanup"]["phase"] == "Succeeded"
+    })
+    .await;
     let rv = h.fake.crd(CRD)["metadata"]["resourceVersion"].clone();
     h.fake.clear_requests();
     h.at("2026-08-29T00:00:00Z");
     h.reconcile("widgets").await;
-    // v1beta1 is unserved first; both removals wait for the managedFields cleanup.
+    // v1alpha1 goes on time; v1beta1 is unserved first, and its removal waits for the
+    // cleanup that starts now.
     assert_eq!(
         h.fake.crd_writes()[0].body,
         json!([
             {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+            {"op": "test", "path": "/spec/versions/0/name", "value": "v1alpha1"},
             {"op": "test", "path": "/spec/versions/1/name", "value": "v1beta1"},
             {"op": "replace", "path": "/spec/versions/1/served", "value": false},
+            {"op": "remove", "path": "/spec/versions/0"},
         ])
     );
     assert_eq!(
@@ -227,7 +237,6 @@ async fn deprecation_and_removal_patches() {
     let rv = h.fake.crd(CRD)["metadata"]["resourceVersion"].clone();
     h.fake.clear_requests();
     h.reconcile_through_cleanup("widgets").await;
-    // Then both removals in one patch, highest index first.
     let removal = h
         .fake
         .crd_writes()
@@ -242,9 +251,7 @@ async fn deprecation_and_removal_patches() {
         removal.body,
         json!([
             {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-            {"op": "test", "path": "/spec/versions/0/name", "value": "v1alpha1"},
-            {"op": "test", "path": "/spec/versions/1/name", "value": "v1beta1"},
-            {"op": "remove", "path": "/spec/versions/1"},
+            {"op": "test", "path": "/spec/versions/0/name", "value": "v1beta1"},
             {"op": "remove", "path": "/spec/versions/0"},
         ])
     );
