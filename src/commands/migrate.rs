@@ -12,17 +12,13 @@ pub async fn migrate(args: MigrateArgs) -> Result<(), CommandError> {
         .await
         .map_err(CommandError::failed)?;
     let settings = migrate::Settings {
-        concurrency: usize::try_from(args.concurrency).unwrap_or(16),
-        page_size: args.page_size,
-        qps: args.qps,
         mode: if args.dry_run {
             Mode::Preflight
         } else {
             Mode::Rewrite
         },
-        request_timeout: std::time::Duration::from_secs(args.request_timeout),
         through_status: args.subresource.is_some(),
-        ..migrate::Settings::default()
+        ..pacing(args.concurrency, args.page_size, args.qps, args.request_timeout)
     };
     run_with_progress(&client, &args.crd, &settings).await
 }
@@ -32,19 +28,26 @@ pub async fn repair(args: RepairArgs) -> Result<(), CommandError> {
         .await
         .map_err(CommandError::failed)?;
     let settings = migrate::Settings {
-        concurrency: usize::try_from(args.concurrency).unwrap_or(16),
-        page_size: args.page_size,
-        qps: args.qps,
         mode: Mode::CleanManagedFields,
         managed_fields: migrate::ManagedFieldsCleanup {
             versions: None,
             conversion: None,
             dry_run: args.dry_run,
         },
-        request_timeout: std::time::Duration::from_secs(args.request_timeout),
-        ..migrate::Settings::default()
+        ..pacing(args.concurrency, args.page_size, args.qps, args.request_timeout)
     };
     run_with_progress(&client, &args.crd, &settings).await
+}
+
+/// The settings every run of the migrator takes from the command line.
+fn pacing(concurrency: u32, page_size: u32, qps: u32, request_timeout: u64) -> migrate::Settings {
+    migrate::Settings {
+        concurrency: usize::try_from(concurrency).unwrap_or(16),
+        page_size,
+        qps,
+        request_timeout: std::time::Duration::from_secs(request_timeout),
+        ..migrate::Settings::default()
+    }
 }
 
 /// Runs the migrator with a progress display, prints the summary and the first failures,

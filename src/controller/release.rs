@@ -116,17 +116,18 @@ fn converting_for(crd: &CustomResourceDefinition, policy: &str) -> Option<Value>
 
 pub async fn patch_policy(ctx: &Context, name: &str, ops: Vec<Value>) -> Result<(), Error> {
     let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(ctx.client.clone());
-    let patch = as_json_patch(&ops).map_err(|source| Error::Serialize {
-        what: "patch",
-        source,
-    })?;
-    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
-        .await?;
-    Ok(())
+    json_patch(&api, name, ops).await
 }
 
 async fn patch_crd(ctx: &Context, name: &str, ops: Vec<Value>) -> Result<(), Error> {
     let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
+    json_patch(&api, name, ops).await
+}
+
+async fn json_patch<K>(api: &Api<K>, name: &str, ops: Vec<Value>) -> Result<(), Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let patch = as_json_patch(&ops).map_err(|source| Error::Serialize {
         what: "patch",
         source,

@@ -554,6 +554,21 @@ fn discovery(state: &mut State, group: &str, version: &str) -> Response<Body> {
     )
 }
 
+/// An error status with `Retry-After` seconds if given (transient faults).
+fn try_again_later(code: u16, retry_after: Option<u64>) -> Response<Body> {
+    let mut response = respond(
+        code,
+        &status_body(code, "TooManyRequests", "please try again later"),
+    );
+    if let Some(seconds) = retry_after {
+        response.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            seconds.to_string().parse().expect("header"),
+        );
+    }
+    response
+}
+
 fn plain_not_found() -> Response<Body> {
     Response::builder()
         .status(StatusCode::NOT_FOUND)
@@ -1044,18 +1059,7 @@ fn serve_custom(state: &mut State, request: &Recorded, target: &CustomRequest) -
             retry_after,
         }) if *times > 0 => {
             *times -= 1;
-            let code = *code;
-            let mut response = respond(
-                code,
-                &status_body(code, "TooManyRequests", "please try again later"),
-            );
-            if let Some(seconds) = retry_after {
-                response.headers_mut().insert(
-                    http::header::RETRY_AFTER,
-                    seconds.to_string().parse().expect("header"),
-                );
-            }
-            return response;
+            return try_again_later(*code, *retry_after);
         }
         _ => {}
     }
@@ -1206,19 +1210,7 @@ fn server_side_apply(
 fn list_custom(state: &mut State, request: &Recorded, target: &CustomRequest) -> Response<Body> {
     if let Some(fault) = state.list_faults.pop_front() {
         match fault {
-            ListFault::Status { code, retry_after } => {
-                let mut response = respond(
-                    code,
-                    &status_body(code, "TooManyRequests", "please try again later"),
-                );
-                if let Some(seconds) = retry_after {
-                    response.headers_mut().insert(
-                        http::header::RETRY_AFTER,
-                        seconds.to_string().parse().expect("header"),
-                    );
-                }
-                return response;
-            }
+            ListFault::Status { code, retry_after } => return try_again_later(code, retry_after),
             // Handled before the request got here.
             ListFault::Stall => {}
         }
