@@ -21,7 +21,10 @@ use super::events::publish_events;
 use super::gates;
 use super::patch::as_json_patch;
 use super::release::{RELEASE_FINALIZER, ensure_finalizer, patch_policy, release};
-use super::status::{BlockedReason, Observation, apply_status, build_status, recorded_history, write_status};
+use super::status::{
+    BlockedReason, ConditionState, ConditionType, Observation, apply_status, build_status, recorded_history,
+    write_status,
+};
 use crate::api::{FIELD_MANAGER, MilestoneKind, TrafficStatus, VersionPolicy};
 use crate::lifecycle::{BlockReason, CrdState, Evaluation, Transition};
 
@@ -393,18 +396,16 @@ async fn report_undecodable(invalid: &InvalidObject, ctx: &Context) -> Result<Ac
     }
     let now = ctx.now();
     let message = format!("the policy cannot be read: {}", invalid.error);
-    let condition = |type_: &str, status: &str, reason: &str| {
-        json!({"type": type_, "status": status, "reason": reason, "message": message,
-               "lastTransitionTime": now.to_string(), "observedGeneration": invalid.metadata.generation})
-    };
-    let status = json!({
-        "observedGeneration": invalid.metadata.generation,
-        "conditions": [
-            condition("Ready", "False", "InvalidPolicy"),
-            condition("Progressing", "False", "Idle"),
-            condition("Blocked", "True", "InvalidPolicy"),
-        ],
-    });
+    let generation = invalid.metadata.generation;
+    let conditions: Vec<_> = [
+        ConditionState::new(ConditionType::Ready, false, "InvalidPolicy", message.clone()),
+        ConditionState::new(ConditionType::Progressing, false, "Idle", message.clone()),
+        ConditionState::new(ConditionType::Blocked, true, "InvalidPolicy", message),
+    ]
+    .into_iter()
+    .map(|c| c.condition(&[], generation, now))
+    .collect();
+    let status = json!({"observedGeneration": generation, "conditions": conditions});
     apply_status(&ctx.client, &name, FIELD_MANAGER, status).await?;
     ctx.metrics
         .set_blocked(&name, &[BlockedReason::InvalidPolicy.as_str()]);

@@ -183,20 +183,7 @@ pub fn build_status(
 
     let conditions = conditions(policy, observation)
         .into_iter()
-        .map(|(type_, status, reason, message)| {
-            let unchanged = previous
-                .conditions
-                .iter()
-                .find(|c| c.type_ == type_ && c.status == status && c.reason == reason);
-            Condition {
-                last_transition_time: unchanged.map_or(Time(now), |c| c.last_transition_time.clone()),
-                message,
-                observed_generation: generation,
-                reason: reason.to_owned(),
-                status: status.to_owned(),
-                type_: type_.to_owned(),
-            }
-        })
+        .map(|c| c.condition(&previous.conditions, generation, now))
         .collect();
 
     VersionPolicyStatus {
@@ -234,9 +221,63 @@ pub fn merge_history(recorded: &[HistoryEntry], cached: &[HistoryEntry]) -> Vec<
     merged
 }
 
-type ConditionParts = (&'static str, &'static str, &'static str, String);
+/// The condition types a policy reports (kstatus reads `Ready`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConditionType {
+    Ready,
+    Progressing,
+    Blocked,
+}
 
-fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<ConditionParts> {
+impl ConditionType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConditionType::Ready => "Ready",
+            ConditionType::Progressing => "Progressing",
+            ConditionType::Blocked => "Blocked",
+        }
+    }
+}
+
+/// One condition as a reconcile decides it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConditionState {
+    pub type_: ConditionType,
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+impl ConditionState {
+    pub fn new(type_: ConditionType, status: bool, reason: &str, message: impl Into<String>) -> Self {
+        Self {
+            type_,
+            status,
+            reason: reason.to_owned(),
+            message: message.into(),
+        }
+    }
+
+    /// The condition as written: its transition time is kept from `previous` when its type,
+    /// status and reason are the same, so that an unchanged situation writes an identical
+    /// status.
+    pub fn condition(self, previous: &[Condition], generation: Option<i64>, now: Timestamp) -> Condition {
+        let status = if self.status { "True" } else { "False" };
+        let unchanged = previous
+            .iter()
+            .find(|c| c.type_ == self.type_.as_str() && c.status == status && c.reason == self.reason);
+        Condition {
+            last_transition_time: unchanged.map_or(Time(now), |c| c.last_transition_time.clone()),
+            message: self.message,
+            observed_generation: generation,
+            reason: self.reason,
+            status: status.to_owned(),
+            type_: self.type_.as_str().to_owned(),
+        }
+    }
+}
+
+fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<ConditionState> {
     let crd_name = &policy.spec.crd_name;
     let blocked = match observation.blocked.first() {
         Some((reason, _)) => {
@@ -246,11 +287,11 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
                 .map(|(_, m)| m.as_str())
                 .collect::<Vec<_>>()
                 .join("; ");
-            ("Blocked", "True", reason.as_str(), message)
+            ConditionState::new(ConditionType::Blocked, true, reason.as_str(), message)
         }
-        None => (
-            "Blocked",
-            "False",
+        None => ConditionState::new(
+            ConditionType::Blocked,
+            false,
             "NotBlocked",
             "nothing is held back".to_owned(),
         ),
@@ -260,39 +301,39 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
         _ => false,
     };
     let ready = if let Some((reason, _)) = observation.blocked.first() {
-        (
-            "Ready",
-            "False",
+        ConditionState::new(
+            ConditionType::Ready,
+            false,
             reason.as_str(),
-            format!("{crd_name} is held back: {}", blocked.3),
+            format!("{crd_name} is held back: {}", blocked.message),
         )
     } else if in_sync {
-        (
-            "Ready",
-            "True",
+        ConditionState::new(
+            ConditionType::Ready,
+            true,
             "UpToDate",
             format!("{crd_name} matches the policy"),
         )
     } else if observation.dry_run_patch.is_some() {
-        (
-            "Ready",
-            "False",
+        ConditionState::new(
+            ConditionType::Ready,
+            false,
             "DryRun",
             format!("dry run: the changes to {crd_name} in status.dryRunPatch were not applied"),
         )
     } else {
-        (
-            "Ready",
-            "False",
+        ConditionState::new(
+            ConditionType::Ready,
+            false,
             "Pending",
             format!("{crd_name} does not match the policy yet"),
         )
     };
     let migration = observation.evaluation.and_then(|e| e.migration.as_ref());
     let progressing = if let Some(need) = migration {
-        (
-            "Progressing",
-            "True",
+        ConditionState::new(
+            ConditionType::Progressing,
+            true,
             if observation.migrating {
                 "Migrating"
             } else {
@@ -310,16 +351,16 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
             .iter()
             .map(|t| format!("{} {}", t.version, t.milestone))
             .collect();
-        (
-            "Progressing",
-            "True",
+        ConditionState::new(
+            ConditionType::Progressing,
+            true,
             "TransitionApplied",
             format!("applied {}", applied.join(", ")),
         )
     } else {
-        (
-            "Progressing",
-            "False",
+        ConditionState::new(
+            ConditionType::Progressing,
+            false,
             "Idle",
             "no transition or migration under way".to_owned(),
         )
