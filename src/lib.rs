@@ -3,7 +3,7 @@
 pub mod api;
 pub mod controller;
 pub mod conversion;
-pub mod convert;
+pub mod convert_objects;
 pub mod field_errors;
 pub mod kubeclient;
 pub mod lifecycle;

@@ -1,6 +1,6 @@
 //! `crd-lifecycle convert`.
 
-use crd_lifecycle::convert::{self, ConvertSettings, ObjectFormat};
+use crd_lifecycle::convert_objects::{self, ConvertSettings, ObjectFormat};
 
 use super::CommandError;
 use crate::cli;
@@ -15,5 +15,5 @@ pub fn run(args: &cli::ConvertArgs) -> Result<(), CommandError> {
             cli::ObjectFormat::Json => ObjectFormat::Json,
         },
     };
-    convert::run(&settings, &mut std::io::stdout().lock()).map_err(CommandError::invalid)
+    convert_objects::run(&settings, &mut std::io::stdout().lock()).map_err(CommandError::invalid)
 }

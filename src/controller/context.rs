@@ -11,11 +11,11 @@ use kube::core::DeserializeGuard;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 
+use super::conversion_config::WebhookEndpoint;
 use super::error::Error;
 use super::metrics::Metrics;
 use super::migrations::Migrations;
 use super::traffic::TrafficMonitor;
-use super::webhook::WebhookEndpoint;
 use crate::api::VersionPolicy;
 
 /// A source of the current instant (the wall clock, or a fixed one in tests).

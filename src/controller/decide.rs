@@ -8,7 +8,7 @@ use kube::ResourceExt;
 use serde_json::Value;
 
 use super::patch::{add_conversion, crd_patch, restore_conversion};
-use super::status::BlockedReason;
+use super::status::ConditionReason;
 use crate::api::{MigrationPhase, MilestoneKind, VersionPolicy};
 use crate::conversion::RecordedConversion;
 use crate::lifecycle::{CompletedMigration, CrdState, Evaluation, GateInputs, Schedule, Transition};
@@ -34,7 +34,7 @@ pub struct Decision {
     /// The engine's evaluation (`None` for an invalid policy).
     pub evaluation: Option<Evaluation>,
     /// Everything that holds the policy back, most important first.
-    pub blocked: Vec<(BlockedReason, String)>,
+    pub blocked: Vec<(ConditionReason, String)>,
     /// The guarded JSON Patch to send (empty: the CRD is as it must be).
     pub ops: Vec<Value>,
     /// The transitions the patch applies.
@@ -70,9 +70,10 @@ pub fn decide(
     let schedule = match Schedule::new(&policy.spec, &decision.state, now) {
         Ok(schedule) => schedule,
         Err(error) => {
-            decision
-                .blocked
-                .push((BlockedReason::InvalidPolicy, error.to_string().replace('\n', " ")));
+            decision.blocked.push((
+                ConditionReason::InvalidPolicy,
+                error.to_string().replace('\n', " "),
+            ));
             return decision;
         }
     };
@@ -91,7 +92,7 @@ pub fn decide(
         evaluation
             .blocked
             .iter()
-            .map(|b| (BlockedReason::from(b.reason), b.message.clone())),
+            .map(|b| (ConditionReason::from(b.reason), b.message.clone())),
     );
     let mut ops = crd_patch(crd, &evaluation);
     // Keep spec.conversion pointed at this operator's webhook, and the conversion it relies
@@ -105,11 +106,11 @@ pub fn decide(
             decision.conversion_changed = add_conversion(&mut ops, crd, desired, &record);
         }
         (WebhookConversion::CertificateNotReady, _) => decision.blocked.push((
-            BlockedReason::WebhookNotConfigured,
+            ConditionReason::WebhookNotConfigured,
             "the conversion webhook's certificate is not ready yet; spec.conversion is left as it is".to_owned(),
         )),
         (WebhookConversion::NoWebhook, _) => decision.blocked.push((
-            BlockedReason::WebhookNotConfigured,
+            ConditionReason::WebhookNotConfigured,
             "spec.conversion.webhook.enabled is true but this controller serves no conversion webhook \
              (run it with --webhook-port and --webhook-service or --webhook-url); spec.conversion is left as it is"
                 .to_owned(),

@@ -215,7 +215,7 @@ impl Metrics {
 
     /// Sets the `blocked` gauge of a policy to exactly the given reasons.
     pub fn set_blocked(&self, policy: &str, reasons: &[&str]) {
-        for reason in super::status::BlockedReason::ALL.map(super::status::BlockedReason::as_str) {
+        for reason in super::status::ConditionReason::ALL.map(super::status::ConditionReason::as_str) {
             let labels = BlockedLabels {
                 policy: policy.to_owned(),
                 reason: reason.to_owned(),

@@ -2,10 +2,11 @@
 //! metrics, leader election and graceful shutdown.
 
 mod context;
+pub mod conversion_config;
 pub mod decide;
 mod error;
 pub mod events;
-pub mod gates;
+pub mod gate_inputs;
 pub mod http;
 pub mod leader;
 pub mod metrics;
@@ -16,7 +17,6 @@ mod release;
 pub mod status;
 pub mod supervise;
 pub mod traffic;
-pub mod webhook;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -40,13 +40,13 @@ pub use reconcile::{competing_owner, error_policy, reconcile, requeue_after};
 pub use release::RELEASE_FINALIZER;
 
 use crate::api::VersionPolicy;
+pub use conversion_config::{WebhookEndpoint, WebhookTarget};
 use http::Health;
 use leader::{LeaderElector, LeaseSettings};
 use metrics::Metrics;
 use migrations::Migrations;
 use supervise::{Essential, Supervisor};
 use traffic::TrafficMonitor;
-pub use webhook::{WebhookEndpoint, WebhookTarget};
 
 use crate::webhook::CertStore;
 
@@ -95,7 +95,7 @@ async fn start_webhook(
 ) -> Result<Arc<WebhookEndpoint>, RunError> {
     let endpoint = Arc::new(WebhookEndpoint::new(settings.target.clone()));
     let certs = Arc::new(CertStore::default());
-    let rotation = Arc::new(std::sync::Mutex::new(webhook::CaRotation::default()));
+    let rotation = Arc::new(std::sync::Mutex::new(conversion_config::CaRotation::default()));
     let refresh = {
         let (client, endpoint, certs, source, rotation) = (
             client.clone(),
@@ -128,8 +128,8 @@ async fn start_webhook(
                 };
                 let result = match loaded {
                     Ok((cert, key, ca)) => {
-                        let set = webhook::CertificateSet { cert, key, ca };
-                        webhook::refresh(set, &rotation, &endpoint, &client, |s| {
+                        let set = conversion_config::CertificateSet { cert, key, ca };
+                        conversion_config::refresh(set, &rotation, &endpoint, &client, |s| {
                             certs.set_pem(&s.cert, &s.key)
                         })
                         .await

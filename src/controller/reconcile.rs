@@ -18,12 +18,12 @@ use super::context::{Context, get_crd};
 use super::decide::{Decision, WebhookConversion, decide, managed_fields_pending};
 use super::error::{Error, status_code};
 use super::events::publish_events;
-use super::gates;
+use super::gate_inputs;
 use super::patch::as_json_patch;
 use super::release::{RELEASE_FINALIZER, ensure_finalizer, patch_policy, release};
 use super::status::{
-    BlockedReason, ConditionState, ConditionType, Observation, apply_status, build_status, recorded_history,
-    write_status,
+    ConditionReason, ConditionState, ConditionType, Observation, apply_status, build_status,
+    recorded_history, write_status,
 };
 use crate::api::{FIELD_MANAGER, MilestoneKind, TrafficStatus, VersionPolicy};
 use crate::lifecycle::{BlockReason, CrdState, Evaluation, Transition};
@@ -84,12 +84,12 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
 
     if let Some(owner) = competing_owner(policy, &ctx.policies) {
         observation.blocked.push((
-            BlockedReason::Conflict,
+            ConditionReason::Conflict,
             format!("VersionPolicy {owner} already governs {crd_name} (the oldest policy for a CRD wins)"),
         ));
     } else if policy.spec.suspend {
         observation.blocked.push((
-            BlockedReason::Suspended,
+            ConditionReason::Suspended,
             "spec.suspend is true: nothing is changed".to_owned(),
         ));
         crd_after = get_crd(ctx, &crd_name).await?.map(|crd| CrdState::from_crd(&crd));
@@ -122,7 +122,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
             }
         }
         observation.approved = outcome.approved;
-        observation.approver = gates::approver(policy);
+        observation.approver = gate_inputs::approver(policy);
         drift = outcome.drift;
         // Objects may still be stored in old versions (after a `store` transition, or
         // before a due `remove`): migrate them in the background. Decided on the CRD as it
@@ -206,7 +206,7 @@ pub fn requeue_after(now: Timestamp, next: Option<Timestamp>, resync: Duration) 
 struct Applied {
     crd_after: Option<CrdState>,
     evaluation: Option<Evaluation>,
-    blocked: Vec<(BlockedReason, String)>,
+    blocked: Vec<(ConditionReason, String)>,
     applied: Vec<Transition>,
     dry_run_patch: Option<String>,
     drift: Vec<Transition>,
@@ -228,12 +228,12 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
         let mut outcome = Applied::default();
         let Some(crd) = get_crd(ctx, crd_name).await? else {
             outcome.blocked.push((
-                BlockedReason::CrdNotFound,
+                ConditionReason::CrdNotFound,
                 format!("CustomResourceDefinition {crd_name} does not exist; waiting for it to be created"),
             ));
             return Ok(outcome);
         };
-        let gates = gates::gates(policy, &crd, &ctx.traffic);
+        let gates = gate_inputs::gates(policy, &crd, &ctx.traffic);
         if !gates.invalid_approvals.is_empty() {
             warn!(policy = policy.name_any(), entries = ?gates.invalid_approvals, "ignoring approval entries that are not <version>.<milestone>");
         }
@@ -327,7 +327,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 outcome.blocked.insert(
                     0,
                     (
-                        BlockedReason::UnsafeState,
+                        ConditionReason::UnsafeState,
                         format!(
                             "the apiserver rejected the change to {crd_name}: {}",
                             api_message(&error)
@@ -408,7 +408,7 @@ async fn report_undecodable(invalid: &InvalidObject, ctx: &Context) -> Result<Ac
     let status = json!({"observedGeneration": generation, "conditions": conditions});
     apply_status(&ctx.client, &name, FIELD_MANAGER, status).await?;
     ctx.metrics
-        .set_blocked(&name, &[BlockedReason::InvalidPolicy.as_str()]);
+        .set_blocked(&name, &[ConditionReason::InvalidPolicy.as_str()]);
     Ok(Action::await_change())
 }
 

@@ -14,7 +14,7 @@ use super::context::{Context, get_crd};
 use super::error::{Error, status_code};
 use super::events;
 use super::patch::{add_conversion, as_json_patch};
-use super::status::{BlockedReason, Observation, build_status, write_status};
+use super::status::{ConditionReason, Observation, build_status, write_status};
 use crate::api::VersionPolicy;
 use crate::conversion::RecordedConversion;
 
@@ -69,7 +69,7 @@ pub async fn release(policy: &VersionPolicy, ctx: &Context) -> Result<Action, Er
                         warn!(policy = name, "{message}");
                         publish(ctx, policy, EventType::Warning, "CannotReleaseCRD", &message).await;
                         let observation = Observation {
-                            blocked: vec![(BlockedReason::ReleasingCrd, message)],
+                            blocked: vec![(ConditionReason::ReleasingCrd, message)],
                             ..Observation::default()
                         };
                         let status = build_status(policy, &observation, ctx.now());

@@ -22,7 +22,7 @@ pub const HISTORY_LIMIT: usize = 32;
 
 /// Why a policy is held back, as the `reason` of its `Blocked` condition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BlockedReason {
+pub enum ConditionReason {
     /// The governed CRD does not exist.
     CrdNotFound,
     /// The policy cannot be applied as written (or not to this CRD).
@@ -52,52 +52,52 @@ pub enum BlockedReason {
     AwaitingManagedFieldsCleanup,
 }
 
-impl BlockedReason {
-    pub const ALL: [BlockedReason; 13] = [
-        BlockedReason::CrdNotFound,
-        BlockedReason::InvalidPolicy,
-        BlockedReason::Conflict,
-        BlockedReason::AwaitingMigration,
-        BlockedReason::UnsafeState,
-        BlockedReason::Suspended,
-        BlockedReason::AwaitingApproval,
-        BlockedReason::VersionInUse,
-        BlockedReason::AwaitingPreflight,
-        BlockedReason::ConversionPreflightFailed,
-        BlockedReason::WebhookNotConfigured,
-        BlockedReason::ReleasingCrd,
-        BlockedReason::AwaitingManagedFieldsCleanup,
+impl ConditionReason {
+    pub const ALL: [ConditionReason; 13] = [
+        ConditionReason::CrdNotFound,
+        ConditionReason::InvalidPolicy,
+        ConditionReason::Conflict,
+        ConditionReason::AwaitingMigration,
+        ConditionReason::UnsafeState,
+        ConditionReason::Suspended,
+        ConditionReason::AwaitingApproval,
+        ConditionReason::VersionInUse,
+        ConditionReason::AwaitingPreflight,
+        ConditionReason::ConversionPreflightFailed,
+        ConditionReason::WebhookNotConfigured,
+        ConditionReason::ReleasingCrd,
+        ConditionReason::AwaitingManagedFieldsCleanup,
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
-            BlockedReason::CrdNotFound => "CRDNotFound",
-            BlockedReason::InvalidPolicy => "InvalidPolicy",
-            BlockedReason::Conflict => "Conflict",
-            BlockedReason::AwaitingMigration => "AwaitingMigration",
-            BlockedReason::UnsafeState => "UnsafeState",
-            BlockedReason::Suspended => "Suspended",
-            BlockedReason::AwaitingApproval => "AwaitingApproval",
-            BlockedReason::VersionInUse => "VersionInUse",
-            BlockedReason::AwaitingPreflight => "AwaitingPreflight",
-            BlockedReason::ConversionPreflightFailed => "ConversionPreflightFailed",
-            BlockedReason::WebhookNotConfigured => "WebhookNotConfigured",
-            BlockedReason::ReleasingCrd => "ReleasingCRD",
-            BlockedReason::AwaitingManagedFieldsCleanup => "AwaitingManagedFieldsCleanup",
+            ConditionReason::CrdNotFound => "CRDNotFound",
+            ConditionReason::InvalidPolicy => "InvalidPolicy",
+            ConditionReason::Conflict => "Conflict",
+            ConditionReason::AwaitingMigration => "AwaitingMigration",
+            ConditionReason::UnsafeState => "UnsafeState",
+            ConditionReason::Suspended => "Suspended",
+            ConditionReason::AwaitingApproval => "AwaitingApproval",
+            ConditionReason::VersionInUse => "VersionInUse",
+            ConditionReason::AwaitingPreflight => "AwaitingPreflight",
+            ConditionReason::ConversionPreflightFailed => "ConversionPreflightFailed",
+            ConditionReason::WebhookNotConfigured => "WebhookNotConfigured",
+            ConditionReason::ReleasingCrd => "ReleasingCRD",
+            ConditionReason::AwaitingManagedFieldsCleanup => "AwaitingManagedFieldsCleanup",
         }
     }
 }
 
-impl From<BlockReason> for BlockedReason {
+impl From<BlockReason> for ConditionReason {
     fn from(reason: BlockReason) -> Self {
         match reason {
-            BlockReason::AwaitingMigration => BlockedReason::AwaitingMigration,
-            BlockReason::UnsafeState => BlockedReason::UnsafeState,
-            BlockReason::AwaitingApproval => BlockedReason::AwaitingApproval,
-            BlockReason::VersionInUse => BlockedReason::VersionInUse,
-            BlockReason::AwaitingPreflight => BlockedReason::AwaitingPreflight,
-            BlockReason::ConversionPreflightFailed => BlockedReason::ConversionPreflightFailed,
-            BlockReason::AwaitingManagedFieldsCleanup => BlockedReason::AwaitingManagedFieldsCleanup,
+            BlockReason::AwaitingMigration => ConditionReason::AwaitingMigration,
+            BlockReason::UnsafeState => ConditionReason::UnsafeState,
+            BlockReason::AwaitingApproval => ConditionReason::AwaitingApproval,
+            BlockReason::VersionInUse => ConditionReason::VersionInUse,
+            BlockReason::AwaitingPreflight => ConditionReason::AwaitingPreflight,
+            BlockReason::ConversionPreflightFailed => ConditionReason::ConversionPreflightFailed,
+            BlockReason::AwaitingManagedFieldsCleanup => ConditionReason::AwaitingManagedFieldsCleanup,
         }
     }
 }
@@ -110,7 +110,7 @@ pub struct Observation<'a> {
     /// The engine's decision, when the policy could be evaluated.
     pub evaluation: Option<&'a Evaluation>,
     /// Everything that holds the policy back, most important first.
-    pub blocked: Vec<(BlockedReason, String)>,
+    pub blocked: Vec<(ConditionReason, String)>,
     /// Transitions applied by this reconcile.
     pub applied: Vec<Transition>,
     /// With `spec.dryRun`, the patch that was not applied.

@@ -452,7 +452,7 @@ mod crd_conversion {
 
     #[tokio::test]
     async fn a_new_ca_reaches_ca_bundle_before_the_serving_certificate_changes() {
-        use crd_lifecycle::controller::webhook::{CaRotation, CertificateSet, Rotation, refresh};
+        use crd_lifecycle::controller::conversion_config::{CaRotation, CertificateSet, Rotation, refresh};
         let mut h = harness();
         let endpoint = Arc::new(WebhookEndpoint::new(
             WebhookTarget::parse_service("crd-lifecycle/crd-lifecycle-webhook").expect("service"),
