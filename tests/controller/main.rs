@@ -289,6 +289,7 @@ mod lifecycle;
 mod migration;
 mod operations;
 mod safety;
+mod sequence;
 mod webhook;
 
 /// Discovery confirmations 1 ms apart, so that tests do not wait seconds for a switch.
