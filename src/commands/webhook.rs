@@ -25,7 +25,11 @@ pub async fn run(args: StandaloneWebhookArgs) -> Result<(), CommandError> {
         name: args.name,
         ca_out: args.ca_out,
     };
-    standalone::run(&settings, client)
-        .await
-        .map_err(CommandError::Failed)
+    standalone::run(&settings, client).await.map_err(|error| {
+        if error.is_invalid_input() {
+            CommandError::invalid(error)
+        } else {
+            CommandError::failed(error)
+        }
+    })
 }

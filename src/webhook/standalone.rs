@@ -22,34 +22,81 @@ pub struct StandaloneSettings {
 }
 
 /// Serves until Ctrl-C / SIGTERM. Errors are bad input or a failed start.
-pub async fn run(args: &StandaloneSettings, client: Option<kube::Client>) -> Result<(), String> {
+/// Why the standalone webhook cannot start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no policy file given and no cluster to watch VersionPolicies in")]
+    NoPolicySource,
+    #[error("the VersionPolicy cache stopped before it was filled")]
+    CacheClosed,
+    /// A policy file that cannot be read or parsed (bad input).
+    #[error(transparent)]
+    Policy(#[from] manifest::Error),
+    /// A certificate file that cannot be read or used (bad input).
+    #[error("{path}: {message}")]
+    CertificateFile { path: String, message: String },
+    #[error("cannot create the self-signed certificates: {0}")]
+    Certificates(#[from] certs::Error),
+    #[error("the serving certificate cannot be used: {0}")]
+    Certificate(String),
+    #[error("cannot write {path}: {source}")]
+    WriteCa {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the webhook stopped: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+impl Error {
+    /// Whether the input (files, arguments) is at fault, rather than the environment.
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(self, Error::Policy(_) | Error::CertificateFile { .. })
+    }
+}
+
+pub async fn run(args: &StandaloneSettings, client: Option<kube::Client>) -> Result<(), Error> {
     let policies: Arc<dyn PolicySource> = if args.policy.is_empty() {
-        let client = client.ok_or("no policy file given and no cluster to watch VersionPolicies in")?;
+        let client = client.ok_or(Error::NoPolicySource)?;
         let (cache, watches) = CachedPolicies::watch(client);
         tokio::spawn(watches);
-        cache.wait_until_ready().await.map_err(|e| e.to_string())?;
+        cache.wait_until_ready().await.map_err(|_| Error::CacheClosed)?;
         Arc::new(cache)
     } else {
         let mut loaded = Vec::new();
         for path in &args.policy {
-            let text = manifest::read_source(path).map_err(|e| e.to_string())?;
-            loaded
-                .push(manifest::parse_policy(&text, &manifest::origin_of(path)).map_err(|e| e.to_string())?);
+            let text = manifest::read_source(path)?;
+            loaded.push(manifest::parse_policy(&text, &manifest::origin_of(path))?);
         }
         Arc::new(StaticPolicies(loaded))
     };
     let store = Arc::new(CertStore::default());
     match (&args.cert_file, &args.key_file) {
         (Some(cert), Some(key)) => {
-            let read =
-                |path: &str| std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"));
-            store.set_pem(&read(cert)?, &read(key)?)?;
+            let read = |path: &str| {
+                std::fs::read_to_string(path).map_err(|e| Error::CertificateFile {
+                    path: path.to_owned(),
+                    message: e.to_string(),
+                })
+            };
+            store
+                .set_pem(&read(cert)?, &read(key)?)
+                .map_err(|message| Error::CertificateFile {
+                    path: cert.clone(),
+                    message,
+                })?;
         }
         _ => {
-            let bundle = certs::new_bundle(&args.name, jiff::Timestamp::now()).map_err(|e| e.to_string())?;
-            store.set_pem(&bundle.cert_pem, &bundle.key_pem)?;
+            let bundle = certs::new_bundle(&args.name, jiff::Timestamp::now())?;
+            store
+                .set_pem(&bundle.cert_pem, &bundle.key_pem)
+                .map_err(Error::Certificate)?;
             if let Some(path) = &args.ca_out {
-                std::fs::write(path, &bundle.ca_pem).map_err(|e| format!("cannot write {path}: {e}"))?;
+                std::fs::write(path, &bundle.ca_pem).map_err(|source| Error::WriteCa {
+                    path: path.clone(),
+                    source,
+                })?;
                 tracing::info!(path, "wrote the self-signed CA certificate (the CRD's caBundle)");
             }
         }
@@ -59,5 +106,5 @@ pub async fn run(args: &StandaloneSettings, client: Option<kube::Client>) -> Res
         let _ = tokio::signal::ctrl_c().await;
     })
     .await
-    .map_err(|e| format!("the webhook stopped: {e}"))
+    .map_err(Error::Serve)
 }
