@@ -560,3 +560,38 @@ async fn certificates_are_kept_in_a_secret_and_renewed_with_the_same_ca() {
     assert_ne!(third.cert_pem, first.cert_pem);
     assert_eq!(third.names, renamed);
 }
+
+/// Every `tests/fixtures/conversionreview/<case>.request.json`, answered for the example
+/// conversion policy, must be exactly `<case>.response.json` (status code in `"code"`).
+/// `UPDATE_FIXTURES=1` writes the responses instead (then review the diff).
+#[test]
+fn conversion_reviews_match_their_fixtures() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/conversionreview");
+    let mut cases = 0;
+    let mut entries: Vec<_> = std::fs::read_dir(&dir).expect("fixtures").flatten().collect();
+    entries.sort_by_key(std::fs::DirEntry::path);
+    for entry in entries {
+        let path = entry.path();
+        let Some(case) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".request.json"))
+        else {
+            continue;
+        };
+        cases += 1;
+        let request = std::fs::read(&path).expect("request");
+        let (code, review) = webhook::review(&request, "gadgets", &policies());
+        let answered = json!({"code": code, "review": review});
+        let expected_path = dir.join(format!("{case}.response.json"));
+        if std::env::var_os("UPDATE_FIXTURES").is_some() {
+            let text = serde_json::to_string_pretty(&answered).expect("json") + "\n";
+            std::fs::write(&expected_path, text).expect("write");
+            continue;
+        }
+        let expected: Value =
+            serde_json::from_slice(&std::fs::read(&expected_path).expect("response fixture")).expect("json");
+        assert_eq!(answered, expected, "{case}");
+    }
+    assert!(cases >= 5, "{cases} fixtures");
+}
