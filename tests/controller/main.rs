@@ -1,6 +1,6 @@
 //! Controller tests: `reconcile` against kube's `Client` over an in-process fake apiserver.
 
-#[path = "../support/apiserver.rs"]
+#[path = "../support/apiserver/mod.rs"]
 mod apiserver;
 #[path = "../support/flags.rs"]
 mod flags;

@@ -1,6 +1,6 @@
 //! Migrator tests against kube's `Client` over the in-process fake apiserver.
 
-#[path = "../support/apiserver.rs"]
+#[path = "../support/apiserver/mod.rs"]
 mod apiserver;
 
 use std::sync::Mutex;

@@ -1,0 +1,118 @@
+//! CustomResourceDefinitions: guarded JSON Patches with the apiserver's checks, and the
+//! status subresource.
+
+use serde_json::Value;
+
+use super::*;
+
+/// JSON Patch on a CRD, with the apiserver's checks:
+/// - a failing `test` op answers 422 with a generic message (apiserver-samples/03);
+/// - exactly one storage version (05), every stored version still in spec.versions (04);
+/// - every deprecationWarning as `deprecation_warning_problem` (22-24);
+/// - a new storage version is appended to status.storedVersions (02, 06).
+pub(super) fn patch_crd(state: &mut State, name: &str, body: Value) -> (u16, Value) {
+    if let Some(hook) = state.before_crd_patch.pop_front() {
+        hook(state);
+    }
+    if let Some((code, message)) = state.crd_patch_failures.pop_front() {
+        return (code, status_body(code, "Invalid", &message));
+    }
+    let Some(mut crd) = state.crds.get(name).cloned() else {
+        return not_found("customresourcedefinitions.apiextensions.k8s.io", name);
+    };
+    let Ok(patch) = serde_json::from_value::<json_patch::Patch>(body) else {
+        return (400, status_body(400, "BadRequest", "invalid JSON Patch"));
+    };
+    let before = crd["spec"].clone();
+    if json_patch::patch(&mut crd, &patch).is_err() {
+        return (
+            422,
+            status_body(
+                422,
+                "Invalid",
+                "the server rejected our request due to an error in our request",
+            ),
+        );
+    }
+    let versions = crd["spec"]["versions"].as_array().cloned().unwrap_or_default();
+    let storage: Vec<&Value> = versions.iter().filter(|v| v["storage"] == true).collect();
+    if storage.len() != 1 {
+        let message = format!(
+            "CustomResourceDefinition.apiextensions.k8s.io \"{name}\" is invalid: spec.versions: Invalid value: ...: \
+             must have exactly one version marked as storage version"
+        );
+        return (422, status_body(422, "Invalid", &message));
+    }
+    for (i, version) in versions.iter().enumerate() {
+        if let Some(warning) = version["deprecationWarning"].as_str()
+            && let Some(problem) = deprecation_warning_problem(warning)
+        {
+            let message = format!(
+                "CustomResourceDefinition.apiextensions.k8s.io \"{name}\" is invalid: \
+                 spec.versions[{i}].deprecationWarning: Invalid value: {}: {problem}",
+                Value::String(warning.to_owned())
+            );
+            return (422, status_body(422, "Invalid", &message));
+        }
+    }
+    let storage_name = storage[0]["name"].clone();
+    let stored = crd["status"]["storedVersions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for (i, stored_version) in stored.iter().enumerate() {
+        if !versions.iter().any(|v| v["name"] == *stored_version) {
+            let message = format!(
+                "CustomResourceDefinition.apiextensions.k8s.io \"{name}\" is invalid: status.storedVersions[{i}]: \
+                 Invalid value: {stored_version}: must appear in spec.versions"
+            );
+            return (422, status_body(422, "Invalid", &message));
+        }
+    }
+    if !stored.contains(&storage_name) {
+        let mut stored = stored;
+        stored.push(storage_name);
+        crd["status"]["storedVersions"] = Value::Array(stored);
+    }
+    let spec_changed = crd["spec"] != before;
+    state.store_crd(crd, spec_changed);
+    (200, state.crds[name].clone())
+}
+
+/// The apiserver's deprecationWarning checks, with its messages: not empty (sample 23), at
+/// most 256 bytes although the message says characters (22), printable only, naming the
+/// byte index (24). Printable is Go's `unicode.IsPrint`: categories L, M, N, P, S and the
+/// ASCII space.
+pub(super) fn deprecation_warning_problem(warning: &str) -> Option<String> {
+    if warning.is_empty() {
+        return Some("must not be an empty string".to_owned());
+    }
+    if warning.len() > 256 {
+        return Some("must be <= 256 characters long".to_owned());
+    }
+    let not_printable = regex::Regex::new(r"[^\p{L}\p{M}\p{N}\p{P}\p{S} ]").expect("pattern");
+    not_printable.find(warning).map(|found| {
+        format!(
+            "must only contain printable UTF-8 characters; non-printable character found at index {}",
+            found.start()
+        )
+    })
+}
+
+/// Merge patch on the CRD status subresource: accepted whatever the objects are stored
+/// as (apiserver-samples/14).
+pub(super) fn patch_crd_status(state: &mut State, name: &str, body: Value) -> (u16, Value) {
+    let Some(mut crd) = state.crds.get(name).cloned() else {
+        return not_found("customresourcedefinitions.apiextensions.k8s.io", name);
+    };
+    if let Some(expected) = body.pointer("/metadata/resourceVersion").and_then(Value::as_str)
+        && crd["metadata"]["resourceVersion"].as_str() != Some(expected)
+    {
+        return conflict("customresourcedefinitions.apiextensions.k8s.io", name);
+    }
+    if let Some(status) = body.get("status") {
+        json_patch::merge(&mut crd["status"], status);
+    }
+    state.store_crd(crd, false);
+    (200, state.crds[name].clone())
+}

@@ -1,0 +1,710 @@
+//! A small stateful in-memory apiserver behind kube's `Client`, for flows that span many
+//! calls. It implements only what crd-lifecycle uses, and each apiserver rule it encodes
+//! cites the recorded response in `../shared/apiserver-samples/` it was checked against.
+
+#![allow(dead_code)]
+
+mod crds;
+mod leases;
+mod objects;
+mod policies;
+
+use crds::{patch_crd, patch_crd_status};
+use leases::{create_lease, replace_lease};
+use objects::{CustomRequest, custom_resource, discovery, is_discovery, serve_custom};
+pub use objects::{ListFault, ObjectFault, StoredObject};
+use policies::{apply_policy_status, delete_policy, patch_policy};
+
+use std::collections::{BTreeMap, VecDeque};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use http::{Request, Response, StatusCode};
+use kube::Client;
+use kube::client::Body;
+use serde_json::{Value, json};
+
+/// One request as the fake received it.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub content_type: String,
+    /// The `Accept` header (metadata-only lists ask for `PartialObjectMetadataList`).
+    pub accept: String,
+    pub body: Value,
+    /// When it arrived.
+    pub at: std::time::Instant,
+}
+
+type Hook = Box<dyn FnOnce(&mut State) + Send>;
+
+#[derive(Default)]
+pub struct State {
+    pub crds: BTreeMap<String, Value>,
+    /// Custom objects of every CRD, by (crd, namespace, name).
+    pub objects: BTreeMap<(String, String, String), StoredObject>,
+    pub faults: BTreeMap<String, ObjectFault>,
+    /// What `GET /metrics` answers.
+    pub metrics_text: String,
+    /// Top-level status fields each (policy, field manager) applied last.
+    status_owners: BTreeMap<(String, String), Vec<String>>,
+    /// Bumped to make every continue token issued before expire (410, samples 16, 27).
+    list_epoch: u64,
+    /// An etcd compaction after every this many list pages: tokens issued before it expire.
+    pub compact_every_pages: Option<u64>,
+    /// An etcd compaction every this long.
+    pub compact_every: Option<std::time::Duration>,
+    /// List pages served so far, and when the first was.
+    pages_served: u64,
+    first_list_at: Option<std::time::Instant>,
+    /// A 410 without a fresh continue token. No recorded apiserver answers so (samples 16
+    /// and 27 both carry one); this only drives the migrator's fallback of listing again.
+    pub expired_without_token: bool,
+    /// Faults for the next list requests of custom objects.
+    pub list_faults: VecDeque<ListFault>,
+    /// Requests for a CRD's resources (discovery included) that still see the CRD as it
+    /// was before a change of its versions, as an apiserver that has not yet acted on the
+    /// update (each apiserver of an HA pair swaps on its own watch; samples 25, 26).
+    pub switch_lag: u32,
+    /// The CRD as the lagging apiserver still sees it, and for how many more requests.
+    lagging: BTreeMap<String, (Value, u32)>,
+    /// Run after the next list page is served (objects change while a run goes on).
+    after_list_page: VecDeque<Hook>,
+    /// Artificial latency of every custom-object request, to observe concurrency.
+    pub latency: std::time::Duration,
+    pub in_flight: usize,
+    pub max_in_flight: usize,
+
+    pub policies: BTreeMap<String, Value>,
+    /// Requests for routes the fake does not serve (`METHOD path?query`): a test whose
+    /// code sent one fails (see `assert_only_known_requests`).
+    pub unknown_requests: Vec<String>,
+    /// Set by tests that run code whose requests the fake knowingly does not serve.
+    pub unknown_requests_allowed: bool,
+    pub events: Vec<Value>,
+    pub leases: BTreeMap<String, Value>,
+    /// Lease requests get no answer (an apiserver or network that hangs).
+    pub leases_stall: bool,
+    pub secrets: BTreeMap<String, Value>,
+    pub requests: Vec<Recorded>,
+    resource_version: u64,
+    /// Run just before the next CRD patch is applied: another writer racing us.
+    before_crd_patch: VecDeque<Hook>,
+    /// Canned failures for the next CRD patches: (status code, message).
+    crd_patch_failures: VecDeque<(u16, String)>,
+}
+
+impl State {
+    /// Every continue token issued so far expires (etcd compacted them away).
+    pub fn expire_continue_tokens(&mut self) {
+        self.list_epoch += 1;
+    }
+
+    /// Compactions so far: a token is valid only in the epoch it was issued in.
+    fn token_epoch(&self) -> u64 {
+        let by_pages = self
+            .compact_every_pages
+            .map_or(0, |k| self.pages_served / k.max(1));
+        let by_time = match (self.compact_every, self.first_list_at) {
+            (Some(every), Some(first)) => (first.elapsed().as_nanos() / every.as_nanos().max(1)) as u64,
+            _ => 0,
+        };
+        self.list_epoch + by_pages + by_time
+    }
+
+    /// The CRD as the apiserver answering this request sees it (see `switch_lag`).
+    fn effective_crd(&mut self, name: &str) -> Option<Value> {
+        if let Some((previous, remaining)) = self.lagging.get_mut(name) {
+            if *remaining > 0 {
+                *remaining -= 1;
+                return Some(previous.clone());
+            }
+            self.lagging.remove(name);
+        }
+        self.crds.get(name).cloned()
+    }
+
+    fn next_resource_version(&mut self) -> String {
+        self.resource_version += 1;
+        (10_000 + self.resource_version).to_string()
+    }
+
+    /// Stores a CRD as the apiserver would after a write: new resourceVersion, generation
+    /// bumped when the spec changed.
+    pub fn store_crd(&mut self, mut crd: Value, spec_changed: bool) {
+        let rv = self.next_resource_version();
+        let name = crd["metadata"]["name"].as_str().expect("CRD name").to_owned();
+        if self.switch_lag > 0
+            && let Some(previous) = self.crds.get(&name)
+            && previous["spec"]["versions"] != crd["spec"]["versions"]
+        {
+            self.lagging
+                .insert(name.clone(), (previous.clone(), self.switch_lag));
+        }
+        let meta = crd["metadata"].as_object_mut().expect("metadata");
+        meta.insert("resourceVersion".into(), rv.into());
+        let generation = meta.get("generation").and_then(Value::as_i64).unwrap_or(0);
+        meta.insert(
+            "generation".into(),
+            (if spec_changed {
+                generation + 1
+            } else {
+                generation.max(1)
+            })
+            .into(),
+        );
+        self.crds.insert(name, crd);
+    }
+}
+
+/// The fake; clone it freely, every clone shares the state.
+#[derive(Clone, Default)]
+pub struct FakeApiserver {
+    pub state: Arc<Mutex<State>>,
+}
+
+impl FakeApiserver {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A kube client talking to this fake.
+    pub fn client(&self) -> Client {
+        let fake = self.clone();
+        let service = tower::service_fn(move |request: Request<Body>| {
+            let fake = fake.clone();
+            async move { Ok::<_, Infallible>(fake.handle(request).await) }
+        });
+        Client::new(service, "default")
+    }
+
+    /// Fails the test if any request went to a route the fake does not serve.
+    pub fn assert_only_known_requests(&self) {
+        let state = self.lock();
+        if !state.unknown_requests_allowed && !state.unknown_requests.is_empty() {
+            panic!(
+                "requests the fake apiserver does not serve: {:?}",
+                state.unknown_requests
+            );
+        }
+    }
+
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Creates a CRD; like the apiserver, `status.storedVersions` starts as the storage
+    /// version unless given.
+    pub fn create_crd(&self, mut crd: Value) {
+        if crd.pointer("/status/storedVersions").is_none() {
+            let storage = crd["spec"]["versions"]
+                .as_array()
+                .and_then(|vs| vs.iter().find(|v| v["storage"] == true))
+                .map(|v| v["name"].clone());
+            crd["status"] = json!({"storedVersions": storage.into_iter().collect::<Vec<_>>()});
+        }
+        crd["metadata"]["generation"] = json!(1);
+        self.lock().store_crd(crd, false);
+    }
+
+    pub fn crd(&self, name: &str) -> Value {
+        self.lock().crds.get(name).cloned().unwrap_or(Value::Null)
+    }
+
+    /// Another writer changes the CRD (e.g. `kubectl edit`, a Helm upgrade).
+    pub fn edit_crd(&self, name: &str, edit: impl FnOnce(&mut Value)) {
+        let mut state = self.lock();
+        let mut crd = state.crds.get(name).cloned().expect("CRD exists");
+        let before = crd["spec"].clone();
+        edit(&mut crd);
+        let spec_changed = crd["spec"] != before;
+        state.store_crd(crd, spec_changed);
+    }
+
+    pub fn create_policy(&self, policy: Value) {
+        let mut state = self.lock();
+        let rv = state.next_resource_version();
+        let name = policy["metadata"]["name"].as_str().expect("name").to_owned();
+        let mut policy = policy;
+        policy["metadata"]["resourceVersion"] = rv.into();
+        state.policies.insert(name, policy);
+    }
+
+    /// `kubectl delete vp NAME`.
+    pub fn delete_policy(&self, name: &str) {
+        delete_policy(&mut self.lock(), name);
+    }
+
+    pub fn policy(&self, name: &str) -> Value {
+        self.lock().policies.get(name).cloned().unwrap_or(Value::Null)
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.lock().requests.clone()
+    }
+
+    pub fn clear_requests(&self) {
+        self.lock().requests.clear();
+    }
+
+    /// The writes (anything but GET) to CRDs.
+    pub fn crd_writes(&self) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method != "GET" && r.path.starts_with("/apis/apiextensions.k8s.io/"))
+            .collect()
+    }
+
+    pub fn events(&self) -> Vec<Value> {
+        self.lock().events.clone()
+    }
+
+    /// (type, reason, note) of every event, oldest first.
+    pub fn event_summaries(&self) -> Vec<(String, String, String)> {
+        self.events()
+            .iter()
+            .map(|e| {
+                (
+                    e["type"].as_str().unwrap_or_default().to_owned(),
+                    e["reason"].as_str().unwrap_or_default().to_owned(),
+                    e["note"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    pub fn before_next_crd_patch(&self, hook: impl FnOnce(&mut State) + Send + 'static) {
+        self.lock().before_crd_patch.push_back(Box::new(hook));
+    }
+
+    /// Creates `count` objects of the CRD spread over `namespaces` namespaces, encoded as
+    /// `encoded_as` (names `w00000`, ... so that they list in creation order).
+    pub fn add_objects(&self, crd: &str, count: usize, namespaces: usize, encoded_as: &str) {
+        let mut state = self.lock();
+        for i in 0..count {
+            let namespace = format!("ns{}", i % namespaces.max(1));
+            let name = format!("w{i:05}");
+            let resource_version = state.next_resource_version();
+            let data = json!({"metadata": {"name": name, "namespace": namespace}, "spec": {"size": i}});
+            state.objects.insert(
+                (crd.to_owned(), namespace, name),
+                StoredObject {
+                    encoded_as: encoded_as.to_owned(),
+                    resource_version,
+                    data,
+                    managed_fields: Vec::new(),
+                },
+            );
+        }
+    }
+
+    /// How many objects of the CRD are encoded in each version.
+    pub fn encodings(&self, crd: &str) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for ((c, _, _), object) in &self.lock().objects {
+            if c == crd {
+                *counts.entry(object.encoded_as.clone()).or_default() += 1;
+            }
+        }
+        counts
+    }
+
+    /// Gives an object managedFields entries (as a server-side apply through an old version
+    /// leaves them, sample 29).
+    pub fn set_managed_fields(&self, crd: &str, namespace: &str, name: &str, entries: Vec<Value>) {
+        let mut state = self.lock();
+        let key = (crd.to_owned(), namespace.to_owned(), name.to_owned());
+        if let Some(object) = state.objects.get_mut(&key) {
+            object.managed_fields = entries;
+        }
+    }
+
+    /// An object's managedFields.
+    pub fn managed_fields(&self, crd: &str, namespace: &str, name: &str) -> Vec<Value> {
+        let key = (crd.to_owned(), namespace.to_owned(), name.to_owned());
+        self.lock()
+            .objects
+            .get(&key)
+            .map(|o| o.managed_fields.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn set_fault(&self, namespace: &str, name: &str, fault: ObjectFault) {
+        self.lock().faults.insert(format!("{namespace}/{name}"), fault);
+    }
+
+    pub fn after_next_list_page(&self, hook: impl FnOnce(&mut State) + Send + 'static) {
+        self.lock().after_list_page.push_back(Box::new(hook));
+    }
+
+    /// The custom-object requests (lists, reads, rewrites) received; discovery is not one.
+    pub fn object_requests(&self) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(|r| {
+                r.path.starts_with("/apis/")
+                    && !r.path.contains(".k8s.io/")
+                    && !r.path.contains("crdlifecycle.io")
+                    && !is_discovery(&r.path)
+            })
+            .collect()
+    }
+
+    /// The metadata-only list requests (the migrator's pages), oldest first.
+    pub fn metadata_lists(&self) -> Vec<Recorded> {
+        self.object_requests()
+            .into_iter()
+            .filter(|r| r.method == "GET" && r.accept.contains("as=PartialObjectMetadataList"))
+            .collect()
+    }
+
+    /// The discovery requests (`GET /apis/<group>/<version>`) for custom resources.
+    pub fn discovery_requests(&self) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(|r| is_discovery(&r.path) && !r.path.contains(".k8s.io/"))
+            .collect()
+    }
+
+    pub fn fail_next_crd_patch(&self, code: u16, message: &str) {
+        self.lock()
+            .crd_patch_failures
+            .push_back((code, message.to_owned()));
+    }
+
+    pub async fn handle(&self, request: Request<Body>) -> Response<Body> {
+        let (parts, body) = request.into_parts();
+        let bytes = body.collect_bytes().await.unwrap_or_default();
+        let body: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+        };
+        let recorded = Recorded {
+            method: parts.method.to_string(),
+            path: parts.uri.path().to_owned(),
+            query: parts.uri.query().unwrap_or_default().to_owned(),
+            content_type: parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned(),
+            accept: parts
+                .headers
+                .get(http::header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned(),
+            body: body.clone(),
+            at: std::time::Instant::now(),
+        };
+        let segments: Vec<&str> = recorded.path.trim_start_matches('/').split('/').collect();
+        if recorded.method == "GET"
+            && let ["apis", group, version] = segments.as_slice()
+            && !group.ends_with(".k8s.io")
+        {
+            let mut state = self.lock();
+            state.requests.push(recorded.clone());
+            return discovery(&mut state, group, version);
+        }
+        if recorded.path.starts_with("/apis/coordination.k8s.io/") && self.lock().leases_stall {
+            self.lock().requests.push(recorded.clone());
+            std::future::pending::<()>().await;
+        }
+        let custom = custom_resource(&mut self.lock(), &segments);
+        if let Some(resource) = custom {
+            if self.stalls(&resource) {
+                self.lock().requests.push(recorded.clone());
+                // A hung connection: the client's timeout must give up on it.
+                std::future::pending::<()>().await;
+            }
+            let latency = {
+                let mut state = self.lock();
+                state.requests.push(recorded.clone());
+                state.in_flight += 1;
+                state.max_in_flight = state.max_in_flight.max(state.in_flight);
+                state.latency
+            };
+            if !latency.is_zero() {
+                tokio::time::sleep(latency).await;
+            }
+            let mut state = self.lock();
+            state.in_flight -= 1;
+            return serve_custom(&mut state, &recorded, &resource);
+        }
+        let mut state = self.lock();
+        state.requests.push(recorded.clone());
+        if recorded.method == "GET" && recorded.path == "/metrics" {
+            return Response::builder()
+                .status(StatusCode::OK)
+                .header(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")
+                .body(Body::from(state.metrics_text.clone().into_bytes()))
+                .unwrap_or_else(|_| Response::new(Body::from(Vec::new())));
+        }
+        let (code, reply) = route(&mut state, &recorded, &segments, body);
+        respond(code, &reply)
+    }
+}
+
+impl FakeApiserver {
+    /// Whether this request hangs (a `Stall` fault for its object, or for the next list).
+    fn stalls(&self, resource: &CustomRequest) -> bool {
+        let mut state = self.lock();
+        match &resource.name {
+            None => {
+                if matches!(state.list_faults.front(), Some(ListFault::Stall)) {
+                    state.list_faults.pop_front();
+                    return true;
+                }
+                false
+            }
+            Some(name) => {
+                let key = format!("{}/{name}", resource.namespace.clone().unwrap_or_default());
+                match state.faults.get_mut(&key) {
+                    Some(ObjectFault::Stall { times }) if *times > 0 => {
+                        *times -= 1;
+                        true
+                    }
+                    _ => false,
+                }
+            }
+        }
+    }
+}
+
+/// An error status with `Retry-After` seconds if given (transient faults).
+pub(super) fn try_again_later(code: u16, retry_after: Option<u64>) -> Response<Body> {
+    let mut response = respond(
+        code,
+        &status_body(code, "TooManyRequests", "please try again later"),
+    );
+    if let Some(seconds) = retry_after {
+        response.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            seconds.to_string().parse().expect("header"),
+        );
+    }
+    response
+}
+
+pub(super) fn plain_not_found() -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::NOT_FOUND)
+        .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Body::from(b"404 page not found\n".to_vec()))
+        .unwrap_or_else(|_| Response::new(Body::from(Vec::new())))
+}
+
+fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) -> (u16, Value) {
+    match (request.method.as_str(), segments) {
+        ("GET", ["version"]) => (200, json!({"major": "1", "minor": "21", "gitVersion": "v1.21.0"})),
+        ("GET", ["apis", "apiextensions.k8s.io", "v1", "customresourcedefinitions"]) => (
+            200,
+            json!({"kind": "CustomResourceDefinitionList", "apiVersion": "apiextensions.k8s.io/v1",
+                   "metadata": {"resourceVersion": state.resource_version.to_string()},
+                   "items": state.crds.values().cloned().collect::<Vec<_>>()}),
+        ),
+        (
+            "GET",
+            [
+                "apis",
+                "apiextensions.k8s.io",
+                "v1",
+                "customresourcedefinitions",
+                name,
+            ],
+        ) => match state.crds.get(*name) {
+            Some(crd) => (200, crd.clone()),
+            None => not_found("customresourcedefinitions.apiextensions.k8s.io", name),
+        },
+        (
+            "PATCH",
+            [
+                "apis",
+                "apiextensions.k8s.io",
+                "v1",
+                "customresourcedefinitions",
+                name,
+            ],
+        ) => patch_crd(state, name, body),
+        (
+            "PATCH",
+            [
+                "apis",
+                "apiextensions.k8s.io",
+                "v1",
+                "customresourcedefinitions",
+                name,
+                "status",
+            ],
+        ) => patch_crd_status(state, name, body),
+        (
+            "PATCH",
+            [
+                "apis",
+                "crdlifecycle.io",
+                "v1alpha1",
+                "versionpolicies",
+                name,
+                "status",
+            ],
+        ) => {
+            let manager = request
+                .query
+                .split('&')
+                .find_map(|pair| pair.strip_prefix("fieldManager="))
+                .unwrap_or_default()
+                .to_owned();
+            apply_policy_status(state, name, &manager, body)
+        }
+        ("PATCH", ["apis", "crdlifecycle.io", "v1alpha1", "versionpolicies", name]) => {
+            patch_policy(state, name, body)
+        }
+        ("DELETE", ["apis", "crdlifecycle.io", "v1alpha1", "versionpolicies", name]) => {
+            delete_policy(state, name)
+        }
+        ("GET", ["apis", "crdlifecycle.io", "v1alpha1", "versionpolicies", name]) => {
+            match state.policies.get(*name) {
+                Some(policy) => (200, policy.clone()),
+                None => not_found("versionpolicies.crdlifecycle.io", name),
+            }
+        }
+        ("POST", ["apis", "events.k8s.io", "v1", "namespaces", _, "events"]) => {
+            state.events.push(body.clone());
+            (201, body)
+        }
+        ("PATCH", ["apis", "events.k8s.io", "v1", "namespaces", _, "events", _]) => (200, body),
+        (
+            "GET",
+            [
+                "apis",
+                "coordination.k8s.io",
+                "v1",
+                "namespaces",
+                _,
+                "leases",
+                name,
+            ],
+        ) => match state.leases.get(*name) {
+            Some(lease) => (200, lease.clone()),
+            None => not_found("leases.coordination.k8s.io", name),
+        },
+        ("POST", ["apis", "coordination.k8s.io", "v1", "namespaces", _, "leases"]) => {
+            create_lease(state, body)
+        }
+        ("GET", ["api", "v1", "namespaces", _, "secrets", name]) => match state.secrets.get(*name) {
+            Some(secret) => (200, secret.clone()),
+            None => not_found("secrets", name),
+        },
+        ("POST", ["api", "v1", "namespaces", _, "secrets"]) => {
+            let name = body["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+            if state.secrets.contains_key(&name) {
+                return (
+                    409,
+                    status_body(
+                        409,
+                        "AlreadyExists",
+                        &format!("secrets \"{name}\" already exists"),
+                    ),
+                );
+            }
+            let mut body = body;
+            body["metadata"]["resourceVersion"] = state.next_resource_version().into();
+            state.secrets.insert(name, body.clone());
+            (201, body)
+        }
+        // PUT with the resourceVersion read: 409 when someone wrote since.
+        ("PUT", ["api", "v1", "namespaces", _, "secrets", name]) => {
+            let Some(current) = state.secrets.get(*name) else {
+                return not_found("secrets", name);
+            };
+            if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
+                return conflict("secrets", name);
+            }
+            let mut body = body;
+            body["metadata"]["resourceVersion"] = state.next_resource_version().into();
+            state.secrets.insert((*name).to_owned(), body.clone());
+            (200, body)
+        }
+        (
+            "PUT",
+            [
+                "apis",
+                "coordination.k8s.io",
+                "v1",
+                "namespaces",
+                _,
+                "leases",
+                name,
+            ],
+        ) => replace_lease(state, name, body),
+        // Not 404: that would read as "does not exist" and let a wrong path pass a test.
+        _ => {
+            state
+                .unknown_requests
+                .push(format!("{} {}?{}", request.method, request.path, request.query));
+            (
+                501,
+                status_body(
+                    501,
+                    "NotImplemented",
+                    &format!(
+                        "the fake apiserver does not serve {} {}",
+                        request.method, request.path
+                    ),
+                ),
+            )
+        }
+    }
+}
+
+pub(super) fn not_found(resource: &str, name: &str) -> (u16, Value) {
+    (
+        404,
+        status_body(404, "NotFound", &format!("{resource} \"{name}\" not found")),
+    )
+}
+
+pub(super) fn conflict(resource: &str, name: &str) -> (u16, Value) {
+    let message = format!(
+        "Operation cannot be fulfilled on {resource} \"{name}\": the object has been modified; \
+         please apply your changes to the latest version and try again"
+    );
+    (409, status_body(409, "Conflict", &message))
+}
+
+pub fn status_body(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": message, "reason": reason, "code": code})
+}
+
+pub(super) fn respond(code: u16, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Body::from(serde_json::to_vec(body).unwrap_or_default()))
+        .unwrap_or_else(|_| Response::new(Body::from(Vec::new())))
+}
+
+/// A fake that fails the test when it goes out of scope if any request went to a route it
+/// does not serve (the test's own handle: clones held by clients do not check).
+pub struct CheckedFake(pub FakeApiserver);
+
+impl std::ops::Deref for CheckedFake {
+    type Target = FakeApiserver;
+
+    fn deref(&self) -> &FakeApiserver {
+        &self.0
+    }
+}
+
+impl Drop for CheckedFake {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.0.assert_only_known_requests();
+        }
+    }
+}
