@@ -20,7 +20,7 @@ use tracing::{info, warn};
 use super::events;
 use super::metrics::{CrdLabels, Metrics, MigrationResultLabels};
 use super::status::apply_status;
-use crate::api::{MigrationCheckpoint, MigrationPhase, MigrationStatus, PreflightStatus, VersionPolicy};
+use crate::api::{MigrationCheckpoint, MigrationPhase, MigrationStatus, VersionPolicy};
 use crate::migrate::{self, Checkpoint, Counts, Mode, Outcome, Report, Resume, Target};
 
 /// Field manager of `status.migration`, separate from the reconciler's so that the two
@@ -89,7 +89,7 @@ const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(300);
 
 /// How long a passed preflight stands for its store: a reconcile that still sees the store
 /// waiting (its cache lagging behind the preflight's status write) starts no second one.
-const PREFLIGHT_STANDS_FOR: Duration = Duration::from_secs(60);
+pub(super) const PREFLIGHT_STANDS_FOR: Duration = Duration::from_secs(60);
 
 /// How often a run that could not trim because the CRD changed meanwhile is repeated at
 /// once.
@@ -98,26 +98,26 @@ const MAX_RERUNS: usize = 5;
 /// How often a running migration writes its progress.
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
 
-struct Running {
+pub(super) struct Running {
     /// What the run works towards: the storage version (and, for a cleanup, its versions).
-    goal: String,
-    handle: JoinHandle<()>,
+    pub(super) goal: String,
+    pub(super) handle: JoinHandle<()>,
 }
 
 /// The migrations of one controller.
 pub struct Migrations {
-    client: Client,
-    recorder: Recorder,
-    metrics: Arc<Metrics>,
-    slots: Arc<Semaphore>,
-    running: Mutex<HashMap<String, Running>>,
-    failed_at: Mutex<HashMap<String, Instant>>,
+    pub(super) client: Client,
+    pub(super) recorder: Recorder,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) slots: Arc<Semaphore>,
+    pub(super) running: Mutex<HashMap<String, Running>>,
+    pub(super) failed_at: Mutex<HashMap<String, Instant>>,
     /// When each preflight (by key) last passed.
-    passed_at: Mutex<HashMap<String, Instant>>,
-    progress_interval: Duration,
-    retry: migrate::RetryPolicy,
-    settle: migrate::SettleCheck,
-    retry_after_failure: Duration,
+    pub(super) passed_at: Mutex<HashMap<String, Instant>>,
+    pub(super) progress_interval: Duration,
+    pub(super) retry: migrate::RetryPolicy,
+    pub(super) settle: migrate::SettleCheck,
+    pub(super) retry_after_failure: Duration,
 }
 
 impl Migrations {
@@ -237,127 +237,6 @@ impl Migrations {
         let storage = storage_version.to_owned();
         let handle = tokio::spawn(async move { this.run(policy, storage, job).await });
         running.insert(key, Running { goal, handle });
-    }
-
-    /// Starts a conversion preflight of the policy's CRD through `version` (every object
-    /// read through it, nothing written) unless one runs or failed recently; the result
-    /// goes to `status.preflight`.
-    pub fn ensure_preflight(self: &Arc<Self>, policy: &VersionPolicy, version: &str) {
-        let key = format!("preflight/{}/{version}", policy.spec.crd_name);
-        let mut running = lock(&self.running);
-        if running.get(&key).is_some_and(|r| !r.handle.is_finished()) {
-            return;
-        }
-        if lock(&self.failed_at)
-            .get(&key)
-            .is_some_and(|at| at.elapsed() < self.retry_after_failure)
-        {
-            return;
-        }
-        if lock(&self.passed_at)
-            .get(&key)
-            .is_some_and(|at| at.elapsed() < PREFLIGHT_STANDS_FOR)
-        {
-            return;
-        }
-        let this = self.clone();
-        let policy = policy.clone();
-        let target = version.to_owned();
-        let handle = tokio::spawn(async move { this.run_preflight(policy, target).await });
-        running.insert(
-            key,
-            Running {
-                goal: version.to_owned(),
-                handle,
-            },
-        );
-    }
-
-    async fn run_preflight(self: Arc<Self>, policy: VersionPolicy, version: String) {
-        let Ok(_slot) = self.slots.clone().acquire_owned().await else {
-            return;
-        };
-        let crd = policy.spec.crd_name.clone();
-        let name = policy.metadata.name.clone().unwrap_or_default();
-        let reference = policy.object_ref(&());
-        let key = format!("preflight/{crd}/{version}");
-        let mut status = PreflightStatus {
-            version: version.clone(),
-            phase: MigrationPhase::Running,
-            finished_at: None,
-            read: 0,
-            failed: 0,
-            failures: Vec::new(),
-            message: Some(format!("reading every object of {crd} through {version}")),
-        };
-        self.write_preflight(&name, &status).await;
-        let note = format!("conversion preflight: reading every object of {crd} through {version}");
-        self.event(&reference, EventType::Normal, "PreflightStarted", note)
-            .await;
-        let settings = migrate::Settings {
-            concurrency: usize::try_from(policy.spec.migration.concurrency).unwrap_or(16),
-            page_size: policy.spec.migration.page_size,
-            qps: policy.spec.migration.qps,
-            mode: Mode::Preflight,
-            through_version: Some(version.clone()),
-            retry: self.retry.clone(),
-            settle: self.settle.clone(),
-            ..migrate::Settings::default()
-        };
-        let result = migrate::migrate(&self.client, &crd, &settings, &migrate::Quiet).await;
-        status.finished_at = Some(Time(Timestamp::now()));
-        match result {
-            Ok(report) => {
-                status.read = report.counts.rewritten;
-                status.failed = report.counts.failed;
-                status.failures = report.failures.iter().map(ToString::to_string).collect();
-                status.message = Some(report.summary());
-                if report.succeeded() {
-                    status.phase = MigrationPhase::Succeeded;
-                    self.write_preflight(&name, &status).await;
-                    self.event(
-                        &reference,
-                        EventType::Normal,
-                        "PreflightSucceeded",
-                        report.summary(),
-                    )
-                    .await;
-                    lock(&self.failed_at).remove(&key);
-                    lock(&self.passed_at).insert(key, Instant::now());
-                } else {
-                    status.phase = MigrationPhase::Failed;
-                    self.write_preflight(&name, &status).await;
-                    self.event(
-                        &reference,
-                        EventType::Warning,
-                        "ConversionPreflightFailed",
-                        report.summary(),
-                    )
-                    .await;
-                    lock(&self.failed_at).insert(key, Instant::now());
-                }
-            }
-            Err(error) => {
-                status.phase = MigrationPhase::Failed;
-                status.message = Some(error.to_string());
-                self.write_preflight(&name, &status).await;
-                self.event(
-                    &reference,
-                    EventType::Warning,
-                    "ConversionPreflightFailed",
-                    error.to_string(),
-                )
-                .await;
-                lock(&self.failed_at).insert(key, Instant::now());
-            }
-        }
-    }
-
-    async fn write_preflight(&self, name: &str, status: &PreflightStatus) {
-        let status = json!({"preflight": status});
-        if let Err(error) = apply_status(&self.client, name, PREFLIGHT_FIELD_MANAGER, status).await {
-            warn!(policy = name, error = %error, "cannot write the preflight status");
-        }
     }
 
     /// Stops every migration (on shutdown); their checkpoints let the next leader resume.
@@ -625,7 +504,13 @@ impl Migrations {
         }
     }
 
-    async fn event(&self, reference: &ObjectReference, type_: EventType, reason: &str, note: String) {
+    pub(super) async fn event(
+        &self,
+        reference: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
         events::send(
             &self.recorder,
             reference,

@@ -12,6 +12,7 @@ pub mod leader;
 pub mod metrics;
 pub mod migrations;
 pub mod patch;
+mod preflight;
 mod reconcile;
 mod release;
 pub mod status;
