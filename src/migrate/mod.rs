@@ -412,6 +412,14 @@ pub async fn migrate(
             settings,
             observer,
             failures: Mutex::new(Vec::new()),
+            converter: match settings.mode {
+                Mode::CleanManagedFields => settings
+                    .managed_fields
+                    .conversion
+                    .as_ref()
+                    .and_then(|spec| crate::conversion::Converter::for_spec(spec).ok()),
+                Mode::Rewrite | Mode::Preflight => None,
+            },
         };
         let pass = run.all_objects(resume.take()).await?;
         restarts += pass.restarts;
@@ -531,6 +539,9 @@ struct Run<'a> {
     settings: &'a Settings,
     observer: &'a dyn Observer,
     failures: Mutex<Vec<Failure>>,
+    /// With `Mode::CleanManagedFields`: the policy's conversion, to translate field paths
+    /// (built once per run, not per object).
+    converter: Option<crate::conversion::Converter>,
 }
 
 /// What became of one object.
@@ -739,12 +750,8 @@ impl Run<'_> {
     /// failed `test` answers 422, as apiserver-samples/03). `Ok(false)`: nothing to rewrite.
     async fn clean_managed_fields(&self, key: &ObjectKey) -> Result<bool, Answer> {
         let cleanup = &self.settings.managed_fields;
-        let converter = cleanup
-            .conversion
-            .as_ref()
-            .and_then(|spec| crate::conversion::Converter::for_spec(spec).ok());
         let storage = self.target.storage_version.as_str();
-        let translate = move |path: &[String], from: &str| match &converter {
+        let translate = |path: &[String], from: &str| match &self.converter {
             Some(converter) => converter.translate_path(path, from, storage),
             None => Some(path.to_vec()),
         };
