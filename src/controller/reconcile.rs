@@ -20,7 +20,7 @@ use super::error::{Error, status_code};
 use super::events::publish_events;
 use super::gate_inputs;
 use super::patch::as_json_patch;
-use super::release::{RELEASE_FINALIZER, ensure_finalizer, patch_policy, release};
+use super::release::{ensure_finalizer, let_go, release};
 use super::status::{
     ConditionReason, ConditionState, ConditionType, Observation, apply_status, build_status,
     recorded_history, write_status,
@@ -384,15 +384,8 @@ async fn report_undecodable(invalid: &InvalidObject, ctx: &Context) -> Result<Ac
     // Its spec cannot be read, so there is nothing to release: let a deletion proceed (a
     // conversion recorded on the CRD stays served from there).
     if invalid.metadata.deletion_timestamp.is_some() {
-        let finalizers = invalid.metadata.finalizers.clone().unwrap_or_default();
-        if let Some(index) = finalizers.iter().position(|f| f == RELEASE_FINALIZER) {
-            let ops = vec![
-                json!({"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": RELEASE_FINALIZER}),
-                json!({"op": "remove", "path": format!("/metadata/finalizers/{index}")}),
-            ];
-            patch_policy(ctx, &name, ops).await?;
-        }
-        return Ok(Action::await_change());
+        let finalizers = invalid.metadata.finalizers.as_deref().unwrap_or_default();
+        return let_go(ctx, &name, finalizers).await;
     }
     let now = ctx.now();
     let message = format!("the policy cannot be read: {}", invalid.error);

@@ -43,10 +43,14 @@ pub async fn ensure_finalizer(policy: &VersionPolicy, ctx: &Context) -> Result<(
 /// `spec.conversion.webhook.enabled` off before deleting hands conversion back instead.
 pub async fn release(policy: &VersionPolicy, ctx: &Context) -> Result<Action, Error> {
     let name = policy.name_any();
-    let finalizers = policy.metadata.finalizers.clone().unwrap_or_default();
-    let Some(index) = finalizers.iter().position(|f| f == RELEASE_FINALIZER) else {
+    let has_finalizer = policy
+        .metadata
+        .finalizers
+        .as_deref()
+        .is_some_and(|f| f.iter().any(|f| f == RELEASE_FINALIZER));
+    if !has_finalizer {
         return Ok(Action::await_change());
-    };
+    }
     let crd_name = &policy.spec.crd_name;
     let note = match get_crd(ctx, crd_name).await? {
         None => format!("VersionPolicy {name} deleted; CustomResourceDefinition {crd_name} does not exist"),
@@ -90,12 +94,26 @@ pub async fn release(policy: &VersionPolicy, ctx: &Context) -> Result<Action, Er
     publish(ctx, policy, EventType::Normal, "CRDReleased", &note).await;
     ctx.metrics.set_blocked(&name, &[]);
     ctx.metrics.set_next_transition(&name, None);
+    let_go(
+        ctx,
+        &name,
+        policy.metadata.finalizers.as_deref().unwrap_or_default(),
+    )
+    .await
+}
+
+/// Removes the release finalizer (a guarded JSON Patch: `test` its entry, then `remove`
+/// it), so that a deleted policy goes. Gone already, or the finalizers changed meanwhile:
+/// the next event tells.
+pub async fn let_go(ctx: &Context, name: &str, finalizers: &[String]) -> Result<Action, Error> {
+    let Some(index) = finalizers.iter().position(|f| f == RELEASE_FINALIZER) else {
+        return Ok(Action::await_change());
+    };
     let ops = vec![
         json!({"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": RELEASE_FINALIZER}),
         json!({"op": "remove", "path": format!("/metadata/finalizers/{index}")}),
     ];
-    match patch_policy(ctx, &name, ops).await {
-        // Gone already, or the finalizers changed: the next event tells.
+    match patch_policy(ctx, name, ops).await {
         Err(Error::Kube(error)) if matches!(status_code(&error), Some(404 | 409 | 422)) => {
             Ok(Action::await_change())
         }
@@ -114,7 +132,7 @@ fn converting_for(crd: &CustomResourceDefinition, policy: &str) -> Option<Value>
         .then(|| serde_json::to_value(conversion).unwrap_or(Value::Null))
 }
 
-pub async fn patch_policy(ctx: &Context, name: &str, ops: Vec<Value>) -> Result<(), Error> {
+async fn patch_policy(ctx: &Context, name: &str, ops: Vec<Value>) -> Result<(), Error> {
     let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(ctx.client.clone());
     json_patch(&api, name, ops).await
 }

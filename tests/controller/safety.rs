@@ -348,3 +348,23 @@ async fn history_only_grows_whatever_the_cache() {
         assert!(after.contains(entry), "{entry} kept: {after:?}");
     }
 }
+
+#[tokio::test]
+async fn a_deleted_policy_that_does_not_decode_is_let_go() {
+    let mut h = Harness::new();
+    let mut policy = yaml(EXAMPLE_POLICY);
+    policy["spec"]["migration"]["concurrency"] = json!("lots");
+    policy["metadata"]["finalizers"] = json!([crd_lifecycle::controller::RELEASE_FINALIZER]);
+    h.add_policy(policy, "2025-11-01T00:00:00Z");
+    h.fake.delete_policy("widgets");
+    let object: DeserializeGuard<VersionPolicy> =
+        serde_json::from_value(h.fake.policy("widgets")).expect("guard");
+    assert!(object.0.is_err());
+    reconcile(Arc::new(object), h.ctx.clone())
+        .await
+        .expect("let go, not failed");
+    assert!(
+        h.fake.policy("widgets").is_null(),
+        "its finalizer removed, the policy gone"
+    );
+}
