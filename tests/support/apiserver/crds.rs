@@ -20,19 +20,9 @@ pub(super) fn patch_crd(state: &mut State, name: &str, body: Value) -> (u16, Val
     let Some(mut crd) = state.crds.get(name).cloned() else {
         return not_found("customresourcedefinitions.apiextensions.k8s.io", name);
     };
-    let Ok(patch) = serde_json::from_value::<json_patch::Patch>(body) else {
-        return (400, status_body(400, "BadRequest", "invalid JSON Patch"));
-    };
     let before = crd["spec"].clone();
-    if json_patch::patch(&mut crd, &patch).is_err() {
-        return (
-            422,
-            status_body(
-                422,
-                "Invalid",
-                "the server rejected our request due to an error in our request",
-            ),
-        );
+    if let Err(answer) = apply_json_patch(&mut crd, &body) {
+        return answer;
     }
     let versions = crd["spec"]["versions"].as_array().cloned().unwrap_or_default();
     let storage: Vec<&Value> = versions.iter().filter(|v| v["storage"] == true).collect();

@@ -681,6 +681,24 @@ pub fn status_body(code: u16, reason: &str, message: &str) -> Value {
            "message": message, "reason": reason, "code": code})
 }
 
+/// Applies a JSON Patch as the apiserver does: 400 for a body that is not one; 422 with
+/// the generic message when an op (a failing `test`) does not apply (sample 03).
+pub(super) fn apply_json_patch(target: &mut Value, body: &Value) -> Result<(), (u16, Value)> {
+    let Ok(patch) = serde_json::from_value::<json_patch::Patch>(body.clone()) else {
+        return Err((400, status_body(400, "BadRequest", "invalid JSON Patch")));
+    };
+    json_patch::patch(target, &patch).map_err(|_| {
+        (
+            422,
+            status_body(
+                422,
+                "Invalid",
+                "the server rejected our request due to an error in our request",
+            ),
+        )
+    })
+}
+
 pub(super) fn respond(code: u16, body: &Value) -> Response<Body> {
     Response::builder()
         .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))

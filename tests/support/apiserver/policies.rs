@@ -40,18 +40,8 @@ pub(super) fn patch_policy(state: &mut State, name: &str, body: Value) -> (u16, 
     let Some(mut policy) = state.policies.get(name).cloned() else {
         return not_found("versionpolicies.crdlifecycle.io", name);
     };
-    let Ok(patch) = serde_json::from_value::<json_patch::Patch>(body) else {
-        return (400, status_body(400, "BadRequest", "invalid JSON Patch"));
-    };
-    if json_patch::patch(&mut policy, &patch).is_err() {
-        return (
-            422,
-            status_body(
-                422,
-                "Invalid",
-                "the server rejected our request due to an error in our request",
-            ),
-        );
+    if let Err(answer) = apply_json_patch(&mut policy, &body) {
+        return answer;
     }
     policy["metadata"]["resourceVersion"] = rv.into();
     let unfinalized = policy["metadata"]["finalizers"]
