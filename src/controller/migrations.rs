@@ -174,35 +174,7 @@ impl Migrations {
     /// Starts migrating the policy's CRD into `storage_version` unless that already runs
     /// or the last run failed recently. Returns whether a migration is running now.
     pub fn ensure(self: &Arc<Self>, policy: &VersionPolicy, storage_version: &str) -> bool {
-        let crd = policy.spec.crd_name.clone();
-        let mut running = lock(&self.running);
-        if let Some(current) = running.get(&crd)
-            && !current.handle.is_finished()
-        {
-            if current.goal == storage_version {
-                return true;
-            }
-            // The storage version moved on: this run can only end in a restart.
-            current.handle.abort();
-        }
-        if lock(&self.failed_at)
-            .get(&crd)
-            .is_some_and(|at| at.elapsed() < self.retry_after_failure)
-        {
-            return false;
-        }
-        let this = self.clone();
-        let policy = policy.clone();
-        let storage = storage_version.to_owned();
-        let handle = tokio::spawn(async move { this.run(policy, storage, Job::Migrate).await });
-        running.insert(
-            crd,
-            Running {
-                goal: storage_version.to_owned(),
-                handle,
-            },
-        );
-        true
+        self.start(policy, storage_version, Job::Migrate)
     }
 
     /// Starts rewriting the managedFields entries that name `versions` (versions whose
@@ -214,15 +186,24 @@ impl Migrations {
         storage_version: &str,
         versions: Vec<String>,
     ) {
-        let job = Job::CleanManagedFields { versions };
+        self.start(policy, storage_version, Job::CleanManagedFields { versions });
+    }
+
+    /// Starts `job` for the policy's CRD towards `storage_version` unless the same run is
+    /// under way (a run towards another goal can only end in a restart: it is aborted) or
+    /// the last one failed recently. Returns whether a run is under way now.
+    fn start(self: &Arc<Self>, policy: &VersionPolicy, storage_version: &str, job: Job) -> bool {
         let key = job.key(&policy.spec.crd_name);
-        let goal = format!("{storage_version} {}", job.versions().join(","));
+        let goal = match &job {
+            Job::Migrate => storage_version.to_owned(),
+            Job::CleanManagedFields { versions } => format!("{storage_version} {}", versions.join(",")),
+        };
         let mut running = lock(&self.running);
         if let Some(current) = running.get(&key)
             && !current.handle.is_finished()
         {
             if current.goal == goal {
-                return;
+                return true;
             }
             current.handle.abort();
         }
@@ -230,13 +211,14 @@ impl Migrations {
             .get(&key)
             .is_some_and(|at| at.elapsed() < self.retry_after_failure)
         {
-            return;
+            return false;
         }
         let this = self.clone();
         let policy = policy.clone();
         let storage = storage_version.to_owned();
         let handle = tokio::spawn(async move { this.run(policy, storage, job).await });
         running.insert(key, Running { goal, handle });
+        true
     }
 
     /// Stops every migration (on shutdown); their checkpoints let the next leader resume.
