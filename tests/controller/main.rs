@@ -48,34 +48,7 @@ impl Harness {
         let (store, writer) = reflector::store();
         let clock = Arc::new(Mutex::new(ts("2025-12-01T00:00:00Z")));
         let now = clock.clone();
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "crd-lifecycle".into(),
-                instance: Some("test".into()),
-            },
-        );
-        let metrics = Arc::new(Metrics::default());
-        let migrations = Migrations::new(client.clone(), recorder.clone(), metrics.clone(), 2)
-            .with_progress_interval(Duration::from_millis(20))
-            .with_retry_after_failure(Duration::from_millis(100))
-            .with_retry(crd_lifecycle::migrate::RetryPolicy {
-                attempts: 3,
-                base_delay: Duration::from_millis(1),
-                max_delay: Duration::from_millis(5),
-            })
-            .with_settle_check(fast_settle_check());
-        let ctx = Arc::new(Context {
-            client,
-            recorder,
-            metrics,
-            policies: store,
-            clock: Arc::new(move || *now.lock().expect("clock")),
-            resync: Duration::from_secs(600),
-            migrations: Arc::new(migrations),
-            traffic: TrafficMonitor::new(fake.client(), Duration::from_secs(1)),
-            webhook: None,
-        });
+        let ctx = test_context(client, Arc::new(move || *now.lock().expect("clock")), store);
         Self {
             fake,
             ctx,
@@ -308,4 +281,42 @@ impl Drop for Harness {
             self.fake.assert_only_known_requests();
         }
     }
+}
+
+/// The controller's shared context for tests: migrations that retry and settle fast.
+pub fn test_context(
+    client: kube::Client,
+    clock: crd_lifecycle::controller::Clock,
+    policies: kube::runtime::reflector::Store<
+        kube::core::DeserializeGuard<crd_lifecycle::api::VersionPolicy>,
+    >,
+) -> Arc<Context> {
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "crd-lifecycle".into(),
+            instance: Some("test".into()),
+        },
+    );
+    let metrics = Arc::new(Metrics::default());
+    let migrations = Migrations::new(client.clone(), recorder.clone(), metrics.clone(), 2)
+        .with_progress_interval(Duration::from_millis(20))
+        .with_retry_after_failure(Duration::from_millis(100))
+        .with_retry(crd_lifecycle::migrate::RetryPolicy {
+            attempts: 3,
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(5),
+        })
+        .with_settle_check(fast_settle_check());
+    Arc::new(Context {
+        traffic: TrafficMonitor::new(client.clone(), Duration::from_secs(1)),
+        client,
+        recorder,
+        metrics,
+        policies,
+        clock,
+        resync: Duration::from_secs(600),
+        migrations: Arc::new(migrations),
+        webhook: None,
+    })
 }

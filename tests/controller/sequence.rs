@@ -5,15 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crd_lifecycle::api::VersionPolicy;
-use crd_lifecycle::controller::metrics::Metrics;
-use crd_lifecycle::controller::migrations::Migrations;
-use crd_lifecycle::controller::traffic::TrafficMonitor;
 use crd_lifecycle::controller::{Context, RELEASE_FINALIZER, reconcile};
 use http::{Request, Response};
 use kube::Client;
 use kube::client::Body;
 use kube::core::DeserializeGuard;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 use serde_json::{Value, json};
 
@@ -47,27 +43,8 @@ async fn expect(handle: &mut Handle, method: &str, path: &str, answer: Value) ->
 
 fn context(client: Client) -> Arc<Context> {
     let (store, _writer) = reflector::store();
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "crd-lifecycle".into(),
-            instance: Some("test".into()),
-        },
-    );
-    let metrics = Arc::new(Metrics::default());
-    let migrations = Migrations::new(client.clone(), recorder.clone(), metrics.clone(), 1);
     let now: jiff::Timestamp = "2026-01-05T00:00:00Z".parse().expect("instant");
-    Arc::new(Context {
-        client: client.clone(),
-        recorder,
-        metrics,
-        policies: store,
-        clock: Arc::new(move || now),
-        resync: Duration::from_secs(600),
-        migrations: Arc::new(migrations),
-        traffic: TrafficMonitor::new(client, Duration::from_secs(1)),
-        webhook: None,
-    })
+    super::test_context(client, Arc::new(move || now), store)
 }
 
 #[tokio::test]
