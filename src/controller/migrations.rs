@@ -5,7 +5,8 @@
 use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;

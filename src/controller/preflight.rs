@@ -2,7 +2,7 @@
 //! switches to (nothing written); the result goes to `status.preflight` and gates the store.
 
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

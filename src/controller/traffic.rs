@@ -110,7 +110,7 @@ pub struct TrafficMonitor {
     interval: Duration,
     watches: Mutex<BTreeMap<ResourceVersion, Watch>>,
     /// When the last sample succeeded (monotonic clock).
-    last_success: Mutex<Option<std::time::Instant>>,
+    last_success: Mutex<Option<tokio::time::Instant>>,
     last_error: Mutex<Option<String>>,
 }
 
@@ -174,7 +174,7 @@ impl TrafficMonitor {
 
     /// Applies a sample taken at `now` (public for tests).
     pub fn record(&self, sample: &MetricsSample, now: Timestamp) {
-        *lock(&self.last_success) = Some(std::time::Instant::now());
+        *lock(&self.last_success) = Some(tokio::time::Instant::now());
         *lock(&self.last_error) = None;
         for (key, watch) in lock(&self.watches).iter_mut() {
             let total = sample.requests.get(key).copied().unwrap_or(0.0);

@@ -7,7 +7,8 @@
 //! from the storage version (samples 25, 26). Behind a load balancer each request may reach a
 //! different apiserver, so the answer must hold several times in a row.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use base64::Engine as _;
 use tracing::{debug, warn};

@@ -1,7 +1,8 @@
 //! Counting, checkpoints and observers of a migration run.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use serde::{Deserialize, Serialize};
 

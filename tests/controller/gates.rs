@@ -29,7 +29,7 @@ fn warnings(h: &Harness, reason: &str) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_approval_holds_the_store_until_the_annotation_names_it() {
     let mut h = harness(
         json!([{"name": "v1", "introduce": {"at": "2026-01-15T00:00:00Z"},
@@ -83,7 +83,7 @@ const METRICS_QUIET: &str = r#"apiserver_request_total{code="200",group="example
 apiserver_request_total{code="200",group="example.com",resource="widgets",verb="GET",version="v1beta1"} 7
 "#;
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_traffic_gate_holds_the_unserve_while_clients_call_the_version() {
     let mut h = harness(
         json!([
@@ -143,7 +143,7 @@ async fn a_traffic_gate_holds_the_unserve_while_clients_call_the_version() {
     assert_eq!(h.condition("widgets", "Blocked").0, "False");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_failed_conversion_preflight_holds_the_store_until_objects_convert() {
     let mut h = harness(
         json!([{"name": "v1", "introduce": {"at": "2026-01-15T00:00:00Z"}, "store": {"at": "2026-02-01T00:00:00Z"}}]),
@@ -183,7 +183,7 @@ async fn a_failed_conversion_preflight_holds_the_store_until_objects_convert() {
     assert_eq!(h.flags(), "v1alpha1:s v1beta1:s v1:sS");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn traffic_is_sampled_from_the_apiserver_metrics() {
     let h = Harness::new();
     let key = (

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::{CRD, Harness};
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn every_milestone_is_applied_at_its_instant() {
     let mut h = Harness::with_example();
     let steps = [
@@ -158,7 +158,7 @@ async fn every_milestone_is_applied_at_its_instant() {
     assert!(status.get("nextTransition").is_none(), "nothing left to do");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_store_patch_is_guarded_and_minimal() {
     let mut h = Harness::with_example();
     h.at("2026-01-20T00:00:00Z");
@@ -184,7 +184,7 @@ async fn the_store_patch_is_guarded_and_minimal() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn deprecation_and_removal_patches() {
     let mut h = Harness::with_example();
     h.at("2026-02-15T00:00:00Z");
@@ -258,7 +258,7 @@ async fn deprecation_and_removal_patches() {
     assert_eq!(h.flags(), "v1:sS");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn requeues_at_the_next_transition() {
     let mut h = Harness::with_example();
     h.at("2026-01-04T23:59:58Z");
@@ -279,7 +279,7 @@ async fn requeues_at_the_next_transition() {
     assert_eq!(next["summary"], "v1 introduce 2026-01-15T00:00:00Z");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn status_reports_versions_conditions_and_generation() {
     let mut h = Harness::with_example();
     h.at("2026-03-15T00:00:00Z");

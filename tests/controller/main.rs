@@ -245,7 +245,9 @@ impl Harness {
     }
 }
 
-/// Polls until `check` holds (real time: migrations and preflights run on their own tasks).
+/// Polls until `check` holds: migrations and preflights run on their own tasks. The tests
+/// run on tokio's paused clock, so each sleep here advances virtual time as soon as those
+/// tasks are idle, and the bound (5 s) is virtual too.
 async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
     for _ in 0..500 {
         if check() {

@@ -13,7 +13,7 @@ fn migration(h: &Harness) -> Value {
     h.status("widgets")["migration"].clone()
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_due_removal_waits_for_the_migration_then_proceeds() {
     let mut h = Harness::with_example_and_objects(1200);
     // Everything up to v1alpha1's removal is due at once.
@@ -64,7 +64,7 @@ async fn a_due_removal_waits_for_the_migration_then_proceeds() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn each_store_transition_is_followed_by_a_migration() {
     let mut h = Harness::with_example_and_objects(300);
     h.at("2026-01-05T00:00:00Z");
@@ -92,7 +92,7 @@ async fn each_store_transition_is_followed_by_a_migration() {
     assert_eq!(h.condition("widgets", "Progressing").1, "Idle");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_failed_migration_keeps_the_removal_held() {
     let mut h = Harness::with_example_and_objects(40);
     h.fake.set_fault(
@@ -132,7 +132,7 @@ async fn a_failed_migration_keeps_the_removal_held() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_restarted_controller_resumes_from_the_checkpoint() {
     let mut h = Harness::with_example_and_objects(600);
     h.fake.lock().latency = Duration::from_millis(2);
@@ -209,7 +209,7 @@ async fn a_restarted_controller_resumes_from_the_checkpoint() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_run_that_could_not_trim_is_repeated_at_once() {
     let mut h = Harness::with_example_and_objects(200);
     // During the first run the CRD's generation changes (as a transition would change it).
@@ -237,7 +237,7 @@ async fn a_run_that_could_not_trim_is_repeated_at_once() {
     assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 200)].into());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_migration_after_a_store_waits_for_the_apiserver_to_switch() {
     let mut h = Harness::with_example_and_objects(200);
     // Each CRD change reaches the apiserver answering only 12 requests later (an HA
@@ -258,7 +258,7 @@ async fn the_migration_after_a_store_waits_for_the_apiserver_to_switch() {
     assert_eq!(migration(&h)["rewritten"], 200);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_policy_can_send_rewrites_through_status() {
     let mut h = Harness::with_example_and_objects(50);
     h.fake.edit_crd(CRD, |crd| {
@@ -284,7 +284,7 @@ async fn the_policy_can_send_rewrites_through_status() {
     assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 50)].into());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_removal_waits_for_the_managed_fields_cleanup_which_resumes_after_a_restart() {
     let mut h = Harness::with_example_and_objects(400);
     // Every object was server-side applied through v1alpha1 (sample 29's entry).
@@ -401,7 +401,7 @@ async fn a_removal_waits_for_the_managed_fields_cleanup_which_resumes_after_a_re
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_store_starts_one_preflight_even_with_a_stale_cache() {
     use crd_lifecycle::api::VersionPolicy;
     use crd_lifecycle::controller::reconcile;

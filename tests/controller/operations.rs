@@ -21,7 +21,7 @@ async fn get(app: axum::Router, path: &str) -> (StatusCode, String) {
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn metrics_count_reconciles_transitions_and_blocks() {
     let mut h = Harness::with_example();
     h.at("2026-02-01T00:00:00Z");
@@ -52,7 +52,7 @@ async fn metrics_count_reconciles_transitions_and_blocks() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn probes_follow_health() {
     let metrics = Arc::new(crd_lifecycle::controller::metrics::Metrics::default());
     let health = Arc::new(Health::default());
@@ -77,7 +77,7 @@ async fn probes_follow_health() {
     assert_eq!(get(router(metrics, health), "/readyz").await.0, StatusCode::OK);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn only_one_replica_holds_the_lease() {
     let h = Harness::new();
     let settings =
@@ -103,7 +103,7 @@ async fn only_one_replica_holds_the_lease() {
     assert_eq!(lease["spec"]["leaseTransitions"], 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_leader_whose_lease_was_taken_stops_at_once() {
     let h = Harness::new();
     let mut settings = LeaseSettings::new("default".into(), "crd-lifecycle".into(), "replica-a".into());
@@ -119,7 +119,7 @@ async fn a_leader_whose_lease_was_taken_stops_at_once() {
     assert!(lost.to_string().contains("held by another replica"), "{lost}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_leader_whose_renewal_hangs_stops_before_its_lease_expires() {
     let h = Harness::new();
     let mut settings = LeaseSettings::new("default".into(), "crd-lifecycle".into(), "replica-a".into());
@@ -128,7 +128,7 @@ async fn a_leader_whose_renewal_hangs_stops_before_its_lease_expires() {
     settings.retry_period = std::time::Duration::from_millis(100);
     let leader = LeaderElector::new(h.fake.client(), settings);
     leader.acquire().await;
-    let acquired = std::time::Instant::now();
+    let acquired = tokio::time::Instant::now();
     // From now on every lease request hangs: no answer, no error.
     h.fake.lock().leases_stall = true;
     let lost = tokio::time::timeout(std::time::Duration::from_secs(5), leader.hold())
@@ -146,7 +146,7 @@ async fn a_leader_whose_renewal_hangs_stops_before_its_lease_expires() {
         .expect("release is bounded");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn run_ends_before_the_lease_expires_when_the_renewal_hangs() {
     use crd_lifecycle::controller::{RunError, RunSettings, run};
     let h = Harness::with_example();
@@ -174,7 +174,7 @@ async fn run_ends_before_the_lease_expires_when_the_renewal_hangs() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let stalled = std::time::Instant::now();
+    let stalled = tokio::time::Instant::now();
     h.fake.lock().leases_stall = true;
     let result = tokio::time::timeout(std::time::Duration::from_secs(5), running)
         .await
@@ -189,7 +189,7 @@ async fn run_ends_before_the_lease_expires_when_the_renewal_hangs() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 #[should_panic(
     expected = "requests the fake apiserver does not serve: [\"GET /apis/nowhere.example.com/v1/things/x?\"]"
 )]

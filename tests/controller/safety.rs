@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::{CRD, EXAMPLE_CRD, EXAMPLE_POLICY, Harness, yaml};
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_concurrent_edit_makes_the_patch_fail_and_it_is_recomputed() {
     let mut h = Harness::with_example();
     h.at("2026-01-20T00:00:00Z");
@@ -51,7 +51,7 @@ async fn a_concurrent_edit_makes_the_patch_fail_and_it_is_recomputed() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_apiserver_rejection_is_reported_not_retried_forever() {
     let mut h = Harness::with_example();
     h.at("2026-01-20T00:00:00Z");
@@ -68,7 +68,7 @@ async fn an_apiserver_rejection_is_reported_not_retried_forever() {
     assert_eq!(h.flags(), "v1alpha1:sS v1beta1:s v1:-", "nothing half-applied");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_missing_crd_blocks_until_it_appears() {
     let mut h = Harness::new();
     let mut policy = yaml(EXAMPLE_POLICY);
@@ -105,7 +105,7 @@ async fn a_missing_crd_blocks_until_it_appears() {
     assert_eq!(h.condition("widgets", "Blocked").0, "False");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_invalid_policy_is_blocked_and_the_crd_untouched() {
     let mut h = Harness::new();
     h.fake.create_crd(yaml(EXAMPLE_CRD));
@@ -126,7 +126,7 @@ async fn an_invalid_policy_is_blocked_and_the_crd_untouched() {
     assert_eq!(h.condition("widgets", "Ready").1, "InvalidPolicy");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_warning_the_apiserver_would_reject_is_never_sent() {
     // On an apiserver without CEL nothing stops such a policy at admission (sample 22).
     let mut h = Harness::new();
@@ -148,7 +148,7 @@ async fn a_warning_the_apiserver_would_reject_is_never_sent() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_fake_rejects_warnings_as_the_apiserver_does() {
     let h = Harness::with_example();
     let client = h.ctx.client.clone();
@@ -188,7 +188,7 @@ async fn the_fake_rejects_warnings_as_the_apiserver_does() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_undecodable_policy_is_reported_invalid() {
     let mut h = Harness::new();
     let mut policy = yaml(EXAMPLE_POLICY);
@@ -205,7 +205,7 @@ async fn an_undecodable_policy_is_reported_invalid() {
     assert!(message.contains("cannot be read"), "{message}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_older_of_two_policies_keeps_the_crd() {
     let mut h = Harness::with_example();
     let mut rival = yaml(EXAMPLE_POLICY);
@@ -235,7 +235,7 @@ async fn the_older_of_two_policies_keeps_the_crd() {
     assert_eq!(h.condition("widgets-rival", "Blocked").0, "False");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn suspend_changes_nothing() {
     let mut h = Harness::with_example();
     h.edit_policy("widgets", |p| p["spec"]["suspend"] = json!(true));
@@ -251,7 +251,7 @@ async fn suspend_changes_nothing() {
     assert_eq!(h.flags(), "v1alpha1:sd v1beta1:s v1:sS");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn dry_run_reports_the_patch_without_applying_it() {
     let mut h = Harness::with_example();
     h.edit_policy("widgets", |p| p["spec"]["dryRun"] = json!(true));
@@ -277,7 +277,7 @@ async fn dry_run_reports_the_patch_without_applying_it() {
     assert_eq!(h.status("widgets")["storageVersion"], "v1alpha1");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn drift_is_corrected_and_reported() {
     let mut h = Harness::with_example();
     h.at("2026-03-15T00:00:00Z");
@@ -304,7 +304,7 @@ async fn drift_is_corrected_and_reported() {
     assert_eq!(history, 3);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn deleting_a_policy_leaves_the_crd_as_it_is() {
     let mut h = Harness::with_example();
     h.at("2026-03-15T00:00:00Z");
@@ -320,7 +320,7 @@ async fn deleting_a_policy_leaves_the_crd_as_it_is() {
     assert_eq!(h.fake.crd(CRD), before);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn history_only_grows_whatever_the_cache() {
     let mut h = Harness::with_example();
     h.at("2026-01-15T00:00:00Z");
@@ -349,7 +349,7 @@ async fn history_only_grows_whatever_the_cache() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_deleted_policy_that_does_not_decode_is_let_go() {
     let mut h = Harness::new();
     let mut policy = yaml(EXAMPLE_POLICY);

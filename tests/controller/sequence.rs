@@ -47,7 +47,7 @@ fn context(client: Client) -> Arc<Context> {
     super::test_context(client, Arc::new(move || now), store)
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_store_transition_is_exactly_these_requests() {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let ctx = context(Client::new(service, "default"));
@@ -109,7 +109,7 @@ async fn a_store_transition_is_exactly_these_requests() {
     assert!(matches!(more, Err(_) | Ok(None)), "an extra request");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_new_policy_gets_its_finalizer_first() {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let ctx = context(Client::new(service, "default"));

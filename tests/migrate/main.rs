@@ -4,7 +4,8 @@
 mod apiserver;
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use apiserver::{CheckedFake, FakeApiserver, ListFault, ObjectFault};
 use crd_lifecycle::migrate::{
@@ -85,7 +86,7 @@ impl Observer for Recorder {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn every_page_is_rewritten_then_stored_versions_trimmed() {
     let fake = cluster(1234);
     let observer = Recorder::default();
@@ -151,7 +152,7 @@ async fn every_page_is_rewritten_then_stored_versions_trimmed() {
     assert!(done.windows(2).all(|w| w[0] <= w[1]), "{done:?}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn conflicts_and_deletions_count_as_done() {
     let fake = cluster(50);
     fake.after_next_list_page(|state| {
@@ -178,7 +179,7 @@ async fn conflicts_and_deletions_count_as_done() {
     assert_eq!(stored_versions(&fake), json!(["v1"]));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn too_many_requests_waits_for_retry_after() {
     let fake = cluster(3);
     fake.set_fault(
@@ -209,7 +210,7 @@ async fn too_many_requests_waits_for_retry_after() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn transient_server_errors_are_retried() {
     let fake = cluster(3);
     fake.set_fault(
@@ -228,7 +229,7 @@ async fn transient_server_errors_are_retried() {
     assert_eq!(report.counts.rewritten, 3);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_failing_conversion_is_recorded_and_stored_versions_untouched() {
     let fake = cluster(20);
     fake.set_fault(
@@ -272,7 +273,7 @@ fn rewrites_per_object(fake: &FakeApiserver) -> std::collections::BTreeMap<Strin
     rewrites
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_expired_continue_token_goes_on_with_the_fresh_one() {
     let fake = cluster(30);
     fake.after_next_list_page(|state| state.expire_continue_tokens());
@@ -307,7 +308,7 @@ async fn an_expired_continue_token_goes_on_with_the_fresh_one() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_expired_token_without_a_fresh_one_restarts_the_listing() {
     let fake = cluster(30);
     fake.lock().expired_without_token = true;
@@ -327,7 +328,7 @@ async fn an_expired_token_without_a_fresh_one_restarts_the_listing() {
     assert_eq!(stored_versions(&fake), json!(["v1"]));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_migration_across_many_compactions_finishes() {
     // A compaction after every second page: 50 pages, 24 expired tokens.
     let fake = cluster(500);
@@ -355,7 +356,7 @@ async fn a_migration_across_many_compactions_finishes() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_migration_longer_than_the_compaction_interval_finishes() {
     // Requests take 2 ms; etcd compacts every 40 ms: a pass of 300 objects outlasts it
     // many times over.
@@ -385,7 +386,7 @@ async fn a_migration_longer_than_the_compaction_interval_finishes() {
     assert_eq!(stored_versions(&fake), json!(["v1"]));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_stalled_request_times_out_and_is_retried() {
     let fake = cluster(30);
     fake.set_fault("ns1", "w00004", ObjectFault::Stall { times: 1 });
@@ -416,7 +417,7 @@ async fn a_stalled_request_times_out_and_is_retried() {
     assert_eq!(fake.encodings(CRD), [("v1".to_owned(), 30)].into());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_failing_list_page_is_retried_not_fatal() {
     let fake = cluster(30);
     fake.after_next_list_page(|state| {
@@ -466,7 +467,7 @@ fn switched_with_lag(count: usize, lag: u32) -> CheckedFake {
     fake
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_storage_switch_lag_is_waited_out() {
     let fake = switched_with_lag(30, 8);
     let report = migrate::migrate(&fake.client(), CRD, &settings(10), &migrate::Quiet)
@@ -485,7 +486,7 @@ async fn the_storage_switch_lag_is_waited_out() {
     assert!(discovery.iter().all(|r| r.path == "/apis/example.com/v1"));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn without_the_wait_a_lagging_apiserver_would_leave_objects_in_the_old_version() {
     // The hazard the wait guards against, shown on the fake: a rewrite answered by an
     // apiserver that has not switched writes nothing.
@@ -520,7 +521,7 @@ async fn without_the_wait_a_lagging_apiserver_would_leave_objects_in_the_old_ver
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_preflight_waits_until_the_version_is_served() {
     let fake = cluster(10);
     fake.edit_crd(CRD, |crd| crd["spec"]["versions"][1]["served"] = json!(false));
@@ -547,7 +548,7 @@ async fn a_preflight_waits_until_the_version_is_served() {
     assert_eq!(report.counts.rewritten, 10);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_resume_after_a_crd_change_starts_a_fresh_run() {
     let fake = cluster(50);
     let first = Recorder::default();
@@ -598,7 +599,7 @@ async fn a_resume_after_a_crd_change_starts_a_fresh_run() {
     assert_eq!(report.counts.listed, 50);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_resumed_run_after_failures_retries_them_and_succeeds() {
     let fake = cluster(50);
     // ns1/w00013 is on the third page of ten (names sort ns0/…, ns1/…, ns2/…).
@@ -647,7 +648,7 @@ async fn a_resumed_run_after_failures_retries_them_and_succeeds() {
     assert_eq!(stored_versions(&fake), json!(["v1"]));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_total_comes_from_a_full_list() {
     let fake = cluster(1234);
     let observer = Recorder::default();
@@ -671,7 +672,7 @@ async fn the_total_comes_from_a_full_list() {
     assert!(counts[0].query.contains("limit=1"), "{}", counts[0].query);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_generation_change_mid_run_prevents_the_trim() {
     let fake = cluster(30);
     fake.after_next_list_page(|state| {
@@ -690,7 +691,7 @@ async fn a_generation_change_mid_run_prevents_the_trim() {
     assert_eq!(stored_versions(&fake), json!(["v1alpha1", "v1"]));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_storage_switch_mid_run_starts_over() {
     let fake = cluster(30);
     fake.after_next_list_page(|state| {
@@ -713,7 +714,7 @@ async fn a_storage_switch_mid_run_starts_over() {
     assert_eq!(fake.encodings(CRD), [("v1alpha1".to_owned(), 30)].into());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_run_resumes_from_its_checkpoint() {
     let fake = cluster(50);
     // A first run's checkpoint after two pages of ten (what the controller saved).
@@ -773,7 +774,7 @@ async fn a_run_resumes_from_its_checkpoint() {
     assert_eq!(rewrites, 30, "only the objects after the checkpoint");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn concurrency_is_bounded() {
     let fake = cluster(60);
     fake.lock().latency = Duration::from_millis(20);
@@ -792,6 +793,7 @@ async fn concurrency_is_bounded() {
     assert_eq!(fake.lock().max_in_flight, 4);
 }
 
+/// Real time: governor's rate limiter reads the system clock, not tokio's.
 #[tokio::test]
 async fn qps_is_a_ceiling() {
     let fake = cluster(40);
@@ -819,7 +821,7 @@ async fn qps_is_a_ceiling() {
     assert!(gaps.iter().all(|g| *g >= Duration::from_millis(20)), "{gaps:?}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn preflight_reads_every_object_and_writes_nothing() {
     let fake = cluster(25);
     fake.set_fault(
@@ -862,7 +864,7 @@ async fn preflight_reads_every_object_and_writes_nothing() {
     assert_eq!(report.outcome, Outcome::PreflightPassed);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn nothing_to_do_and_bad_targets() {
     let fake = cluster(5);
     fake.edit_crd(CRD, |crd| crd["status"]["storedVersions"] = json!(["v1"]));
@@ -962,6 +964,7 @@ async fn migrate_cli(kubeconfig: &tempfile_path::Path, extra: &[&str]) -> std::p
     command.output().await.expect("the binary runs")
 }
 
+/// Real time: the binary runs as a child process over a real socket.
 #[tokio::test]
 async fn the_migrate_command_reports_and_exits_by_outcome() {
     let fake = cluster(700);
@@ -1028,7 +1031,7 @@ async fn the_migrate_command_reports_and_exits_by_outcome() {
     server.abort();
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_fake_answers_discovery_and_expiry_as_recorded() {
     let fake = cluster(3);
     fake.edit_crd(CRD, |crd| {
@@ -1096,7 +1099,7 @@ async fn the_fake_answers_discovery_and_expiry_as_recorded() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn rewrites_can_go_through_the_status_subresource() {
     let fake = cluster(20);
     let through_status = Settings {
@@ -1157,7 +1160,7 @@ fn cleanup(versions: Option<Vec<&str>>, conversion: Option<Value>) -> Settings {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_cleanup_names_the_storage_version_and_translates_renamed_fields() {
     let fake = cluster(30);
     for i in 0..10 {
@@ -1213,7 +1216,7 @@ async fn a_cleanup_names_the_storage_version_and_translates_renamed_fields() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_object_written_meanwhile_is_read_again() {
     let fake = cluster(3);
     fake.set_managed_fields(
@@ -1252,7 +1255,7 @@ async fn an_object_written_meanwhile_is_read_again() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn repair_fixes_objects_a_removal_already_broke() {
     let fake = cluster(5);
     fake.set_managed_fields(
@@ -1303,6 +1306,7 @@ async fn repair_fixes_objects_a_removal_already_broke() {
         .expect("server-side apply works again");
 }
 
+/// Real time: the binary runs as a child process over a real socket.
 #[tokio::test]
 async fn the_repair_command_finds_and_fixes_broken_objects() {
     let fake = cluster(40);

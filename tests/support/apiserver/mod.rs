@@ -35,7 +35,7 @@ pub struct Recorded {
     pub accept: String,
     pub body: Value,
     /// When it arrived.
-    pub at: std::time::Instant,
+    pub at: tokio::time::Instant,
 }
 
 type Hook = Box<dyn FnOnce(&mut State) + Send>;
@@ -58,7 +58,7 @@ pub struct State {
     pub compact_every: Option<std::time::Duration>,
     /// List pages served so far, and when the first was.
     pages_served: u64,
-    first_list_at: Option<std::time::Instant>,
+    first_list_at: Option<tokio::time::Instant>,
     /// A 410 without a fresh continue token. No recorded apiserver answers so (samples 16
     /// and 27 both carry one); this only drives the migrator's fallback of listing again.
     pub expired_without_token: bool,
@@ -399,7 +399,7 @@ impl FakeApiserver {
                 .unwrap_or_default()
                 .to_owned(),
             body: body.clone(),
-            at: std::time::Instant::now(),
+            at: tokio::time::Instant::now(),
         };
         let segments: Vec<&str> = recorded.path.trim_start_matches('/').split('/').collect();
         if recorded.method == "GET"

@@ -420,7 +420,7 @@ pub(super) fn list_custom(state: &mut State, request: &Recorded, target: &Custom
     }
     if metadata_only {
         // Compactions happen between pages: the token just issued may be the next to expire.
-        state.first_list_at.get_or_insert_with(std::time::Instant::now);
+        state.first_list_at.get_or_insert_with(tokio::time::Instant::now);
         state.pages_served += 1;
         if let Some(hook) = state.after_list_page.pop_front() {
             hook(state);
