@@ -1,0 +1,387 @@
+//! One run: listing passes, a bounded pool of rewrites, and per-answer decisions.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use backon::Retryable;
+use futures::future::{BoxFuture, FutureExt};
+use futures::stream::{FuturesUnordered, StreamExt};
+use tracing::warn;
+
+use super::managed_fields;
+use super::requests::{self, Requester};
+use super::{
+    Answer, Counts, Error, Failure, Mode, ObjectKey, ObjectResult, Observer, PageTracker, Resume, Settings,
+    Target,
+};
+use crate::sync::lock;
+
+/// One run over the objects of one target.
+pub(super) struct Run<'a> {
+    pub(super) requester: &'a Requester<'a>,
+    pub(super) target: &'a Target,
+    pub(super) settings: &'a Settings,
+    pub(super) observer: &'a dyn Observer,
+    pub(super) failures: Mutex<Vec<Failure>>,
+    /// With `Mode::CleanManagedFields`: the policy's conversion, to translate field paths
+    /// (built once per run, not per object).
+    pub(super) converter: Option<crate::conversion::Converter>,
+}
+
+/// What became of one object.
+enum Processed {
+    Done,
+    Skipped,
+    Failed(String),
+}
+
+enum PassEnd {
+    Finished,
+    /// The continue token expired (410) and the apiserver gave no fresh one: list again
+    /// from the start.
+    Expired,
+}
+
+/// What the passes of one run did.
+pub(super) struct Passes {
+    pub(super) counts: Counts,
+    pub(super) restarts: usize,
+    pub(super) expired_tokens: usize,
+}
+
+impl Run<'_> {
+    /// Every listing pass until one completes.
+    pub(super) async fn all_objects(&self, resume: Option<Resume>) -> Result<Passes, Error> {
+        let mut passes = Passes {
+            counts: Counts::default(),
+            restarts: 0,
+            expired_tokens: 0,
+        };
+        let mut token = None;
+        if let Some(resume) = resume {
+            passes.counts = resume.counts;
+            token = Some(resume.continue_token);
+        }
+        loop {
+            // The total for progress: metadata-only lists carry no remainingItemCount.
+            let total = match self.with_retries(|| self.requester.count(self.target)).await {
+                Ok(total) => total,
+                Err(answer) => {
+                    warn!(crd = %self.target.crd, "cannot count the objects: {}", describe(&answer));
+                    None
+                }
+            };
+            self.observer.started(self.target, &passes.counts);
+            match self.pass(token.take(), &mut passes, total).await? {
+                PassEnd::Finished => return Ok(passes),
+                PassEnd::Expired => {
+                    // Rewrites are idempotent: start the listing over (apiserver-samples/16).
+                    passes.restarts += 1;
+                    if passes.restarts > self.settings.max_restarts.max(1) * 4 {
+                        return Err(self.list_error("the continue token kept expiring".to_owned()));
+                    }
+                    passes.counts = Counts::default();
+                    lock(&self.failures).clear();
+                    self.observer.restarted(
+                        "the list continue token expired and the apiserver gave no fresh one; listing again from the start",
+                    );
+                }
+            }
+        }
+    }
+
+    /// One listing pass, from `start` (a continue token) to the last page. Objects are
+    /// processed by at most `concurrency` requests at once; the next page is fetched while
+    /// the current one's last objects are still in flight, so memory holds about one page.
+    async fn pass(
+        &self,
+        start: Option<String>,
+        passes: &mut Passes,
+        mut total: Option<u64>,
+    ) -> Result<PassEnd, Error> {
+        let concurrency = self.settings.concurrency.max(1);
+        let counts = &mut passes.counts;
+        let mut tracker = PageTracker::new(*counts);
+        let mut queue: VecDeque<(usize, ObjectKey)> = VecDeque::new();
+        let mut in_flight = FuturesUnordered::new();
+        // The page being fetched, the index of the next page, and its token once known
+        // (`None` after the last page).
+        let mut fetching: Option<BoxFuture<'_, Result<requests::Page, Answer>>> =
+            Some(self.fetch(start).boxed());
+        let mut next_index = 0usize;
+        let mut next_token: Option<String> = None;
+        let mut expired_in_a_row = 0;
+        loop {
+            while in_flight.len() < concurrency
+                && let Some((page, key)) = queue.pop_front()
+            {
+                in_flight.push(self.process_object(page, key));
+            }
+            if fetching.is_none()
+                && queue.len() < concurrency
+                && let Some(token) = next_token.take()
+            {
+                fetching = Some(self.fetch(Some(token)).boxed());
+            }
+            if in_flight.is_empty() && fetching.is_none() {
+                return Ok(PassEnd::Finished);
+            }
+            tokio::select! {
+                Some((page, processed, key)) = in_flight.next(), if !in_flight.is_empty() => {
+                    let result = match processed {
+                        Processed::Done => ObjectResult::Rewritten,
+                        Processed::Skipped => ObjectResult::Skipped,
+                        Processed::Failed(message) => {
+                            let mut failures = lock(&self.failures);
+                            if failures.len() < self.settings.max_reported_failures {
+                                failures.push(Failure { object: key.to_string(), message });
+                            }
+                            ObjectResult::Failed
+                        }
+                    };
+                    counts.record(result);
+                    self.observer.progress(counts, total);
+                    if let Some((checkpoint, committed)) = tracker.done(page, result) {
+                        self.observer.checkpoint(&checkpoint, &committed);
+                    }
+                }
+                listed = async {
+                    match fetching.as_mut() {
+                        Some(page) => page.await,
+                        None => std::future::pending().await,
+                    }
+                }, if fetching.is_some() => {
+                    fetching = None;
+                    let page = match listed {
+                        Ok(page) => page,
+                        // The continue token is older than the etcd compaction; the answer
+                        // carries a fresh token that goes on from where the list stopped
+                        // (samples 27, 28). Objects written meanwhile were encoded in the
+                        // storage version by the apiserver anyway.
+                        Err(Answer::Status { code: 410, continue_token: Some(fresh), .. }) => {
+                            expired_in_a_row += 1;
+                            passes.expired_tokens += 1;
+                            if expired_in_a_row > self.settings.max_expired_in_a_row {
+                                return Err(self.list_error(format!(
+                                    "the continue token expired {expired_in_a_row} times in a row"
+                                )));
+                            }
+                            self.observer.continued(
+                                "the list continue token expired (etcd compaction); going on with the fresh token the apiserver gave",
+                            );
+                            if let Some((checkpoint, committed)) = tracker.replace_token(fresh.clone()) {
+                                self.observer.checkpoint(&checkpoint, &committed);
+                            }
+                            fetching = Some(self.fetch(Some(fresh)).boxed());
+                            continue;
+                        }
+                        // Expired without a fresh token (sample 16 has one; an older
+                        // apiserver may not): only a new list is left.
+                        Err(Answer::Status { code: 410, .. }) => return Ok(PassEnd::Expired),
+                        Err(answer) => return Err(self.list_error(describe(&answer))),
+                    };
+                    expired_in_a_row = 0;
+                    let index = next_index;
+                    next_index += 1;
+                    counts.listed += page.objects.len() as u64;
+                    if total.is_none() && let Some(remaining) = page.remaining {
+                        total = Some(counts.listed + remaining);
+                    }
+                    next_token = page.next.clone();
+                    if let Some((checkpoint, committed)) = tracker.add(index, page.objects.len(), page.next) {
+                        self.observer.checkpoint(&checkpoint, &committed);
+                    }
+                    queue.extend(page.objects.into_iter().map(|key| (index, key)));
+                    self.observer.progress(counts, total);
+                }
+            }
+        }
+    }
+
+    /// Lists one page, retrying what may succeed later; a 410 is returned at once (the
+    /// caller follows its fresh token).
+    async fn fetch(&self, token: Option<String>) -> Result<requests::Page, Answer> {
+        self.with_retries(|| {
+            self.requester.list_page(
+                self.target,
+                self.settings.page_size,
+                token.as_deref(),
+                self.settings.mode == Mode::CleanManagedFields,
+            )
+        })
+        .await
+    }
+
+    /// Runs `request` until it succeeds, fails for good, or the retry policy is used up.
+    async fn with_retries<T, F, Fut>(&self, request: F) -> Result<T, Answer>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Answer>>,
+    {
+        request
+            .retry(self.settings.retry.backoff())
+            .sleep(tokio::time::sleep)
+            .when(|answer| matches!(classify(answer), Verdict::Retry))
+            .adjust(retry_after)
+            .notify(|answer, wait| {
+                warn!(crd = %self.target.crd, "{}; retrying in {wait:?}", describe(answer));
+            })
+            .await
+    }
+
+    /// Rewrites the object's stale managedFields entries with a guarded JSON Patch (the
+    /// resourceVersion it was read at is tested); an object changed since is read again (a
+    /// failed `test` answers 422, as apiserver-samples/03). `Ok(false)`: nothing to rewrite.
+    async fn clean_managed_fields(&self, key: &ObjectKey) -> Result<bool, Answer> {
+        let cleanup = &self.settings.managed_fields;
+        let storage = self.target.storage_version.as_str();
+        let translate = |path: &[String], from: &str| match &self.converter {
+            Some(converter) => converter.translate_path(path, from, storage),
+            None => Some(path.to_vec()),
+        };
+        let (mut resource_version, mut entries) = (key.resource_version.clone(), key.managed_fields.clone());
+        for _ in 0..3 {
+            let stale: std::collections::BTreeSet<String> = match &cleanup.versions {
+                Some(versions) => versions.iter().cloned().collect(),
+                None => managed_fields::named_versions(&entries, &self.target.group)
+                    .into_iter()
+                    .filter(|v| !self.target.versions.contains(v))
+                    .collect(),
+            };
+            let rewrite = managed_fields::Rewrite {
+                group: &self.target.group,
+                stale: &stale,
+                into: storage,
+                translate: &translate,
+            };
+            let Some(rewritten) = rewrite.apply(&entries) else {
+                return Ok(false);
+            };
+            if cleanup.dry_run {
+                return Ok(true);
+            }
+            match self
+                .requester
+                .replace_managed_fields(self.target, key, &resource_version, &rewritten)
+                .await
+            {
+                Answer::Ok => return Ok(true),
+                Answer::Status { code: 422, .. } => {
+                    (resource_version, entries) = self.requester.managed_fields(self.target, key).await?;
+                }
+                other => return Err(other),
+            }
+        }
+        Err(Answer::Transport(format!(
+            "{key} kept changing while its managedFields were being rewritten"
+        )))
+    }
+
+    async fn process_object(&self, page: usize, key: ObjectKey) -> (usize, Processed, ObjectKey) {
+        let processed = self.process(&key).await;
+        (page, processed, key)
+    }
+
+    fn list_error(&self, message: String) -> Error {
+        Error::List {
+            crd: self.target.crd.clone(),
+            version: self.target.version.clone(),
+            message,
+        }
+    }
+
+    /// Rewrites (or reads) one object, retrying what may succeed later.
+    async fn process(&self, key: &ObjectKey) -> Processed {
+        let attempts = AtomicU32::new(0);
+        let result = self
+            .with_retries(|| async {
+                attempts.fetch_add(1, Ordering::Relaxed);
+                let answer = match self.settings.mode {
+                    Mode::Rewrite => self.requester.rewrite(self.target, key).await,
+                    Mode::Preflight => self.requester.read(self.target, key).await,
+                    Mode::CleanManagedFields => match self.clean_managed_fields(key).await {
+                        Ok(true) => Answer::Ok,
+                        Ok(false) => return Ok(Processed::Skipped),
+                        Err(answer) => answer,
+                    },
+                };
+                match classify(&answer) {
+                    Verdict::Done => Ok(Processed::Done),
+                    Verdict::Skipped => Ok(Processed::Skipped),
+                    Verdict::Fail | Verdict::Retry => Err(answer),
+                }
+            })
+            .await;
+        match result {
+            Ok(processed) => processed,
+            Err(answer) => match classify(&answer) {
+                Verdict::Retry => Processed::Failed(format!(
+                    "{} (gave up after {} attempts)",
+                    describe(&answer),
+                    attempts.load(Ordering::Relaxed)
+                )),
+                _ => Processed::Failed(describe(&answer)),
+            },
+        }
+    }
+}
+
+/// The apiserver's `Retry-After` instead of the backoff, while retries are left.
+fn retry_after(answer: &Answer, backoff: Option<Duration>) -> Option<Duration> {
+    match (answer, backoff) {
+        (
+            Answer::Status {
+                retry_after: Some(wait),
+                ..
+            },
+            Some(_),
+        ) => Some(*wait),
+        _ => backoff,
+    }
+}
+/// What to do after an answer.
+enum Verdict {
+    Done,
+    Skipped,
+    Fail,
+    /// Retry (after the apiserver's `Retry-After` if it gave one).
+    Retry,
+}
+
+fn classify(answer: &Answer) -> Verdict {
+    match answer {
+        Answer::Ok => Verdict::Done,
+        // Written since it was listed, so already stored in the storage version (12).
+        Answer::Status { code: 409, .. } => Verdict::Skipped,
+        // Deleted since it was listed (13) — but a plain-text 404 means the version is not
+        // served (15), which must not pass for "deleted".
+        Answer::Status {
+            code: 404,
+            is_status_object: true,
+            ..
+        } => Verdict::Skipped,
+        Answer::Status { code: 429, .. } => Verdict::Retry,
+        // 5xx may be transient, or a conversion webhook failing for good (20, 21): retried
+        // a bounded number of times, then recorded.
+        Answer::Status { code, .. } if *code >= 500 => Verdict::Retry,
+        Answer::Status { .. } => Verdict::Fail,
+        // No answer, a reset, or a timeout.
+        Answer::Transport(_) => Verdict::Retry,
+    }
+}
+
+fn describe(answer: &Answer) -> String {
+    match answer {
+        Answer::Ok => "ok".to_owned(),
+        Answer::Status {
+            code,
+            reason,
+            message,
+            ..
+        } => format!("{code} {reason}: {message}"),
+        Answer::Transport(message) => message.clone(),
+    }
+}

@@ -1,0 +1,74 @@
+//! The last step of a run: trimming `status.storedVersions` to the storage version.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use super::discovery::{self, Expect};
+use super::requests::Requester;
+use super::{Error, Settings, Target, kube_request, read_crd};
+
+pub(super) enum TrimResult {
+    Trimmed(Vec<String>),
+    NotTrimmed(String),
+    StorageChanged(String),
+}
+
+/// Sets `status.storedVersions` to the storage version alone, only if the CRD still has
+/// the generation and storage version the run started with, with a resourceVersion
+/// precondition (the apiserver itself accepts any trim, apiserver-samples/14).
+pub(super) async fn trim(
+    requester: &Requester<'_>,
+    target: &Target,
+    settings: &Settings,
+) -> Result<TrimResult, Error> {
+    let client = requester.client;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut confirmed = false;
+    for _ in 0..5 {
+        let crd = read_crd(client, &target.crd, settings).await?;
+        let now = Target::from_crd(&crd).map_err(|reason| Error::Unmigratable {
+            crd: target.crd.clone(),
+            reason,
+        })?;
+        if now.storage_version != target.storage_version {
+            return Ok(TrimResult::StorageChanged(now.storage_version));
+        }
+        if now.generation != target.generation {
+            return Ok(TrimResult::NotTrimmed(format!(
+                "the CRD's generation changed from {} to {} during the run; run the migration again",
+                target.generation.unwrap_or_default(),
+                now.generation.unwrap_or_default()
+            )));
+        }
+        if now.stored_versions == [target.storage_version.clone()] {
+            return Ok(TrimResult::Trimmed(Vec::new()));
+        }
+        // Trim only while the apiserver still stores in the version every object was
+        // rewritten into.
+        if !confirmed {
+            discovery::wait(requester, target, Expect::Storage, &settings.settle).await?;
+            confirmed = true;
+        }
+        let patch = json!({
+            "metadata": {"resourceVersion": crd.metadata.resource_version},
+            "status": {"storedVersions": [target.storage_version]},
+        });
+        // Retried after a timeout too: the resourceVersion precondition makes a repeat of
+        // a trim that did land answer 409, and the re-read then finds it done.
+        let params = PatchParams::default();
+        let patch = Patch::Merge(&patch);
+        let trimmed = kube_request(settings, "trimming status.storedVersions", || {
+            crds.patch_status(&target.crd, &params, &patch)
+        })
+        .await;
+        match trimmed {
+            Ok(_) => return Ok(TrimResult::Trimmed(now.stored_versions)),
+            Err(Error::Kube(kube::Error::Api(status))) if status.code == 409 => continue,
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(TrimResult::NotTrimmed(
+        "the CRD kept changing while status.storedVersions was being trimmed".to_owned(),
+    ))
+}
