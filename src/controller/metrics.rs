@@ -215,7 +215,8 @@ impl Metrics {
 
     /// Sets the `blocked` gauge of a policy to exactly the given reasons.
     pub fn set_blocked(&self, policy: &str, reasons: &[&str]) {
-        for reason in super::status::ConditionReason::ALL.map(super::status::ConditionReason::as_str) {
+        for reason in super::conditions::ConditionReason::ALL.map(super::conditions::ConditionReason::as_str)
+        {
             let labels = BlockedLabels {
                 policy: policy.to_owned(),
                 reason: reason.to_owned(),

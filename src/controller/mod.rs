@@ -1,6 +1,7 @@
 //! The controller: applies VersionPolicies to live CRDs on schedule, with status, events,
 //! metrics, leader election and graceful shutdown.
 
+pub mod conditions;
 mod context;
 pub mod conversion_config;
 pub mod decide;
@@ -11,6 +12,7 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod migrations;
+mod observation;
 pub mod patch;
 mod preflight;
 mod reconcile;
@@ -18,6 +20,7 @@ mod release;
 pub mod status;
 pub mod supervise;
 pub mod traffic;
+mod webhook_tasks;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -39,6 +42,8 @@ pub use context::{Clock, Context};
 pub use error::{Error, status_code};
 pub use reconcile::{competing_owner, error_policy, reconcile, requeue_after};
 pub use release::RELEASE_FINALIZER;
+use webhook_tasks::start_webhook;
+pub use webhook_tasks::{CertificateSource, WebhookSettings};
 
 use crate::api::VersionPolicy;
 pub use conversion_config::{WebhookEndpoint, WebhookTarget};
@@ -48,8 +53,6 @@ use metrics::Metrics;
 use migrations::Migrations;
 use supervise::{Essential, Supervisor};
 use traffic::TrafficMonitor;
-
-use crate::webhook::CertStore;
 
 /// Settings of `crd-lifecycle run`.
 #[derive(Clone, Debug)]
@@ -66,119 +69,6 @@ pub struct RunSettings {
     pub traffic_sample_interval: Duration,
     /// The conversion webhook to serve, if any.
     pub webhook: Option<WebhookSettings>,
-}
-
-/// Where the conversion webhook listens, how the apiserver reaches it, and its
-/// certificates.
-#[derive(Clone, Debug)]
-pub struct WebhookSettings {
-    pub address: SocketAddr,
-    pub target: WebhookTarget,
-    pub certificates: CertificateSource,
-}
-
-/// Where the webhook's certificates come from.
-#[derive(Clone, Debug)]
-pub enum CertificateSource {
-    /// Supplied by the user (e.g. cert-manager), re-read every minute.
-    Files { cert: String, key: String, ca: String },
-    /// Self-signed, kept (and renewed) in this Secret.
-    Secret { namespace: String, name: String },
-}
-
-/// Loads the certificates, keeps them fresh, and serves the webhook with a cache of the
-/// policies of its own.
-async fn start_webhook(
-    client: Client,
-    settings: WebhookSettings,
-    shutdown: impl Future<Output = ()> + Send + Clone + 'static,
-    supervisor: &mut Supervisor,
-) -> Result<Arc<WebhookEndpoint>, RunError> {
-    let endpoint = Arc::new(WebhookEndpoint::new(settings.target.clone()));
-    let certs = Arc::new(CertStore::default());
-    let rotation = Arc::new(std::sync::Mutex::new(conversion_config::CaRotation::default()));
-    let refresh = {
-        let (client, endpoint, certs, source, rotation) = (
-            client.clone(),
-            endpoint.clone(),
-            certs.clone(),
-            settings.certificates.clone(),
-            rotation.clone(),
-        );
-        let names = settings.target.certificate_names();
-        move || {
-            let (client, endpoint, certs, source, names, rotation) = (
-                client.clone(),
-                endpoint.clone(),
-                certs.clone(),
-                source.clone(),
-                names.clone(),
-                rotation.clone(),
-            );
-            async move {
-                let loaded = match &source {
-                    CertificateSource::Files { cert, key, ca } => {
-                        crate::webhook::certs::read_files(cert, key, ca).map_err(|e| e.to_string())
-                    }
-                    CertificateSource::Secret { namespace, name } => {
-                        crate::webhook::certs::ensure_secret(&client, namespace, name, &names)
-                            .await
-                            .map(|b| (b.cert_pem, b.key_pem, b.ca_pem))
-                            .map_err(|e| e.to_string())
-                    }
-                };
-                let result = match loaded {
-                    Ok((cert, key, ca)) => {
-                        let set = conversion_config::CertificateSet { cert, key, ca };
-                        conversion_config::refresh(set, &rotation, &endpoint, &client, |s| {
-                            certs.set_pem(&s.cert, &s.key)
-                        })
-                        .await
-                    }
-                    Err(error) => Err(error),
-                };
-                if let Err(error) = &result {
-                    warn!(error = %error, "cannot load the conversion webhook's certificates");
-                }
-                result.map(|_| ())
-            }
-        }
-    };
-    refresh().await.map_err(RunError::Webhook)?;
-    let interval = match settings.certificates {
-        CertificateSource::Files { .. } => Duration::from_secs(60),
-        CertificateSource::Secret { .. } => Duration::from_secs(3600),
-    };
-    // A failed refresh keeps the certificates in use and is tried again next time.
-    supervisor.add(Essential::spawn(
-        "the webhook certificate refresher",
-        async move {
-            loop {
-                tokio::time::sleep(interval).await;
-                let _ = refresh().await;
-            }
-        },
-    ));
-
-    let (cache, watches) = crate::webhook::CachedPolicies::watch(client);
-    supervisor.add(Essential::spawn("the conversion webhook's watches", async move {
-        watches.await;
-        Err("the watches ended".to_owned())
-    }));
-    let cache = Arc::new(cache);
-    let policies: Arc<dyn crate::webhook::PolicySource> = cache.clone();
-    let serve = crate::webhook::serve(settings.address, certs, policies, shutdown);
-    supervisor.add(Essential::spawn("the conversion webhook server", async move {
-        serve.await.map_err(|error| error.to_string())
-    }));
-    // Ready (and so in the Service) only once the webhook knows every policy and every
-    // CRD's recorded conversion: before that it would refuse reviews it can answer.
-    info!("waiting for the conversion webhook's caches");
-    tokio::select! {
-        ready = cache.wait_until_ready() => ready.map_err(|e| RunError::Webhook(e.to_string()))?,
-        failed = supervisor.first_failure() => return Err(failed.into()),
-    }
-    Ok(endpoint)
 }
 
 /// Why `run` stopped other than by a shutdown signal.

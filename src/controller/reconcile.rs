@@ -15,6 +15,7 @@ use kube::runtime::reflector::Store;
 use serde_json::json;
 use tracing::{info, warn};
 
+use super::conditions::{ConditionReason, ConditionState, ConditionType};
 use super::context::{Context, get_crd};
 use super::decide::{Decision, WebhookConversion, decide, managed_fields_pending};
 use super::error::{Error, status_code};
@@ -22,10 +23,7 @@ use super::events::publish_events;
 use super::gate_inputs;
 use super::patch::as_json_patch;
 use super::release::{ensure_finalizer, let_go, release};
-use super::status::{
-    ConditionReason, ConditionState, ConditionType, Observation, apply_status, build_status,
-    recorded_history, write_status,
-};
+use super::status::{Observation, apply_status, build_status, recorded_history, write_status};
 use crate::api::{FIELD_MANAGER, MilestoneKind, TrafficStatus, VersionPolicy};
 use crate::lifecycle::{BlockReason, CrdState, Evaluation, Transition};
 

@@ -10,11 +10,12 @@ use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
+use super::conditions::ConditionReason;
 use super::context::{Context, get_crd};
 use super::error::{Error, status_code};
 use super::events;
 use super::patch::{add_conversion, as_json_patch};
-use super::status::{ConditionReason, Observation, build_status, write_status};
+use super::status::{Observation, build_status, write_status};
 use crate::api::VersionPolicy;
 use crate::conversion::RecordedConversion;
 

@@ -1,7 +1,7 @@
 //! Building `VersionPolicy.status` from what a reconcile observed and did (pure).
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Client;
 use tracing::warn;
 
@@ -11,126 +11,16 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::core::DeserializeGuard;
 use serde_json::json;
 
+use super::conditions::{ConditionState, ConditionType};
+pub use super::observation::Observation;
 use crate::api::{
-    HistoryEntry, MilestoneKind, NextTransition, TrafficStatus, VersionPhase, VersionPolicy,
-    VersionPolicyStatus, VersionStatus,
+    HistoryEntry, MilestoneKind, NextTransition, VersionPhase, VersionPolicy, VersionPolicyStatus,
+    VersionStatus,
 };
-use crate::lifecycle::{BlockReason, CrdState, Evaluation, Transition, phase_of_flags};
+use crate::lifecycle::{CrdState, Evaluation, phase_of_flags};
 
 /// How many applied transitions `status.history` keeps.
 pub const HISTORY_LIMIT: usize = 32;
-
-/// Why a policy is held back, as the `reason` of its `Blocked` condition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ConditionReason {
-    /// The governed CRD does not exist.
-    CrdNotFound,
-    /// The policy cannot be applied as written (or not to this CRD).
-    InvalidPolicy,
-    /// An older policy governs the same CRD.
-    Conflict,
-    /// A removal waits for the CRD's `status.storedVersions` to be trimmed.
-    AwaitingMigration,
-    /// Applying would break an invariant, or the apiserver rejected the change.
-    UnsafeState,
-    /// `spec.suspend` is true.
-    Suspended,
-    /// A due milestone needs an approval annotation.
-    AwaitingApproval,
-    /// Clients still call a version whose `unserve` has a traffic gate.
-    VersionInUse,
-    /// A `store` waits for the conversion preflight.
-    AwaitingPreflight,
-    /// Objects failed to convert to the version a `store` switches to.
-    ConversionPreflightFailed,
-    /// The policy wants the conversion webhook but this controller does not serve one
-    /// (or its certificate is not ready yet).
-    WebhookNotConfigured,
-    /// The policy is being deleted and its CRD cannot be released yet.
-    ReleasingCrd,
-    /// A removal waits until no object's managedFields names the version.
-    AwaitingManagedFieldsCleanup,
-}
-
-impl ConditionReason {
-    pub const ALL: [ConditionReason; 13] = [
-        ConditionReason::CrdNotFound,
-        ConditionReason::InvalidPolicy,
-        ConditionReason::Conflict,
-        ConditionReason::AwaitingMigration,
-        ConditionReason::UnsafeState,
-        ConditionReason::Suspended,
-        ConditionReason::AwaitingApproval,
-        ConditionReason::VersionInUse,
-        ConditionReason::AwaitingPreflight,
-        ConditionReason::ConversionPreflightFailed,
-        ConditionReason::WebhookNotConfigured,
-        ConditionReason::ReleasingCrd,
-        ConditionReason::AwaitingManagedFieldsCleanup,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ConditionReason::CrdNotFound => "CRDNotFound",
-            ConditionReason::InvalidPolicy => "InvalidPolicy",
-            ConditionReason::Conflict => "Conflict",
-            ConditionReason::AwaitingMigration => "AwaitingMigration",
-            ConditionReason::UnsafeState => "UnsafeState",
-            ConditionReason::Suspended => "Suspended",
-            ConditionReason::AwaitingApproval => "AwaitingApproval",
-            ConditionReason::VersionInUse => "VersionInUse",
-            ConditionReason::AwaitingPreflight => "AwaitingPreflight",
-            ConditionReason::ConversionPreflightFailed => "ConversionPreflightFailed",
-            ConditionReason::WebhookNotConfigured => "WebhookNotConfigured",
-            ConditionReason::ReleasingCrd => "ReleasingCRD",
-            ConditionReason::AwaitingManagedFieldsCleanup => "AwaitingManagedFieldsCleanup",
-        }
-    }
-}
-
-impl From<BlockReason> for ConditionReason {
-    fn from(reason: BlockReason) -> Self {
-        match reason {
-            BlockReason::AwaitingMigration => ConditionReason::AwaitingMigration,
-            BlockReason::UnsafeState => ConditionReason::UnsafeState,
-            BlockReason::AwaitingApproval => ConditionReason::AwaitingApproval,
-            BlockReason::VersionInUse => ConditionReason::VersionInUse,
-            BlockReason::AwaitingPreflight => ConditionReason::AwaitingPreflight,
-            BlockReason::ConversionPreflightFailed => ConditionReason::ConversionPreflightFailed,
-            BlockReason::AwaitingManagedFieldsCleanup => ConditionReason::AwaitingManagedFieldsCleanup,
-        }
-    }
-}
-
-/// What one reconcile found and did, for the status.
-#[derive(Debug, Default)]
-pub struct Observation<'a> {
-    /// The CRD as it is after this reconcile (`None` when it does not exist).
-    pub crd: Option<&'a CrdState>,
-    /// The engine's decision, when the policy could be evaluated.
-    pub evaluation: Option<&'a Evaluation>,
-    /// Everything that holds the policy back, most important first.
-    pub blocked: Vec<(ConditionReason, String)>,
-    /// Transitions applied by this reconcile.
-    pub applied: Vec<Transition>,
-    /// With `spec.dryRun`, the patch that was not applied.
-    pub dry_run_patch: Option<String>,
-    /// Whether a storage-version migration of the CRD is running.
-    pub migrating: bool,
-    /// `status.history` as the apiserver has it now (read fresh, not from the cache, which
-    /// may lag behind our own last write).
-    pub recorded_history: Vec<HistoryEntry>,
-    /// Applied transitions that needed an approval, and who approved (field manager of
-    /// the approval annotation) and when.
-    pub approved: Vec<(String, MilestoneKind)>,
-    pub approver: Option<(String, Time)>,
-    /// Traffic observed for versions with a traffic gate.
-    pub traffic: Vec<TrafficStatus>,
-    /// Whether this reconcile pointed the CRD's spec.conversion at the webhook.
-    pub conversion_configured: bool,
-    /// Whether this reconcile gave the CRD back its conversion from before the webhook.
-    pub conversion_restored: bool,
-}
 
 /// The status to write. Condition transition times and history are carried over from the
 /// previous status, so that an unchanged situation produces an identical status (and
@@ -221,62 +111,7 @@ pub fn merge_history(recorded: &[HistoryEntry], cached: &[HistoryEntry]) -> Vec<
     merged
 }
 
-/// The condition types a policy reports (kstatus reads `Ready`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConditionType {
-    Ready,
-    Progressing,
-    Blocked,
-}
-
-impl ConditionType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ConditionType::Ready => "Ready",
-            ConditionType::Progressing => "Progressing",
-            ConditionType::Blocked => "Blocked",
-        }
-    }
-}
-
-/// One condition as a reconcile decides it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConditionState {
-    pub type_: ConditionType,
-    pub status: bool,
-    pub reason: String,
-    pub message: String,
-}
-
-impl ConditionState {
-    pub fn new(type_: ConditionType, status: bool, reason: &str, message: impl Into<String>) -> Self {
-        Self {
-            type_,
-            status,
-            reason: reason.to_owned(),
-            message: message.into(),
-        }
-    }
-
-    /// The condition as written: its transition time is kept from `previous` when its type,
-    /// status and reason are the same, so that an unchanged situation writes an identical
-    /// status.
-    pub fn condition(self, previous: &[Condition], generation: Option<i64>, now: Timestamp) -> Condition {
-        let status = if self.status { "True" } else { "False" };
-        let unchanged = previous
-            .iter()
-            .find(|c| c.type_ == self.type_.as_str() && c.status == status && c.reason == self.reason);
-        Condition {
-            last_transition_time: unchanged.map_or(Time(now), |c| c.last_transition_time.clone()),
-            message: self.message,
-            observed_generation: generation,
-            reason: self.reason,
-            status: status.to_owned(),
-            type_: self.type_.as_str().to_owned(),
-        }
-    }
-}
-
+/// The conditions a reconcile writes, from what it observed.
 fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<ConditionState> {
     let crd_name = &policy.spec.crd_name;
     let blocked = match observation.blocked.first() {

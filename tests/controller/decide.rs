@@ -26,7 +26,7 @@ fn at(text: &str) -> Timestamp {
     text.parse().expect("instant")
 }
 
-fn reasons(blocked: &[(crd_lifecycle::controller::status::ConditionReason, String)]) -> Vec<&str> {
+fn reasons(blocked: &[(crd_lifecycle::controller::conditions::ConditionReason, String)]) -> Vec<&str> {
     blocked.iter().map(|(r, _)| r.as_str()).collect()
 }
 

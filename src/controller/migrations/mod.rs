@@ -2,6 +2,9 @@
 //! bounded number at once), independent of reconciles, with progress checkpointed in the
 //! policy's `status.migration` so that a restarted controller resumes where it stopped.
 
+mod job;
+mod progress;
+
 use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,8 +24,10 @@ use tracing::{info, warn};
 use super::events;
 use super::metrics::{CrdLabels, Metrics, MigrationResultLabels};
 use super::status::apply_status;
-use crate::api::{MigrationCheckpoint, MigrationPhase, MigrationStatus, VersionPolicy};
-use crate::migrate::{self, Checkpoint, Counts, Mode, Outcome, Report, Resume, Target};
+use crate::api::{MigrationPhase, MigrationStatus, VersionPolicy};
+use crate::migrate::{self, Counts, Mode, Outcome, Report};
+use job::Job;
+use progress::{AbortOnDrop, TaskProgress, apply_counts, checkpoint_status};
 
 /// Field manager of `status.migration`, separate from the reconciler's so that the two
 /// server-side applies never take each other's fields.
@@ -33,57 +38,6 @@ pub const PREFLIGHT_FIELD_MANAGER: &str = "crd-lifecycle-preflight";
 
 /// Field manager of `status.managedFieldsCleanup`.
 pub const CLEANUP_FIELD_MANAGER: &str = "crd-lifecycle-managed-fields";
-
-/// What a background run does.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Job {
-    /// Rewrite every object into the storage version, then trim `storedVersions`.
-    Migrate,
-    /// Rewrite the managedFields entries naming these versions into the storage version.
-    CleanManagedFields { versions: Vec<String> },
-}
-
-impl Job {
-    /// The key of its run and of its last failure.
-    fn key(&self, crd: &str) -> String {
-        match self {
-            Job::Migrate => crd.to_owned(),
-            Job::CleanManagedFields { .. } => format!("managed-fields/{crd}"),
-        }
-    }
-
-    /// Its status field and field manager.
-    fn status_field(&self) -> (&'static str, &'static str) {
-        match self {
-            Job::Migrate => ("migration", MIGRATION_FIELD_MANAGER),
-            Job::CleanManagedFields { .. } => ("managedFieldsCleanup", CLEANUP_FIELD_MANAGER),
-        }
-    }
-
-    /// The status of its previous run.
-    fn previous(&self, policy: &VersionPolicy) -> Option<MigrationStatus> {
-        let status = policy.status.as_ref()?;
-        match self {
-            Job::Migrate => status.migration.clone(),
-            Job::CleanManagedFields { .. } => status.managed_fields_cleanup.clone(),
-        }
-    }
-
-    /// The event reason of a stage (`Started`, `Resumed`, `Succeeded`, `Failed`).
-    fn reason(&self, stage: &str) -> String {
-        match self {
-            Job::Migrate => format!("Migration{stage}"),
-            Job::CleanManagedFields { .. } => format!("ManagedFieldsCleanup{stage}"),
-        }
-    }
-
-    fn versions(&self) -> Vec<String> {
-        match self {
-            Job::Migrate => Vec::new(),
-            Job::CleanManagedFields { versions } => versions.clone(),
-        }
-    }
-}
 
 /// How long after a failed run a new one may start.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(300);
@@ -239,24 +193,7 @@ impl Migrations {
         let reference = policy.object_ref(&());
         let settings = &policy.spec.migration;
         let previous = job.previous(&policy);
-        // Resume a run that was interrupted with the same storage version; the migrator
-        // itself starts afresh if the CRD changed since the checkpoint.
-        let resume = previous
-            .as_ref()
-            .filter(|m| m.phase == MigrationPhase::Running && m.versions == job.versions())
-            .and_then(|m| m.checkpoint.clone())
-            .filter(|c| c.storage_version == storage_version)
-            .map(|c| Resume {
-                continue_token: c.continue_token,
-                counts: Counts {
-                    listed: c.listed,
-                    rewritten: c.rewritten,
-                    skipped: c.skipped,
-                    failed: 0,
-                },
-                crd_generation: c.crd_generation,
-                storage_version: c.storage_version,
-            });
+        let resume = job.resume_from(previous.as_ref(), &storage_version);
         let started_at = match &resume {
             Some(_) => previous
                 .as_ref()
@@ -439,46 +376,6 @@ impl Migrations {
         }
     }
 
-    /// Writes the counts and the last checkpoint every few seconds while the run goes on.
-    fn report_progress(
-        self: Arc<Self>,
-        name: String,
-        job: Job,
-        mut status: MigrationStatus,
-        progress: Arc<TaskProgress>,
-    ) -> JoinHandle<()> {
-        tokio::spawn(async move {
-            let mut written = None;
-            loop {
-                tokio::time::sleep(self.progress_interval).await;
-                let (live, _) = *lock(&progress.live);
-                let target = lock(&progress.target).clone();
-                let committed = lock(&progress.committed).clone();
-                if let Some(target) = &target {
-                    status.crd_generation = target.generation;
-                    status.storage_version = target.storage_version.clone();
-                }
-                apply_counts(&mut status, &live);
-                match (committed, &target) {
-                    (Some((Checkpoint::Continue(token), counts)), Some(target)) => {
-                        status.checkpoint = Some(checkpoint_status(&Resume {
-                            continue_token: token,
-                            counts,
-                            crd_generation: target.generation,
-                            storage_version: target.storage_version.clone(),
-                        }));
-                    }
-                    (Some((Checkpoint::Finished, _)), _) => status.checkpoint = None,
-                    _ => {}
-                }
-                if written.as_ref() != Some(&status) {
-                    self.write(&name, &job, &status).await;
-                    written = Some(status.clone());
-                }
-            }
-        })
-    }
-
     async fn write(&self, name: &str, job: &Job, status: &MigrationStatus) {
         let (field, manager) = job.status_field();
         let status = json!({ field: status });
@@ -514,84 +411,4 @@ impl Migrations {
             })
             .inc();
     }
-}
-
-/// Follows a running migration: counts and checkpoint for the status writer, and the
-/// per-object metrics.
-struct TaskProgress {
-    metrics: Arc<Metrics>,
-    /// Counts the objects done (migrated, or repaired).
-    done_counter:
-        prometheus_client::metrics::family::Family<CrdLabels, prometheus_client::metrics::counter::Counter>,
-    labels: CrdLabels,
-    /// Live counts and total, for metrics and the status.
-    live: Mutex<(Counts, Option<u64>)>,
-    /// What the current listing pass works on.
-    target: Mutex<Option<Target>>,
-    /// The last checkpoint and the counts of the objects before it, for the status (so
-    /// that a resumed run counts every object once).
-    committed: Mutex<Option<(Checkpoint, Counts)>>,
-    /// Objects already counted in `objects_migrated`.
-    migrated: Mutex<u64>,
-}
-
-impl migrate::Observer for TaskProgress {
-    fn started(&self, target: &Target, counts: &Counts) {
-        *lock(&self.target) = Some(target.clone());
-        *lock(&self.live) = (*counts, None);
-        // A pass that starts afresh has no checkpoint yet.
-        if counts.done() == 0 {
-            *lock(&self.committed) = None;
-        }
-    }
-
-    fn progress(&self, counts: &Counts, total: Option<u64>) {
-        *lock(&self.live) = (*counts, total);
-        let now = counts.rewritten + counts.skipped;
-        let mut migrated = lock(&self.migrated);
-        if now > *migrated {
-            self.done_counter
-                .get_or_create(&self.labels)
-                .inc_by(now - *migrated);
-        }
-        *migrated = now;
-        if let Some(total) = total {
-            let remaining = i64::try_from(total.saturating_sub(counts.done())).unwrap_or(i64::MAX);
-            self.metrics
-                .objects_remaining
-                .get_or_create(&self.labels)
-                .set(remaining);
-        }
-    }
-
-    fn checkpoint(&self, checkpoint: &Checkpoint, committed: &Counts) {
-        *lock(&self.committed) = Some((checkpoint.clone(), *committed));
-    }
-}
-
-/// Aborts a task when dropped.
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-fn checkpoint_status(resume: &Resume) -> MigrationCheckpoint {
-    MigrationCheckpoint {
-        continue_token: resume.continue_token.clone(),
-        crd_generation: resume.crd_generation,
-        storage_version: resume.storage_version.clone(),
-        listed: resume.counts.listed,
-        rewritten: resume.counts.rewritten,
-        skipped: resume.counts.skipped,
-    }
-}
-
-fn apply_counts(status: &mut MigrationStatus, counts: &Counts) {
-    status.listed = counts.listed;
-    status.rewritten = counts.rewritten;
-    status.skipped = counts.skipped;
-    status.failed = counts.failed;
 }

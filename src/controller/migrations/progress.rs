@@ -1,0 +1,135 @@
+//! Progress of a running job: live counts for metrics, and the periodic status write with
+//! the last checkpoint, so that a restarted controller resumes where this one stopped.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::task::JoinHandle;
+
+use super::Migrations;
+use super::job::Job;
+use crate::api::{MigrationCheckpoint, MigrationStatus};
+use crate::controller::metrics::{CrdLabels, Metrics};
+use crate::migrate::{self, Checkpoint, Counts, Resume, Target};
+use crate::sync::lock;
+
+impl Migrations {
+    /// Writes the counts and the last checkpoint every few seconds while the run goes on.
+    pub(super) fn report_progress(
+        self: Arc<Self>,
+        name: String,
+        job: Job,
+        mut status: MigrationStatus,
+        progress: Arc<TaskProgress>,
+    ) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut written = None;
+            loop {
+                tokio::time::sleep(self.progress_interval).await;
+                let (live, _) = *lock(&progress.live);
+                let target = lock(&progress.target).clone();
+                let committed = lock(&progress.committed).clone();
+                if let Some(target) = &target {
+                    status.crd_generation = target.generation;
+                    status.storage_version = target.storage_version.clone();
+                }
+                apply_counts(&mut status, &live);
+                match (committed, &target) {
+                    (Some((Checkpoint::Continue(token), counts)), Some(target)) => {
+                        status.checkpoint = Some(checkpoint_status(&Resume {
+                            continue_token: token,
+                            counts,
+                            crd_generation: target.generation,
+                            storage_version: target.storage_version.clone(),
+                        }));
+                    }
+                    (Some((Checkpoint::Finished, _)), _) => status.checkpoint = None,
+                    _ => {}
+                }
+                if written.as_ref() != Some(&status) {
+                    self.write(&name, &job, &status).await;
+                    written = Some(status.clone());
+                }
+            }
+        })
+    }
+}
+
+/// Follows a running migration: counts and checkpoint for the status writer, and the
+/// per-object metrics.
+pub(super) struct TaskProgress {
+    pub(super) metrics: Arc<Metrics>,
+    /// Counts the objects done (migrated, or repaired).
+    pub(super) done_counter:
+        prometheus_client::metrics::family::Family<CrdLabels, prometheus_client::metrics::counter::Counter>,
+    pub(super) labels: CrdLabels,
+    /// Live counts and total, for metrics and the status.
+    pub(super) live: Mutex<(Counts, Option<u64>)>,
+    /// What the current listing pass works on.
+    pub(super) target: Mutex<Option<Target>>,
+    /// The last checkpoint and the counts of the objects before it, for the status (so
+    /// that a resumed run counts every object once).
+    pub(super) committed: Mutex<Option<(Checkpoint, Counts)>>,
+    /// Objects already counted in `objects_migrated`.
+    pub(super) migrated: Mutex<u64>,
+}
+
+impl migrate::Observer for TaskProgress {
+    fn started(&self, target: &Target, counts: &Counts) {
+        *lock(&self.target) = Some(target.clone());
+        *lock(&self.live) = (*counts, None);
+        // A pass that starts afresh has no checkpoint yet.
+        if counts.done() == 0 {
+            *lock(&self.committed) = None;
+        }
+    }
+
+    fn progress(&self, counts: &Counts, total: Option<u64>) {
+        *lock(&self.live) = (*counts, total);
+        let now = counts.rewritten + counts.skipped;
+        let mut migrated = lock(&self.migrated);
+        if now > *migrated {
+            self.done_counter
+                .get_or_create(&self.labels)
+                .inc_by(now - *migrated);
+        }
+        *migrated = now;
+        if let Some(total) = total {
+            let remaining = i64::try_from(total.saturating_sub(counts.done())).unwrap_or(i64::MAX);
+            self.metrics
+                .objects_remaining
+                .get_or_create(&self.labels)
+                .set(remaining);
+        }
+    }
+
+    fn checkpoint(&self, checkpoint: &Checkpoint, committed: &Counts) {
+        *lock(&self.committed) = Some((checkpoint.clone(), *committed));
+    }
+}
+
+/// Aborts a task when dropped.
+pub(super) struct AbortOnDrop(pub(super) JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+pub(super) fn checkpoint_status(resume: &Resume) -> MigrationCheckpoint {
+    MigrationCheckpoint {
+        continue_token: resume.continue_token.clone(),
+        crd_generation: resume.crd_generation,
+        storage_version: resume.storage_version.clone(),
+        listed: resume.counts.listed,
+        rewritten: resume.counts.rewritten,
+        skipped: resume.counts.skipped,
+    }
+}
+
+pub(super) fn apply_counts(status: &mut MigrationStatus, counts: &Counts) {
+    status.listed = counts.listed;
+    status.rewritten = counts.rewritten;
+    status.skipped = counts.skipped;
+    status.failed = counts.failed;
+}

@@ -1,0 +1,129 @@
+//! The conversion webhook as the controller runs it: its certificates (loaded, renewed,
+//! their CA published to the CRDs), the policy cache it converts with, and its server, each
+//! a supervised task.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use tracing::{info, warn};
+
+use super::RunError;
+use super::conversion_config::{self, WebhookEndpoint, WebhookTarget};
+use super::supervise::{Essential, Supervisor};
+use crate::webhook::CertStore;
+
+/// Where the conversion webhook listens, how the apiserver reaches it, and its
+/// certificates.
+#[derive(Clone, Debug)]
+pub struct WebhookSettings {
+    pub address: SocketAddr,
+    pub target: WebhookTarget,
+    pub certificates: CertificateSource,
+}
+
+/// Where the webhook's certificates come from.
+#[derive(Clone, Debug)]
+pub enum CertificateSource {
+    /// Supplied by the user (e.g. cert-manager), re-read every minute.
+    Files { cert: String, key: String, ca: String },
+    /// Self-signed, kept (and renewed) in this Secret.
+    Secret { namespace: String, name: String },
+}
+
+/// Loads the certificates, keeps them fresh, and serves the webhook with a cache of the
+/// policies of its own.
+pub(super) async fn start_webhook(
+    client: Client,
+    settings: WebhookSettings,
+    shutdown: impl Future<Output = ()> + Send + Clone + 'static,
+    supervisor: &mut Supervisor,
+) -> Result<Arc<WebhookEndpoint>, RunError> {
+    let endpoint = Arc::new(WebhookEndpoint::new(settings.target.clone()));
+    let certs = Arc::new(CertStore::default());
+    let rotation = Arc::new(std::sync::Mutex::new(conversion_config::CaRotation::default()));
+    let refresh = {
+        let (client, endpoint, certs, source, rotation) = (
+            client.clone(),
+            endpoint.clone(),
+            certs.clone(),
+            settings.certificates.clone(),
+            rotation.clone(),
+        );
+        let names = settings.target.certificate_names();
+        move || {
+            let (client, endpoint, certs, source, names, rotation) = (
+                client.clone(),
+                endpoint.clone(),
+                certs.clone(),
+                source.clone(),
+                names.clone(),
+                rotation.clone(),
+            );
+            async move {
+                let loaded = match &source {
+                    CertificateSource::Files { cert, key, ca } => {
+                        crate::webhook::certs::read_files(cert, key, ca).map_err(|e| e.to_string())
+                    }
+                    CertificateSource::Secret { namespace, name } => {
+                        crate::webhook::certs::ensure_secret(&client, namespace, name, &names)
+                            .await
+                            .map(|b| (b.cert_pem, b.key_pem, b.ca_pem))
+                            .map_err(|e| e.to_string())
+                    }
+                };
+                let result = match loaded {
+                    Ok((cert, key, ca)) => {
+                        let set = conversion_config::CertificateSet { cert, key, ca };
+                        conversion_config::refresh(set, &rotation, &endpoint, &client, |s| {
+                            certs.set_pem(&s.cert, &s.key)
+                        })
+                        .await
+                    }
+                    Err(error) => Err(error),
+                };
+                if let Err(error) = &result {
+                    warn!(error = %error, "cannot load the conversion webhook's certificates");
+                }
+                result.map(|_| ())
+            }
+        }
+    };
+    refresh().await.map_err(RunError::Webhook)?;
+    let interval = match settings.certificates {
+        CertificateSource::Files { .. } => Duration::from_secs(60),
+        CertificateSource::Secret { .. } => Duration::from_secs(3600),
+    };
+    // A failed refresh keeps the certificates in use and is tried again next time.
+    supervisor.add(Essential::spawn(
+        "the webhook certificate refresher",
+        async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                let _ = refresh().await;
+            }
+        },
+    ));
+
+    let (cache, watches) = crate::webhook::CachedPolicies::watch(client);
+    supervisor.add(Essential::spawn("the conversion webhook's watches", async move {
+        watches.await;
+        Err("the watches ended".to_owned())
+    }));
+    let cache = Arc::new(cache);
+    let policies: Arc<dyn crate::webhook::PolicySource> = cache.clone();
+    let serve = crate::webhook::serve(settings.address, certs, policies, shutdown);
+    supervisor.add(Essential::spawn("the conversion webhook server", async move {
+        serve.await.map_err(|error| error.to_string())
+    }));
+    // Ready (and so in the Service) only once the webhook knows every policy and every
+    // CRD's recorded conversion: before that it would refuse reviews it can answer.
+    info!("waiting for the conversion webhook's caches");
+    tokio::select! {
+        ready = cache.wait_until_ready() => ready.map_err(|e| RunError::Webhook(e.to_string()))?,
+        failed = supervisor.first_failure() => return Err(failed.into()),
+    }
+    Ok(endpoint)
+}
