@@ -3,6 +3,7 @@
 #[path = "../support/flags.rs"]
 mod flags;
 
+mod cel_parity;
 mod cli;
 mod conversion;
 mod example;
