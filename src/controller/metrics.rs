@@ -1,5 +1,6 @@
 //! Prometheus metrics, served on `/metrics`.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
@@ -9,6 +10,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
+
+use crate::webhook::WebhookMetrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
@@ -61,6 +64,8 @@ pub struct Metrics {
     pub migration_duration: Histogram,
     pub objects_repaired: Family<CrdLabels, Counter>,
     pub managed_fields_cleanups: Family<MigrationResultLabels, Counter>,
+    /// The conversion webhook's reviews and certificate.
+    pub webhook: Arc<WebhookMetrics>,
 }
 
 impl Default for Metrics {
@@ -144,6 +149,7 @@ impl Default for Metrics {
             "Finished managedFields cleanups, by result",
             managed_fields_cleanups.clone(),
         );
+        let webhook = Arc::new(WebhookMetrics::registered(&mut registry));
         Self {
             registry,
             reconciles,
@@ -160,6 +166,7 @@ impl Default for Metrics {
             migration_duration,
             objects_repaired,
             managed_fields_cleanups,
+            webhook,
         }
     }
 }

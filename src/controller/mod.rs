@@ -112,6 +112,7 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
             start_webhook(
                 client.clone(),
                 webhook_settings.clone(),
+                metrics.webhook.clone(),
                 shutdown.clone(),
                 &mut supervisor,
             )

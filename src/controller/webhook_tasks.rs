@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use super::RunError;
 use super::conversion_config::{self, WebhookEndpoint, WebhookTarget};
 use super::supervise::{Essential, Supervisor};
-use crate::webhook::CertStore;
+use crate::webhook::{CertStore, WebhookMetrics};
 
 /// Where the conversion webhook listens, how the apiserver reaches it, and its
 /// certificates.
@@ -38,6 +38,7 @@ pub enum CertificateSource {
 pub(super) async fn start_webhook(
     client: Client,
     settings: WebhookSettings,
+    metrics: Arc<WebhookMetrics>,
     shutdown: impl Future<Output = ()> + Send + Clone + 'static,
     supervisor: &mut Supervisor,
 ) -> Result<Arc<WebhookEndpoint>, RunError> {
@@ -45,22 +46,24 @@ pub(super) async fn start_webhook(
     let certs = Arc::new(CertStore::default());
     let rotation = Arc::new(std::sync::Mutex::new(conversion_config::CaRotation::default()));
     let refresh = {
-        let (client, endpoint, certs, source, rotation) = (
+        let (client, endpoint, certs, source, rotation, metrics) = (
             client.clone(),
             endpoint.clone(),
             certs.clone(),
             settings.certificates.clone(),
             rotation.clone(),
+            metrics.clone(),
         );
         let names = settings.target.certificate_names();
         move || {
-            let (client, endpoint, certs, source, names, rotation) = (
+            let (client, endpoint, certs, source, names, rotation, metrics) = (
                 client.clone(),
                 endpoint.clone(),
                 certs.clone(),
                 source.clone(),
                 names.clone(),
                 rotation.clone(),
+                metrics.clone(),
             );
             async move {
                 let loaded = match &source {
@@ -78,7 +81,12 @@ pub(super) async fn start_webhook(
                     Ok((cert, key, ca)) => {
                         let set = conversion_config::CertificateSet { cert, key, ca };
                         conversion_config::refresh(set, &rotation, &endpoint, &client, |s| {
-                            certs.set_pem(&s.cert, &s.key)
+                            certs.set_pem(&s.cert, &s.key)?;
+                            // The certificate now served: its expiry for the alert.
+                            if let Err(error) = metrics.set_certificate(&s.cert) {
+                                warn!(error = %error, "cannot read the serving certificate's expiry");
+                            }
+                            Ok(())
                         })
                         .await
                     }
@@ -114,7 +122,7 @@ pub(super) async fn start_webhook(
     }));
     let cache = Arc::new(cache);
     let policies: Arc<dyn crate::webhook::PolicySource> = cache.clone();
-    let serve = crate::webhook::serve(settings.address, certs, policies, shutdown);
+    let serve = crate::webhook::serve(settings.address, certs, policies, metrics, shutdown);
     supervisor.add(Essential::spawn("the conversion webhook server", async move {
         serve.await.map_err(|error| error.to_string())
     }));

@@ -2,6 +2,7 @@
 //! ConversionReviews with the policy's declarative conversion.
 
 pub mod certs;
+pub mod metrics;
 mod server;
 pub mod standalone;
 
@@ -17,6 +18,7 @@ use kube::core::PartialObjectMeta;
 use crate::api::{ConversionSpec, VersionPolicy};
 use crate::conversion::{Converter, RecordedConversion, object_name};
 
+pub use metrics::WebhookMetrics;
 pub use server::{CertStore, router, serve};
 
 /// Where the webhook finds the conversion of a policy.

@@ -19,6 +19,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use super::PolicySource;
+use super::metrics::{ReviewResult, WebhookMetrics};
 
 /// The serving certificate, replaceable at any time.
 #[derive(Debug, Default)]
@@ -61,14 +62,15 @@ impl ResolvesServerCert for Resolver {
 #[derive(Clone)]
 struct WebhookState {
     policies: Arc<dyn PolicySource>,
+    metrics: Arc<WebhookMetrics>,
 }
 
-/// `POST /convert/<policy>` and `GET /healthz`.
-pub fn router(policies: Arc<dyn PolicySource>) -> Router {
+/// `POST /convert/<policy>` and `GET /healthz`; every review is counted in `metrics`.
+pub fn router(policies: Arc<dyn PolicySource>, metrics: Arc<WebhookMetrics>) -> Router {
     Router::new()
         .route("/convert/{policy}", post(convert))
         .route("/healthz", get(|| async { "ok\n" }))
-        .with_state(WebhookState { policies })
+        .with_state(WebhookState { policies, metrics })
 }
 
 async fn convert(
@@ -76,7 +78,20 @@ async fn convert(
     Path(policy): Path<String>,
     body: Bytes,
 ) -> impl IntoResponse {
+    let started = std::time::Instant::now();
     let (code, review) = super::review(&body, &policy, &state.policies);
+    let result = match (code, review.response.as_ref()) {
+        (200, Some(response)) if response.result.is_success() => ReviewResult::success,
+        (200, _) => ReviewResult::failure,
+        _ => ReviewResult::invalid,
+    };
+    // Only policies the webhook knows become label values: any client can call any path.
+    let label = if state.policies.conversion(&policy).is_some() {
+        policy.as_str()
+    } else {
+        "unknown"
+    };
+    state.metrics.observe_review(label, result, started.elapsed());
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST);
     (status, axum::Json(review))
 }
@@ -86,6 +101,7 @@ pub async fn serve(
     address: SocketAddr,
     certs: Arc<CertStore>,
     policies: Arc<dyn PolicySource>,
+    metrics: Arc<WebhookMetrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -98,7 +114,7 @@ pub async fn serve(
     let acceptor = TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind(address).await?;
     info!(address = %listener.local_addr()?, "serving the conversion webhook (HTTPS /convert/<policy>)");
-    let app = router(policies);
+    let app = router(policies, metrics);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {

@@ -102,9 +102,15 @@ pub async fn run(args: &StandaloneSettings, client: Option<kube::Client>) -> Res
         }
     }
     let address = SocketAddr::from(([0, 0, 0, 0], args.port));
-    super::serve(address, store, policies, async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
+    super::serve(
+        address,
+        store,
+        policies,
+        Arc::new(super::WebhookMetrics::default()),
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        },
+    )
     .await
     .map_err(Error::Serve)
 }

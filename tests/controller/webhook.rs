@@ -145,9 +145,17 @@ async fn the_webhook_serves_https_and_picks_up_renewed_certificates() {
         .port();
     let address: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("address");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(webhook::serve(address, store.clone(), policies(), async move {
-        let _ = stopped.await;
-    }));
+    let mut registry = prometheus_client::registry::Registry::with_prefix("crd_lifecycle");
+    let metrics = Arc::new(webhook::WebhookMetrics::registered(&mut registry));
+    let server = tokio::spawn(webhook::serve(
+        address,
+        store.clone(),
+        policies(),
+        metrics.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
 
     // A client that trusts only the generated CA, as the apiserver does with caBundle.
     let ca = rustls_pem_to_der(&bundle.ca_pem);
@@ -192,6 +200,40 @@ async fn the_webhook_serves_https_and_picks_up_renewed_certificates() {
     };
     let reply: Value = fresh.request(post(body)).await.expect("still trusted");
     assert_eq!(reply["response"]["result"]["status"], "Success");
+
+    // Every review is counted by result; a policy the webhook does not know is no label.
+    let failed: Value = fresh
+        .request(post(review(
+            "example.com/v9",
+            vec![gadget("v1alpha1", "b", json!({"size": 4}))],
+        )))
+        .await
+        .expect("answered");
+    assert_eq!(failed["response"]["result"]["status"], "Failure");
+    let unknown = http::Request::post("/convert/no-such-policy")
+        .header("content-type", "application/json")
+        .body(b"{}".to_vec())
+        .expect("request");
+    let _ = fresh.request_text(unknown).await;
+    let count = |policy: &str, result| {
+        metrics
+            .reviews
+            .get_or_create(&webhook::metrics::ReviewLabels {
+                policy: policy.to_owned(),
+                result,
+            })
+            .get()
+    };
+    use webhook::metrics::ReviewResult;
+    assert_eq!(count("gadgets", ReviewResult::success), 2);
+    assert_eq!(count("gadgets", ReviewResult::failure), 1);
+    assert_eq!(count("unknown", ReviewResult::invalid), 1);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+    assert!(
+        text.contains("crd_lifecycle_conversion_review_duration_seconds_count 4"),
+        "four reviews timed: {text}"
+    );
     let _ = stop.send(());
     let _ = server.await;
 }
