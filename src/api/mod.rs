@@ -33,6 +33,7 @@ pub const MAX_VERSIONS: usize = 64;
     status = "VersionPolicyStatus",
     printcolumn = r#"{"name":"CRD","type":"string","jsonPath":".spec.crdName"}"#,
     printcolumn = r#"{"name":"Storage","type":"string","jsonPath":".status.storageVersion"}"#,
+    printcolumn = r#"{"name":"Migration","type":"string","jsonPath":".status.migration.progress"}"#,
     printcolumn = r#"{"name":"Next","type":"string","jsonPath":".status.nextTransition.summary"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Blocked","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Blocked\")].reason"}"#,

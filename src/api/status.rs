@@ -225,6 +225,12 @@ pub struct MigrationStatus {
     /// Objects that could not be rewritten.
     #[serde(default)]
     pub failed: u64,
+    /// Objects the run expects in all (counted by a full list when it starts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<u64>,
+    /// Objects done of all, e.g. `3120/10000` (`kubectl get` shows it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
     /// Where a restarted controller resumes this run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<MigrationCheckpoint>,

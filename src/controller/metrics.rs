@@ -41,6 +41,13 @@ pub struct CrdLabels {
     pub crd: String,
 }
 
+/// A running background job of a CRD: `migration` or `managed_fields_cleanup`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabels {
+    pub crd: String,
+    pub job: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MigrationResultLabels {
     pub crd: String,
@@ -60,6 +67,9 @@ pub struct Metrics {
     pub objects_migrated: Family<CrdLabels, Counter>,
     pub objects_failed: Family<CrdLabels, Counter>,
     pub objects_remaining: Family<CrdLabels, Gauge>,
+    pub job_objects_done: Family<JobLabels, Gauge>,
+    pub job_objects_expected: Family<JobLabels, Gauge>,
+    pub job_objects_per_second: Family<JobLabels, Gauge<f64, AtomicU64>>,
     pub migrations: Family<MigrationResultLabels, Counter>,
     pub migration_duration: Histogram,
     pub objects_repaired: Family<CrdLabels, Counter>,
@@ -128,6 +138,24 @@ impl Default for Metrics {
             "Objects listed but not yet rewritten by the running migration",
             objects_remaining.clone(),
         );
+        let job_objects_done = Family::<JobLabels, Gauge>::default();
+        registry.register(
+            "migration_objects_done",
+            "Objects the running job has finished (rewritten, skipped or failed), by crd and job",
+            job_objects_done.clone(),
+        );
+        let job_objects_expected = Family::<JobLabels, Gauge>::default();
+        registry.register(
+            "migration_objects_expected",
+            "Objects the running job expects in all (a full count when it starts), by crd and job",
+            job_objects_expected.clone(),
+        );
+        let job_objects_per_second = Family::<JobLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "migration_objects_per_second",
+            "Objects the running job finishes per second over the last 10 s, by crd and job",
+            job_objects_per_second.clone(),
+        );
         let migrations = Family::<MigrationResultLabels, Counter>::default();
         registry.register("migrations", "Finished migrations, by result", migrations.clone());
         let migration_duration = Histogram::new(exponential_buckets(0.1, 2.0, 16));
@@ -162,6 +190,9 @@ impl Default for Metrics {
             objects_migrated,
             objects_failed,
             objects_remaining,
+            job_objects_done,
+            job_objects_expected,
+            job_objects_per_second,
             migrations,
             migration_duration,
             objects_repaired,
@@ -218,6 +249,13 @@ impl Metrics {
                 self.next_transition.remove(&labels);
             }
         }
+    }
+
+    /// Forgets the progress gauges of a job that ended.
+    pub fn forget_job(&self, labels: &JobLabels) {
+        self.job_objects_done.remove(labels);
+        self.job_objects_expected.remove(labels);
+        self.job_objects_per_second.remove(labels);
     }
 
     /// Sets the `blocked` gauge of a policy to exactly the given reasons.

@@ -32,6 +32,8 @@ async fn a_due_removal_waits_for_the_migration_then_proceeds() {
     let status = migration(&h);
     assert_eq!(status["storageVersion"], "v1");
     assert_eq!(status["rewritten"], 1200);
+    assert_eq!(status["total"], 1200);
+    assert_eq!(status["progress"], "1200/1200", "the `kubectl get` column");
     assert!(
         status["message"]
             .as_str()
@@ -150,8 +152,32 @@ async fn a_restarted_controller_resumes_from_the_checkpoint() {
         checkpoint["continueToken"].is_string() && checkpoint["rewritten"].as_u64().unwrap_or(0) >= 100
     })
     .await;
+    // Progress while it runs: in the status (`kubectl get` shows it) and in the gauges.
+    let running = migration(&h);
+    assert_eq!(running["total"], 600, "{running}");
+    let progress = running["progress"].as_str().unwrap_or_default().to_owned();
+    let (done, total) = progress.split_once('/').expect("done/total");
+    assert!(
+        done.parse::<u64>().is_ok_and(|d| d >= 100) && total == "600",
+        "{progress}"
+    );
+    let metrics = h.ctx.metrics.encode();
+    let labels = r#"{crd="widgets.example.com",job="migration"}"#;
+    assert!(
+        metrics.contains(&format!("crd_lifecycle_migration_objects_expected{labels} 600")),
+        "{metrics}"
+    );
+    assert!(metrics.contains(&format!("crd_lifecycle_migration_objects_done{labels} ")));
+    assert!(metrics.contains(&format!("crd_lifecycle_migration_objects_per_second{labels} ")));
     // The controller is killed mid-run.
     h.ctx.migrations.shutdown();
+    assert!(
+        !h.ctx
+            .metrics
+            .encode()
+            .contains("crd_lifecycle_migration_objects_done{"),
+        "a stopped run leaves no gauge behind"
+    );
     let saved = migration(&h);
     assert_eq!(saved["phase"], "Running");
     let token = saved["checkpoint"]["continueToken"]

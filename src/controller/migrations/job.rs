@@ -49,6 +49,14 @@ impl Job {
         }
     }
 
+    /// Its `job` label in metrics.
+    pub(super) fn label(&self) -> &'static str {
+        match self {
+            Job::Migrate => "migration",
+            Job::CleanManagedFields { .. } => "managed_fields_cleanup",
+        }
+    }
+
     pub(super) fn versions(&self) -> Vec<String> {
         match self {
             Job::Migrate => Vec::new(),

@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::events;
-use super::metrics::{CrdLabels, Metrics, MigrationResultLabels};
+use super::metrics::{CrdLabels, JobLabels, Metrics, MigrationResultLabels};
 use super::status::apply_status;
 use crate::api::{MigrationPhase, MigrationStatus, VersionPolicy};
 use crate::migrate::{self, Counts, Mode, Outcome, Report};
@@ -49,6 +49,9 @@ pub(super) const PREFLIGHT_STANDS_FOR: Duration = Duration::from_secs(60);
 /// How often a run that could not trim because the CRD changed meanwhile is repeated at
 /// once.
 const MAX_RERUNS: usize = 5;
+
+/// The window over which a running job's rate is measured.
+const RATE_WINDOW: Duration = Duration::from_secs(10);
 
 /// How often a running migration writes its progress.
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
@@ -182,6 +185,11 @@ impl Migrations {
             info!(crd, "stopping migration");
             running.handle.abort();
         }
+        // Aborted runs cannot forget their gauges themselves.
+        self.metrics.objects_remaining.clear();
+        self.metrics.job_objects_done.clear();
+        self.metrics.job_objects_expected.clear();
+        self.metrics.job_objects_per_second.clear();
     }
 
     async fn run(self: Arc<Self>, policy: VersionPolicy, storage_version: String, job: Job) {
@@ -212,6 +220,8 @@ impl Migrations {
             rewritten: 0,
             skipped: 0,
             failed: 0,
+            total: None,
+            progress: None,
             checkpoint: None,
             failures: Vec::new(),
             message: None,
@@ -225,7 +235,7 @@ impl Migrations {
         };
         status.message = Some(format!("running {what}"));
         if let Some(resume) = &resume {
-            apply_counts(&mut status, &resume.counts);
+            apply_counts(&mut status, &resume.counts, None);
             status.checkpoint = Some(checkpoint_status(resume));
         }
         let note = match &resume {
@@ -257,6 +267,10 @@ impl Migrations {
             ..migrate::Settings::default()
         };
         let labels = CrdLabels { crd: crd.clone() };
+        let job_labels = JobLabels {
+            crd: crd.clone(),
+            job: job.label().to_owned(),
+        };
         let progress = Arc::new(TaskProgress {
             metrics: self.metrics.clone(),
             done_counter: match job {
@@ -264,6 +278,8 @@ impl Migrations {
                 Job::CleanManagedFields { .. } => self.metrics.objects_repaired.clone(),
             },
             labels: labels.clone(),
+            job_labels: job_labels.clone(),
+            rate: Mutex::new(migrate::Rate::new(RATE_WINDOW)),
             live: Mutex::new((Counts::default(), None)),
             target: Mutex::new(None),
             committed: Mutex::new(None),
@@ -302,6 +318,7 @@ impl Migrations {
         drop(reporter);
 
         self.metrics.objects_remaining.remove(&labels);
+        self.metrics.forget_job(&job_labels);
         self.metrics
             .migration_duration
             .observe(started.elapsed().as_secs_f64());
@@ -335,7 +352,9 @@ impl Migrations {
         report: &Report,
     ) {
         let crd = &report.target.crd;
-        apply_counts(&mut status, &report.counts);
+        // Every object listed is accounted for once a run ends.
+        status.total = Some(report.counts.listed);
+        apply_counts(&mut status, &report.counts, None);
         status.crd_generation = report.target.generation;
         status.storage_version = report.target.storage_version.clone();
         status.finished_at = Some(Time(Timestamp::now()));

@@ -4,12 +4,13 @@
 use std::sync::{Arc, Mutex};
 
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use super::Migrations;
 use super::job::Job;
 use crate::api::{MigrationCheckpoint, MigrationStatus};
-use crate::controller::metrics::{CrdLabels, Metrics};
-use crate::migrate::{self, Checkpoint, Counts, Resume, Target};
+use crate::controller::metrics::{CrdLabels, JobLabels, Metrics};
+use crate::migrate::{self, Checkpoint, Counts, Rate, Resume, Target};
 use crate::sync::lock;
 
 impl Migrations {
@@ -25,14 +26,14 @@ impl Migrations {
             let mut written = None;
             loop {
                 tokio::time::sleep(self.progress_interval).await;
-                let (live, _) = *lock(&progress.live);
+                let (live, total) = *lock(&progress.live);
                 let target = lock(&progress.target).clone();
                 let committed = lock(&progress.committed).clone();
                 if let Some(target) = &target {
                     status.crd_generation = target.generation;
                     status.storage_version = target.storage_version.clone();
                 }
-                apply_counts(&mut status, &live);
+                apply_counts(&mut status, &live, total);
                 match (committed, &target) {
                     (Some((Checkpoint::Continue(token), counts)), Some(target)) => {
                         status.checkpoint = Some(checkpoint_status(&Resume {
@@ -62,6 +63,9 @@ pub(super) struct TaskProgress {
     pub(super) done_counter:
         prometheus_client::metrics::family::Family<CrdLabels, prometheus_client::metrics::counter::Counter>,
     pub(super) labels: CrdLabels,
+    pub(super) job_labels: JobLabels,
+    /// Objects finished per second over the last 10 s.
+    pub(super) rate: Mutex<Rate>,
     /// Live counts and total, for metrics and the status.
     pub(super) live: Mutex<(Counts, Option<u64>)>,
     /// What the current listing pass works on.
@@ -76,6 +80,7 @@ pub(super) struct TaskProgress {
 impl migrate::Observer for TaskProgress {
     fn started(&self, target: &Target, counts: &Counts) {
         *lock(&self.target) = Some(target.clone());
+        lock(&self.rate).reset(Instant::now(), counts.done());
         *lock(&self.live) = (*counts, None);
         // A pass that starts afresh has no checkpoint yet.
         if counts.done() == 0 {
@@ -93,7 +98,27 @@ impl migrate::Observer for TaskProgress {
                 .inc_by(now - *migrated);
         }
         *migrated = now;
+        drop(migrated);
+        let done = i64::try_from(counts.done()).unwrap_or(i64::MAX);
+        self.metrics
+            .job_objects_done
+            .get_or_create(&self.job_labels)
+            .set(done);
+        let per_second = {
+            let mut rate = lock(&self.rate);
+            let at = Instant::now();
+            rate.record(at, counts.done());
+            rate.per_second(at)
+        };
+        self.metrics
+            .job_objects_per_second
+            .get_or_create(&self.job_labels)
+            .set(per_second);
         if let Some(total) = total {
+            self.metrics
+                .job_objects_expected
+                .get_or_create(&self.job_labels)
+                .set(i64::try_from(total).unwrap_or(i64::MAX));
             let remaining = i64::try_from(total.saturating_sub(counts.done())).unwrap_or(i64::MAX);
             self.metrics
                 .objects_remaining
@@ -127,9 +152,18 @@ pub(super) fn checkpoint_status(resume: &Resume) -> MigrationCheckpoint {
     }
 }
 
-pub(super) fn apply_counts(status: &mut MigrationStatus, counts: &Counts) {
+/// The counts into the status, with `progress` as `done/total` (`done/?` while the total
+/// is not known yet).
+pub(super) fn apply_counts(status: &mut MigrationStatus, counts: &Counts, total: Option<u64>) {
     status.listed = counts.listed;
     status.rewritten = counts.rewritten;
     status.skipped = counts.skipped;
     status.failed = counts.failed;
+    if total.is_some() {
+        status.total = total;
+    }
+    status.progress = Some(match status.total {
+        Some(total) => format!("{}/{total}", counts.done()),
+        None => format!("{}/?", counts.done()),
+    });
 }
