@@ -14,9 +14,10 @@ pub struct VersionPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// `Ready` (the CRD is as the policy says it must be now), `Progressing` (a transition
-    /// or migration is under way) and `Blocked` (something holds the policy back; the
-    /// reason says what).
+    /// kstatus-compatible: `Ready` (idle and healthy: the CRD is as the policy says, no
+    /// migration due or running), `Reconciling` (the operator still works towards Ready),
+    /// `Stalled` (a human must act: invalid policy, approval, conflict, failed migration) and
+    /// `Blocked` (every reason that holds the policy back).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

@@ -74,6 +74,36 @@ impl ConditionReason {
     }
 }
 
+impl ConditionReason {
+    /// Whether only a human can lift it: fix the policy or the CRD, approve, resolve the
+    /// conflict, fix the objects that do not convert, configure the webhook. A removal
+    /// waiting for a migration needs one when migrations are off.
+    pub fn needs_a_human(self, migrations_enabled: bool) -> bool {
+        match self {
+            ConditionReason::CrdNotFound
+            | ConditionReason::InvalidPolicy
+            | ConditionReason::Conflict
+            | ConditionReason::UnsafeState
+            | ConditionReason::AwaitingApproval
+            | ConditionReason::ConversionPreflightFailed
+            | ConditionReason::WebhookNotConfigured => true,
+            ConditionReason::AwaitingMigration => !migrations_enabled,
+            ConditionReason::Suspended
+            | ConditionReason::VersionInUse
+            | ConditionReason::AwaitingPreflight
+            | ConditionReason::ReleasingCrd
+            | ConditionReason::AwaitingManagedFieldsCleanup => false,
+        }
+    }
+
+    /// Whether the operator lifts it by itself in time: a migration, preflight or cleanup
+    /// it runs, traffic it watches, a release it retries. (`Suspended` is neither: it
+    /// waits for the policy to be resumed.)
+    pub fn resolves_by_itself(self, migrations_enabled: bool) -> bool {
+        self != ConditionReason::Suspended && !self.needs_a_human(migrations_enabled)
+    }
+}
+
 impl From<BlockReason> for ConditionReason {
     fn from(reason: BlockReason) -> Self {
         match reason {
@@ -91,8 +121,14 @@ impl From<BlockReason> for ConditionReason {
 /// The condition types a policy reports (kstatus reads `Ready`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConditionType {
+    /// The policy is idle and healthy: the CRD is as the policy says, nothing is held back,
+    /// no migration is due or running (`kubectl wait --for=condition=Ready`).
     Ready,
-    Progressing,
+    /// kstatus: the operator is still working towards Ready.
+    Reconciling,
+    /// kstatus: the operator cannot go on without a human.
+    Stalled,
+    /// Something holds the policy back; the reason says what.
     Blocked,
 }
 
@@ -100,7 +136,8 @@ impl ConditionType {
     pub fn as_str(self) -> &'static str {
         match self {
             ConditionType::Ready => "Ready",
-            ConditionType::Progressing => "Progressing",
+            ConditionType::Reconciling => "Reconciling",
+            ConditionType::Stalled => "Stalled",
             ConditionType::Blocked => "Blocked",
         }
     }

@@ -31,6 +31,15 @@ pub struct PolicyLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub policy: String,
+    pub state: String,
+}
+
+/// The states a policy is counted in (`crd_lifecycle_policy_state`), from its conditions.
+pub const POLICY_STATES: [&str; 5] = ["Ready", "Reconciling", "Stalled", "Suspended", "NotReady"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BlockedLabels {
     pub policy: String,
     pub reason: String,
@@ -63,6 +72,7 @@ pub struct Metrics {
     pub transitions_applied: Family<TransitionLabels, Counter>,
     pub next_transition: Family<PolicyLabels, Gauge<f64, AtomicU64>>,
     pub blocked: Family<BlockedLabels, Gauge>,
+    pub policy_state: Family<StateLabels, Gauge>,
     pub leader: Gauge,
     pub objects_migrated: Family<CrdLabels, Counter>,
     pub objects_failed: Family<CrdLabels, Counter>,
@@ -113,6 +123,12 @@ impl Default for Metrics {
             "blocked",
             "1 while a policy is blocked, by reason",
             blocked.clone(),
+        );
+        let policy_state = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "policy_state",
+            "1 for each policy's state: Ready, Reconciling, Stalled, Suspended or NotReady",
+            policy_state.clone(),
         );
         let leader = Gauge::default();
         registry.register(
@@ -186,6 +202,7 @@ impl Default for Metrics {
             transitions_applied,
             next_transition,
             blocked,
+            policy_state,
             leader,
             objects_migrated,
             objects_failed,
@@ -247,6 +264,21 @@ impl Metrics {
             }
             None => {
                 self.next_transition.remove(&labels);
+            }
+        }
+    }
+
+    /// Sets a policy's state (one of `POLICY_STATES`), or forgets the policy (`None`).
+    pub fn set_state(&self, policy: &str, state: Option<&str>) {
+        for known in POLICY_STATES {
+            let labels = StateLabels {
+                policy: policy.to_owned(),
+                state: known.to_owned(),
+            };
+            if state == Some(known) {
+                self.policy_state.get_or_create(&labels).set(1);
+            } else {
+                self.policy_state.remove(&labels);
             }
         }
     }

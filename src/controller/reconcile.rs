@@ -23,7 +23,7 @@ use super::events::publish_events;
 use super::gate_inputs;
 use super::patch::as_json_patch;
 use super::release::{ensure_finalizer, let_go, release};
-use super::status::{Observation, apply_status, build_status, recorded_history, write_status};
+use super::status::{Observation, apply_status, build_status, policy_state, recorded_history, write_status};
 use crate::api::{FIELD_MANAGER, MilestoneKind, TrafficStatus, VersionPolicy};
 use crate::lifecycle::{BlockReason, CrdState, Evaluation, Transition};
 
@@ -180,6 +180,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
     observation.recorded_history = recorded_history(&ctx.client, &name, policy).await;
     let status = build_status(policy, &observation, now);
     write_status(&ctx.client, &name, &status).await?;
+    ctx.metrics.set_state(&name, Some(policy_state(&status)));
     // Wake at the next transition, or when a held one may proceed by time alone.
     let wake_at = evaluation.as_ref().and_then(|e| e.wake_at);
     let wake = [next, wake_at].into_iter().flatten().min();
@@ -391,7 +392,8 @@ async fn report_undecodable(invalid: &InvalidObject, ctx: &Context) -> Result<Ac
     let generation = invalid.metadata.generation;
     let conditions: Vec<_> = [
         ConditionState::new(ConditionType::Ready, false, "InvalidPolicy", message.clone()),
-        ConditionState::new(ConditionType::Progressing, false, "Idle", message.clone()),
+        ConditionState::new(ConditionType::Reconciling, false, "Stalled", message.clone()),
+        ConditionState::new(ConditionType::Stalled, true, "InvalidPolicy", message.clone()),
         ConditionState::new(ConditionType::Blocked, true, "InvalidPolicy", message),
     ]
     .into_iter()
@@ -401,6 +403,7 @@ async fn report_undecodable(invalid: &InvalidObject, ctx: &Context) -> Result<Ac
     apply_status(&ctx.client, &name, FIELD_MANAGER, status).await?;
     ctx.metrics
         .set_blocked(&name, &[ConditionReason::InvalidPolicy.as_str()]);
+    ctx.metrics.set_state(&name, Some("Stalled"));
     Ok(Action::await_change())
 }
 

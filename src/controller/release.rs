@@ -95,6 +95,7 @@ pub async fn release(policy: &VersionPolicy, ctx: &Context) -> Result<Action, Er
     publish(ctx, policy, EventType::Normal, "CRDReleased", &note).await;
     ctx.metrics.set_blocked(&name, &[]);
     ctx.metrics.set_next_transition(&name, None);
+    ctx.metrics.set_state(&name, None);
     let_go(
         ctx,
         &name,

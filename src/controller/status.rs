@@ -11,7 +11,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::core::DeserializeGuard;
 use serde_json::json;
 
-use super::conditions::{ConditionState, ConditionType};
+use super::conditions::{ConditionReason, ConditionState, ConditionType};
 pub use super::observation::Observation;
 use crate::api::{
     HistoryEntry, MilestoneKind, NextTransition, VersionPhase, VersionPolicy, VersionPolicyStatus,
@@ -92,6 +92,29 @@ pub fn build_status(
     }
 }
 
+/// The state a status puts its policy in, for `crd_lifecycle_policy_state`: Stalled,
+/// Reconciling, Ready, Suspended, or else NotReady (a dry run, a CRD not matching yet).
+pub fn policy_state(status: &VersionPolicyStatus) -> &'static str {
+    let is = |type_: ConditionType| {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_.as_str())
+            .map(|c| (c.status == "True", c.reason.as_str()))
+    };
+    match (
+        is(ConditionType::Stalled),
+        is(ConditionType::Reconciling),
+        is(ConditionType::Ready),
+    ) {
+        (Some((true, _)), _, _) => "Stalled",
+        (_, Some((true, _)), _) => "Reconciling",
+        (_, _, Some((true, _))) => "Ready",
+        (_, _, Some((false, "Suspended"))) => "Suspended",
+        _ => "NotReady",
+    }
+}
+
 /// Every entry of either history once, oldest first; where both have an entry (same version,
 /// milestone and instant), the one that records an approver.
 pub fn merge_history(recorded: &[HistoryEntry], cached: &[HistoryEntry]) -> Vec<HistoryEntry> {
@@ -112,17 +135,26 @@ pub fn merge_history(recorded: &[HistoryEntry], cached: &[HistoryEntry]) -> Vec<
 }
 
 /// The conditions a reconcile writes, from what it observed.
+/// The conditions, kstatus-compatible: `Ready` only when the policy is idle and healthy;
+/// `Reconciling` while the operator still works towards it (a migration, cleanup or
+/// preflight, a wait it resolves by itself); `Stalled` when it cannot go on without a human
+/// (an invalid policy, a missing approval, a conflict, a failed migration); and `Blocked`
+/// with every reason that holds the policy back.
 fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<ConditionState> {
     let crd_name = &policy.spec.crd_name;
+    let migrations_enabled = policy.spec.migration.enabled;
+    let messages = |filter: &dyn Fn(ConditionReason) -> bool| {
+        observation
+            .blocked
+            .iter()
+            .filter(|(reason, _)| filter(*reason))
+            .map(|(_, m)| m.as_str())
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
     let blocked = match observation.blocked.first() {
         Some((reason, _)) => {
-            let message = observation
-                .blocked
-                .iter()
-                .map(|(_, m)| m.as_str())
-                .collect::<Vec<_>>()
-                .join("; ");
-            ConditionState::new(ConditionType::Blocked, true, reason.as_str(), message)
+            ConditionState::new(ConditionType::Blocked, true, reason.as_str(), messages(&|_| true))
         }
         None => ConditionState::new(
             ConditionType::Blocked,
@@ -135,6 +167,108 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
         (Some(crd), Some(evaluation)) => evaluation.is_satisfied_by(crd),
         _ => false,
     };
+    let migration = observation.evaluation.and_then(|e| e.migration.as_ref());
+    let migration_work = migration.map(|need| {
+        format!(
+            "objects stored in {} must be rewritten into {} and status.storedVersions trimmed",
+            need.stale_versions.join(", "),
+            need.storage_version
+        )
+    });
+    // The last run towards the needed storage version failed: retried later, but a human
+    // must look (objects that do not convert, a missing grant).
+    let failed_migration = migration.and_then(|need| {
+        policy
+            .status
+            .as_ref()
+            .and_then(|s| s.migration.as_ref())
+            .filter(|m| {
+                !observation.migrating
+                    && m.phase == crate::api::MigrationPhase::Failed
+                    && m.storage_version == need.storage_version
+            })
+            .map(|m| {
+                m.message
+                    .clone()
+                    .unwrap_or_else(|| "the migration failed".to_owned())
+            })
+    });
+
+    let stalled_reason = observation
+        .blocked
+        .iter()
+        .map(|(reason, _)| *reason)
+        .find(|reason| reason.needs_a_human(migrations_enabled));
+    let stalled = match (stalled_reason, &failed_migration) {
+        (Some(reason), _) => ConditionState::new(
+            ConditionType::Stalled,
+            true,
+            reason.as_str(),
+            messages(&|r| r.needs_a_human(migrations_enabled)),
+        ),
+        (None, Some(message)) if migrations_enabled => ConditionState::new(
+            ConditionType::Stalled,
+            true,
+            "MigrationFailed",
+            format!("the last migration of {crd_name} failed and is retried later: {message}"),
+        ),
+        _ => ConditionState::new(
+            ConditionType::Stalled,
+            false,
+            "NotStalled",
+            "nothing needs a human".to_owned(),
+        ),
+    };
+
+    let waiting = observation
+        .blocked
+        .iter()
+        .map(|(reason, _)| *reason)
+        .find(|reason| reason.resolves_by_itself(migrations_enabled));
+    let reconciling = if stalled.status {
+        ConditionState::new(
+            ConditionType::Reconciling,
+            false,
+            "Stalled",
+            "stalled: see the Stalled condition".to_owned(),
+        )
+    } else if let (true, Some(work)) = (migrations_enabled, &migration_work) {
+        let reason = if observation.migrating {
+            "Migrating"
+        } else {
+            "MigrationPending"
+        };
+        ConditionState::new(ConditionType::Reconciling, true, reason, work.clone())
+    } else if let Some(reason) = waiting {
+        ConditionState::new(
+            ConditionType::Reconciling,
+            true,
+            reason.as_str(),
+            messages(&|r| r.resolves_by_itself(migrations_enabled)),
+        )
+    } else if let Some(work) = &migration_work {
+        ConditionState::new(
+            ConditionType::Reconciling,
+            false,
+            "MigrationPending",
+            format!("{work}; spec.migration.enabled is false, so run `crd-lifecycle migrate {crd_name}`"),
+        )
+    } else if !in_sync && observation.dry_run_patch.is_none() && observation.blocked.is_empty() {
+        ConditionState::new(
+            ConditionType::Reconciling,
+            true,
+            "Pending",
+            format!("{crd_name} does not match the policy yet"),
+        )
+    } else {
+        ConditionState::new(
+            ConditionType::Reconciling,
+            false,
+            "Idle",
+            "no transition or migration under way".to_owned(),
+        )
+    };
+
     let ready = if let Some((reason, _)) = observation.blocked.first() {
         ConditionState::new(
             ConditionType::Ready,
@@ -142,6 +276,13 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
             reason.as_str(),
             format!("{crd_name} is held back: {}", blocked.message),
         )
+    } else if stalled.status || reconciling.status {
+        let (reason, message) = if stalled.status {
+            (&stalled.reason, &stalled.message)
+        } else {
+            (&reconciling.reason, &reconciling.message)
+        };
+        ConditionState::new(ConditionType::Ready, false, reason, message.clone())
     } else if in_sync {
         ConditionState::new(
             ConditionType::Ready,
@@ -164,43 +305,7 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
             format!("{crd_name} does not match the policy yet"),
         )
     };
-    let migration = observation.evaluation.and_then(|e| e.migration.as_ref());
-    let progressing = if let Some(need) = migration {
-        ConditionState::new(
-            ConditionType::Progressing,
-            true,
-            if observation.migrating {
-                "Migrating"
-            } else {
-                "MigrationPending"
-            },
-            format!(
-                "objects stored in {} must be rewritten into {} and status.storedVersions trimmed",
-                need.stale_versions.join(", "),
-                need.storage_version
-            ),
-        )
-    } else if !observation.applied.is_empty() {
-        let applied: Vec<String> = observation
-            .applied
-            .iter()
-            .map(|t| format!("{} {}", t.version, t.milestone))
-            .collect();
-        ConditionState::new(
-            ConditionType::Progressing,
-            true,
-            "TransitionApplied",
-            format!("applied {}", applied.join(", ")),
-        )
-    } else {
-        ConditionState::new(
-            ConditionType::Progressing,
-            false,
-            "Idle",
-            "no transition or migration under way".to_owned(),
-        )
-    };
-    vec![ready, progressing, blocked]
+    vec![ready, reconciling, stalled, blocked]
 }
 
 fn version_statuses(

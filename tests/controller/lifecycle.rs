@@ -76,7 +76,15 @@ async fn every_milestone_is_applied_at_its_instant() {
     let (status, reason, message) = h.condition("widgets", "Blocked");
     assert_eq!((status.as_str(), reason.as_str()), ("True", "AwaitingMigration"));
     assert!(message.contains("removal of v1alpha1 is held"), "{message}");
-    assert_eq!(h.condition("widgets", "Progressing").1, "MigrationPending");
+    // With migrations off, only a human can migrate: kstatus reads Stalled.
+    assert_eq!(
+        h.condition("widgets", "Stalled").0.as_str(),
+        "True",
+        "{:#}",
+        h.status("widgets")
+    );
+    assert_eq!(h.condition("widgets", "Stalled").1, "AwaitingMigration");
+    assert_eq!(h.condition("widgets", "Reconciling").0, "False");
     assert!(
         h.fake
             .event_summaries()
@@ -295,11 +303,16 @@ async fn status_reports_versions_conditions_and_generation() {
     assert!(versions[2]["lastTransitionTime"].is_string());
     assert_eq!(h.condition("widgets", "Ready").0, "True");
     assert_eq!(h.condition("widgets", "Blocked").1, "NotBlocked");
-    // Migrations are pending for the old storage versions.
-    let (progressing, reason, message) = h.condition("widgets", "Progressing");
+    // Migrations are pending for the old storage versions, but off in this policy: the
+    // operator is idle (Ready), and says what is left to do.
+    let (reconciling, reason, message) = h.condition("widgets", "Reconciling");
     assert_eq!(
-        (progressing.as_str(), reason.as_str()),
-        ("True", "MigrationPending")
+        (reconciling.as_str(), reason.as_str()),
+        ("False", "MigrationPending")
+    );
+    assert!(
+        message.contains("crd-lifecycle migrate widgets.example.com"),
+        "{message}"
     );
     assert!(
         message.contains("objects stored in v1alpha1 must be rewritten into v1"),

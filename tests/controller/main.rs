@@ -260,6 +260,7 @@ async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
 
 mod decide;
 mod gates;
+mod kstatus;
 mod lifecycle;
 mod migration;
 mod operations;

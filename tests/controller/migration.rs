@@ -26,7 +26,14 @@ async fn a_due_removal_waits_for_the_migration_then_proceeds() {
         h.status("widgets")
     );
     assert_eq!(h.condition("widgets", "Blocked").1, "AwaitingMigration");
-    assert_eq!(h.condition("widgets", "Progressing").1, "Migrating");
+    let (reconciling, reason, _) = h.condition("widgets", "Reconciling");
+    assert_eq!((reconciling.as_str(), reason.as_str()), ("True", "Migrating"));
+    assert_eq!(
+        h.condition("widgets", "Ready").0,
+        "False",
+        "not Ready while migrating"
+    );
+    assert_eq!(h.condition("widgets", "Stalled").0, "False");
 
     wait_until("the migration succeeds", || migration(&h)["phase"] == "Succeeded").await;
     let status = migration(&h);
@@ -91,7 +98,24 @@ async fn each_store_transition_is_followed_by_a_migration() {
     h.reconcile("widgets").await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(h.fake.object_requests().is_empty());
-    assert_eq!(h.condition("widgets", "Progressing").1, "Idle");
+    // Idle and healthy: what `kubectl wait --for=condition=Ready` waits for.
+    assert_eq!(h.condition("widgets", "Reconciling").1, "Idle");
+    assert_eq!(h.condition("widgets", "Reconciling").0, "False");
+    assert_eq!(h.condition("widgets", "Stalled").0, "False");
+    assert_eq!(
+        h.condition("widgets", "Ready"),
+        (
+            "True".to_owned(),
+            "UpToDate".to_owned(),
+            "widgets.example.com matches the policy".to_owned()
+        )
+    );
+    let metrics = h.ctx.metrics.encode();
+    assert!(
+        metrics.contains(r#"crd_lifecycle_policy_state{policy="widgets",state="Ready"} 1"#),
+        "{metrics}"
+    );
+    assert!(!metrics.contains(r#"state="Reconciling""#), "one state at a time");
 }
 
 #[tokio::test(start_paused = true)]
@@ -121,11 +145,11 @@ async fn a_failed_migration_keeps_the_removal_held() {
     h.reconcile("widgets").await;
     assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS", "still held");
     assert_eq!(h.condition("widgets", "Blocked").1, "AwaitingMigration");
-    assert_eq!(
-        h.condition("widgets", "Progressing").1,
-        "MigrationPending",
-        "not retried at once"
-    );
+    // Not retried at once, and a human must look: Stalled, with the migration's summary.
+    let (stalled, reason, message) = h.condition("widgets", "Stalled");
+    assert_eq!((stalled.as_str(), reason.as_str()), ("True", "MigrationFailed"));
+    assert!(message.contains("1 failed"), "{message}");
+    assert_eq!(h.condition("widgets", "Reconciling").0, "False");
     assert!(
         h.fake
             .event_summaries()
