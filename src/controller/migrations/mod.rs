@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, Resource};
+use prometheus_client::metrics::counter::Counter;
 use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -49,6 +50,9 @@ pub(super) const PREFLIGHT_STANDS_FOR: Duration = Duration::from_secs(60);
 /// How often a run that could not trim because the CRD changed meanwhile is repeated at
 /// once.
 const MAX_RERUNS: usize = 5;
+
+/// The `result` label values of finished runs.
+const RUN_RESULTS: [&str; 3] = ["succeeded", "failed", "error"];
 
 /// The window over which a running job's rate is measured.
 const RATE_WINDOW: Duration = Duration::from_secs(10);
@@ -271,6 +275,7 @@ impl Migrations {
             crd: crd.clone(),
             job: job.label().to_owned(),
         };
+        self.initialize_counters(&job, &crd);
         let progress = Arc::new(TaskProgress {
             metrics: self.metrics.clone(),
             done_counter: match job {
@@ -419,6 +424,10 @@ impl Migrations {
     }
 
     fn record_result(&self, job: &Job, crd: &str, result: &str) {
+        self.result_counter(job, crd, result).inc();
+    }
+
+    fn result_counter(&self, job: &Job, crd: &str, result: &str) -> Counter {
         let family = match job {
             Job::Migrate => &self.metrics.migrations,
             Job::CleanManagedFields { .. } => &self.metrics.managed_fields_cleanups,
@@ -428,6 +437,19 @@ impl Migrations {
                 crd: crd.to_owned(),
                 result: result.to_owned(),
             })
-            .inc();
+            .clone()
+    }
+
+    /// Creates the CRD's failure and result counters at 0 before the first run ends, so
+    /// that the first failure is an increase Prometheus sees (`increase()` cannot count the
+    /// first sample of a series born at 1).
+    fn initialize_counters(&self, job: &Job, crd: &str) {
+        for result in RUN_RESULTS {
+            self.result_counter(job, crd, result);
+        }
+        let _ = self
+            .metrics
+            .objects_failed
+            .get_or_create(&CrdLabels { crd: crd.to_owned() });
     }
 }
