@@ -205,3 +205,115 @@ async fn a_request_the_fake_does_not_serve_fails_the_test() {
         "{answer:?}"
     );
 }
+
+/// The series names a `/metrics` text exposes: every `# TYPE` family with the suffixes its
+/// type has (`_total` for counters; `_bucket`, `_sum` and `_count` for histograms).
+fn exported_series(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let mut parts = rest.split_whitespace();
+        let (Some(name), Some(kind)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        match kind {
+            "counter" => {
+                names.insert(format!("{name}_total"));
+            }
+            "histogram" => {
+                // The family by its own name too, as documentation refers to it.
+                for suffix in ["", "_bucket", "_sum", "_count"] {
+                    names.insert(format!("{name}{suffix}"));
+                }
+            }
+            _ => {
+                names.insert(name.to_owned());
+            }
+        }
+    }
+    names
+}
+
+/// Every metric the alerts, the dashboard and the README name is one the operator exports,
+/// as scraped from `/metrics`. A family without a sample is not in the text, so each gets
+/// one first, through the same calls the controller, the migrations and the webhook make.
+#[tokio::test]
+async fn the_dashboard_alerts_and_readme_use_only_exported_metrics() {
+    use crd_lifecycle::controller::metrics::{CrdLabels, JobLabels, Metrics, MigrationResultLabels};
+    use crd_lifecycle::webhook::metrics::ReviewResult;
+    let metrics = Arc::new(Metrics::default());
+    let crd = CrdLabels {
+        crd: "widgets.example.com".into(),
+    };
+    let job = JobLabels {
+        crd: "widgets.example.com".into(),
+        job: "migration".into(),
+    };
+    let result = MigrationResultLabels {
+        crd: "widgets.example.com".into(),
+        result: "failed".into(),
+    };
+    metrics.observe_reconcile(std::time::Duration::from_millis(3));
+    metrics.record_failure("kube");
+    metrics.record_transition("widgets.example.com", "v1", "store");
+    metrics.set_next_transition("widgets", Some(jiff::Timestamp::UNIX_EPOCH));
+    metrics.set_blocked("widgets", &["AwaitingMigration"]);
+    metrics.set_state("widgets", Some("Reconciling"));
+    metrics.leader.set(1);
+    metrics.objects_migrated.get_or_create(&crd).inc();
+    metrics.objects_failed.get_or_create(&crd).inc();
+    metrics.objects_remaining.get_or_create(&crd).set(1);
+    metrics.objects_repaired.get_or_create(&crd).inc();
+    metrics.job_objects_done.get_or_create(&job).set(1);
+    metrics.job_objects_expected.get_or_create(&job).set(2);
+    metrics.job_objects_per_second.get_or_create(&job).set(0.5);
+    metrics.migrations.get_or_create(&result).inc();
+    metrics.managed_fields_cleanups.get_or_create(&result).inc();
+    metrics.migration_duration.observe(1.0);
+    metrics.webhook.observe_review(
+        "widgets",
+        ReviewResult::failure,
+        std::time::Duration::from_millis(1),
+    );
+    metrics.webhook.certificate_expiration.set(1.8e9);
+    let (status, text) = get(router(metrics, Arc::new(Health::default())), "/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    let exported = exported_series(&text);
+    assert!(exported.contains("crd_lifecycle_reconciles_total"), "{text}");
+    let name = regex::Regex::new(r"crd_lifecycle_[a-z_]+[a-z]").expect("pattern");
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut checked = 0;
+    for file in [
+        "deploy/components/monitoring/prometheusrule.yaml",
+        "deploy/components/monitoring/alerts.test.yaml",
+        "deploy/components/monitoring/dashboard.json",
+        "README.md",
+    ] {
+        let content = std::fs::read_to_string(format!("{root}/{file}")).expect("readable");
+        let used: std::collections::BTreeSet<&str> = name.find_iter(&content).map(|m| m.as_str()).collect();
+        assert!(!used.is_empty(), "{file} names no metric");
+        let unknown: Vec<&&str> = used.iter().filter(|m| !exported.contains(**m)).collect();
+        assert!(
+            unknown.is_empty(),
+            "{file} uses metrics the operator does not export: {unknown:?}\nexported: {exported:#?}"
+        );
+        checked += used.len();
+    }
+    // The alerts alone use these: a renamed metric must fail here, not in production.
+    for needed in [
+        "crd_lifecycle_policy_state",
+        "crd_lifecycle_blocked",
+        "crd_lifecycle_next_transition_timestamp_seconds",
+        "crd_lifecycle_migration_objects_failed_total",
+        "crd_lifecycle_migrations_total",
+        "crd_lifecycle_leader",
+        "crd_lifecycle_reconcile_failures_total",
+        "crd_lifecycle_conversion_reviews_total",
+        "crd_lifecycle_webhook_certificate_expiration_timestamp_seconds",
+    ] {
+        assert!(exported.contains(needed), "{needed} not exported");
+    }
+    assert!(checked > 30, "{checked}");
+}
