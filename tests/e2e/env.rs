@@ -488,6 +488,28 @@ impl Env {
             .collect())
     }
 
+    /// `kubectl wait --for=condition=Ready vp/NAME` returns (within 60 s), where kubectl is
+    /// installed; without it, says so and passes.
+    pub async fn kubectl_wait_ready(&self, name: &str) -> Result<(), String> {
+        let output = tokio::process::Command::new("kubectl")
+            .args(["wait", "--for=condition=Ready", &format!("versionpolicy/{name}"), "--timeout=60s"])
+            .output()
+            .await;
+        match output {
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                eprintln!("e2e: no kubectl on the PATH: `kubectl wait` not checked");
+                Ok(())
+            }
+            Err(error) => Err(format!("kubectl wait: {error}")),
+            Ok(output) if output.status.success() => Ok(()),
+            Ok(output) => Err(format!(
+                "kubectl wait --for=condition=Ready vp/{name} failed: {}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            )),
+        }
+    }
+
     /// The `kubectl get vp NAME` columns, from the apiserver's Table rendering.
     pub async fn policy_columns(&self, name: &str) -> Result<Vec<(String, String)>, String> {
         let request = http::Request::get(format!("/apis/crdlifecycle.io/v1alpha1/versionpolicies/{name}"))

@@ -131,6 +131,18 @@ pub async fn full_lifecycle(env: &Env) -> Outcome {
         env.condition(&name, "Ready").await?.0 == "True",
         "Ready at the end"
     );
+    // kstatus: idle and healthy, nothing reconciling or stalled; `kubectl wait` agrees.
+    ensure!(
+        env.condition(&name, "Reconciling").await?.0 == "False"
+            && env.condition(&name, "Stalled").await?.0 == "False",
+        "neither Reconciling nor Stalled at the end"
+    );
+    env.kubectl_wait_ready(&name).await?;
+    let columns = env.policy_columns(&name).await?;
+    ensure!(
+        columns.iter().any(|(c, v)| c == "Migration" && v == "10/10"),
+        "Migration column: {columns:?}"
+    );
     let reasons = env.event_reasons(&name).await?;
     for reason in [
         "VersionIntroduced",

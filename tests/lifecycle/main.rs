@@ -9,5 +9,6 @@ mod conversion;
 mod example;
 mod fixtures;
 mod gates;
+mod kubectl_plugin;
 mod properties;
 mod validation;
