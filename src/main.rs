@@ -25,9 +25,11 @@ fn main() -> ExitCode {
 /// kubectl plugin `kubectl-crd_lifecycle`, so that help and errors show what to type.
 fn command() -> clap::Command {
     let command = cli::Cli::command();
-    let invoked = std::env::args_os()
-        .next()
-        .and_then(|arg| std::path::Path::new(&arg).file_stem().map(|s| s.to_string_lossy().into_owned()));
+    let invoked = std::env::args_os().next().and_then(|arg| {
+        std::path::Path::new(&arg)
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+    });
     match invoked.as_deref() {
         Some(name) if name.starts_with("kubectl-") => command.bin_name("kubectl crd-lifecycle"),
         _ => command,

@@ -492,7 +492,12 @@ impl Env {
     /// installed; without it, says so and passes.
     pub async fn kubectl_wait_ready(&self, name: &str) -> Result<(), String> {
         let output = tokio::process::Command::new("kubectl")
-            .args(["wait", "--for=condition=Ready", &format!("versionpolicy/{name}"), "--timeout=60s"])
+            .args([
+                "wait",
+                "--for=condition=Ready",
+                &format!("versionpolicy/{name}"),
+                "--timeout=60s",
+            ])
             .output()
             .await;
         match output {

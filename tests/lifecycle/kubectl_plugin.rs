@@ -20,9 +20,9 @@ fn plugin_dir() -> PathBuf {
 
 /// Runs kubectl with the plugin directory first on the PATH and no cluster configured.
 fn kubectl(dir: &Path, args: &[&str]) -> Output {
-    let path = std::env::join_paths(
-        std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
-    )
+    let path = std::env::join_paths(std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
     .expect("PATH");
     Command::new("kubectl")
         .args(args)
@@ -35,7 +35,12 @@ fn kubectl(dir: &Path, args: &[&str]) -> Output {
 
 #[test]
 fn kubectl_finds_and_runs_the_plugin() {
-    if Command::new("kubectl").arg("version").arg("--client").output().is_err() {
+    if Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
         eprintln!("skipped: no kubectl on the PATH (CI has one: scripts/check-deploy.sh needs it)");
         return;
     }
@@ -48,12 +53,19 @@ fn kubectl_finds_and_runs_the_plugin() {
         "{stdout}{}",
         text(&listed.stderr)
     );
-    assert!(!text(&listed.stderr).contains("kubectl-crd_lifecycle"), "no warning about it: {}", text(&listed.stderr));
+    assert!(
+        !text(&listed.stderr).contains("kubectl-crd_lifecycle"),
+        "no warning about it: {}",
+        text(&listed.stderr)
+    );
 
     let help = kubectl(&dir, &["crd-lifecycle", "--help"]);
     assert!(help.status.success(), "{}", text(&help.stderr));
     let help = text(&help.stdout);
-    assert!(help.contains("Usage: kubectl crd-lifecycle [OPTIONS] <COMMAND>"), "{help}");
+    assert!(
+        help.contains("Usage: kubectl crd-lifecycle [OPTIONS] <COMMAND>"),
+        "{help}"
+    );
     for command in ["plan", "migrate", "convert"] {
         assert!(help.contains(&format!("  {command} ")), "{command} in {help}");
     }
@@ -73,12 +85,20 @@ fn kubectl_finds_and_runs_the_plugin() {
         ],
     );
     assert!(plan.status.success(), "{}", text(&plan.stderr));
-    assert!(text(&plan.stdout).contains("kind: CustomResourceDefinition"), "{}", text(&plan.stdout));
+    assert!(
+        text(&plan.stdout).contains("kind: CustomResourceDefinition"),
+        "{}",
+        text(&plan.stdout)
+    );
     let convert = kubectl(&dir, &["crd-lifecycle", "convert", "--help"]);
     assert!(convert.status.success());
     assert!(text(&convert.stdout).contains("Usage: kubectl crd-lifecycle convert"));
     let bad = kubectl(&dir, &["crd-lifecycle", "migrate"]);
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
-    assert!(text(&bad.stderr).contains("Usage: kubectl crd-lifecycle migrate"), "{}", text(&bad.stderr));
+    assert!(
+        text(&bad.stderr).contains("Usage: kubectl crd-lifecycle migrate"),
+        "{}",
+        text(&bad.stderr)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
