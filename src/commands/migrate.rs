@@ -81,7 +81,9 @@ async fn run_with_progress(
             };
             Err(CommandError::Failed(format!("{what} did not complete")))
         }
-        Err(error @ migrate::Error::CrdNotFound(_)) => Err(CommandError::InvalidInput(error.to_string())),
+        Err(error @ (migrate::Error::CrdNotFound(_) | migrate::Error::MissingPermission(_))) => {
+            Err(CommandError::InvalidInput(error.to_string()))
+        }
         Err(error) => Err(CommandError::Failed(error.to_string())),
     }
 }

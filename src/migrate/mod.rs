@@ -10,6 +10,7 @@
 pub mod command;
 mod discovery;
 pub mod managed_fields;
+pub mod permissions;
 mod progress;
 mod report;
 mod requests;
@@ -69,6 +70,9 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("{what}: no answer within {after:?}")]
     Timeout { what: String, after: Duration },
+    /// The caller may not do what the run needs (nothing was touched).
+    #[error("{0}")]
+    MissingPermission(String),
 }
 
 impl Error {
@@ -82,6 +86,7 @@ impl Error {
             Error::NotSettled { .. } => "not_settled",
             Error::Kube(_) => "kube",
             Error::Timeout { .. } => "timeout",
+            Error::MissingPermission(_) => "missing_permission",
         }
     }
 
@@ -117,6 +122,7 @@ pub async fn migrate(
     let mut restarts = 0;
     let mut expired_tokens = 0;
     let mut resume = settings.resume.clone();
+    let mut permitted = false;
     loop {
         let through = settings
             .through_version
@@ -138,6 +144,11 @@ pub async fn migrate(
                 dry_run: settings.managed_fields.dry_run,
                 elapsed: started.elapsed(),
             });
+        }
+        // Before touching any object: may this caller do what the run needs?
+        if !permitted {
+            check_permissions(client, crd_name, settings).await?;
+            permitted = true;
         }
         // A checkpoint is only valid for the CRD it was taken from.
         if let Some(previous) = resume
@@ -254,6 +265,29 @@ where
         .when(Error::is_transient)
         .notify(|error, wait| warn!(error = %error, "{what} failed; retrying in {wait:?}"))
         .await
+}
+
+/// Fails with `Error::MissingPermission`, naming every missing verb and the ClusterRole
+/// that grants them, unless the caller may do everything the run needs.
+async fn check_permissions(client: &Client, crd_name: &str, settings: &Settings) -> Result<(), Error> {
+    let needed = permissions::required(
+        crd_name,
+        settings.mode,
+        settings.through_status,
+        settings.managed_fields.dry_run,
+    );
+    let missing = kube_request(settings, "checking permissions", || {
+        permissions::missing(client, &needed)
+    })
+    .await?;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(Error::MissingPermission(permissions::missing_message(
+        crd_name,
+        &missing,
+        settings.through_status,
+    )))
 }
 
 async fn read_crd(

@@ -1372,3 +1372,67 @@ async fn the_repair_command_finds_and_fixes_broken_objects() {
     assert_eq!(output.status.code(), Some(2));
     server.abort();
 }
+
+/// The message a denied `patch widgets` gets: the verb, group and resource, and the
+/// ClusterRole to add.
+const MISSING_PATCH: &str = "missing permission on the objects of widgets.example.com: patch widgets in API group \
+example.com. Grant it with a ClusterRole labelled crdlifecycle.io/aggregate-to-migrator=true \
+(`crd-lifecycle rbac widgets.example.com` prints it): \
+{\"apiVersion\":\"rbac.authorization.k8s.io/v1\",\"kind\":\"ClusterRole\",\"metadata\":{\"name\":\
+\"crd-lifecycle-migrator-widgets.example.com\",\"labels\":{\"crdlifecycle.io/aggregate-to-migrator\":\"true\"}},\
+\"rules\":[{\"apiGroups\":[\"example.com\"],\"resources\":[\"widgets\"],\"verbs\":[\"get\",\"list\",\"patch\"]}]}";
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_permission_stops_the_run_before_any_object_is_touched() {
+    let fake = cluster(30);
+    fake.deny("patch", "example.com", "widgets", "");
+    let error = migrate::migrate(&fake.client(), CRD, &settings(10), &migrate::Quiet)
+        .await
+        .expect_err("refused");
+    assert!(matches!(error, migrate::Error::MissingPermission(_)), "{error:?}");
+    assert_eq!(error.to_string(), MISSING_PATCH);
+    assert!(fake.object_requests().is_empty(), "no object listed or patched");
+    assert_eq!(stored_versions(&fake), json!(["v1alpha1", "v1"]));
+    // It asked for exactly what a rewrite needs.
+    let asked: Vec<String> = fake.lock().access_reviews.iter().map(|(verb, ..)| verb.clone()).collect();
+    assert_eq!(asked, ["list", "patch"]);
+
+    // Through the status subresource, the status is what must be patchable.
+    fake.allow_all();
+    fake.edit_crd(CRD, |crd| {
+        for version in crd["spec"]["versions"].as_array_mut().expect("versions") {
+            version["subresources"] = json!({"status": {}});
+        }
+    });
+    fake.deny("patch", "example.com", "widgets", "status");
+    let through_status = Settings {
+        through_status: true,
+        ..settings(10)
+    };
+    let error = migrate::migrate(&fake.client(), CRD, &through_status, &migrate::Quiet)
+        .await
+        .expect_err("refused");
+    assert!(error.to_string().contains("patch widgets/status in API group example.com"), "{error}");
+    assert!(error.to_string().contains(r#""resources":["widgets/status"],"verbs":["patch"]"#), "{error}");
+
+    // Granted: the same run proceeds.
+    fake.allow_all();
+    let report = migrate::migrate(&fake.client(), CRD, &settings(10), &migrate::Quiet)
+        .await
+        .expect("runs");
+    assert!(report.succeeded(), "{}", report.summary());
+}
+
+/// Real time: the binary runs as a child process over a real socket.
+#[tokio::test]
+async fn the_migrate_command_exits_2_naming_a_missing_permission() {
+    let fake = cluster(10);
+    fake.deny("patch", "example.com", "widgets", "");
+    let (kubeconfig, server) = serve_over_http(FakeApiserver::clone(&fake)).await;
+    let output = migrate_cli(&kubeconfig, &[]).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&format!("error: {MISSING_PATCH}")), "{stderr}");
+    assert!(fake.object_requests().is_empty());
+    server.abort();
+}

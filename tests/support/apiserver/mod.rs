@@ -4,11 +4,14 @@
 
 #![allow(dead_code)]
 
+mod access;
 mod crds;
 mod leases;
 mod objects;
 mod policies;
 
+use access::review_access;
+pub use access::Denied;
 use crds::{patch_crd, patch_crd_status};
 use leases::{create_lease, replace_lease};
 use objects::{CustomRequest, custom_resource, discovery, is_discovery, serve_custom};
@@ -84,6 +87,10 @@ pub struct State {
     /// Set by tests that run code whose requests the fake knowingly does not serve.
     pub unknown_requests_allowed: bool,
     pub events: Vec<Value>,
+    /// Permissions SelfSubjectAccessReviews answer "not allowed" for.
+    pub denied: Vec<Denied>,
+    /// Every SelfSubjectAccessReview asked, in order.
+    pub access_reviews: Vec<Denied>,
     pub leases: BTreeMap<String, Value>,
     /// Lease requests get no answer (an apiserver or network that hangs).
     pub leases_stall: bool,
@@ -329,6 +336,19 @@ impl FakeApiserver {
             .get(&key)
             .map(|o| o.managed_fields.clone())
             .unwrap_or_default()
+    }
+
+    /// SelfSubjectAccessReviews for `verb` on `resource[/subresource]` of `group` answer
+    /// "not allowed" (`subresource` "" for the resource itself).
+    pub fn deny(&self, verb: &str, group: &str, resource: &str, subresource: &str) {
+        self.lock()
+            .denied
+            .push((verb.into(), group.into(), resource.into(), subresource.into()));
+    }
+
+    /// Allows everything again.
+    pub fn allow_all(&self) {
+        self.lock().denied.clear();
     }
 
     pub fn set_fault(&self, namespace: &str, name: &str, fault: ObjectFault) {
@@ -641,6 +661,9 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
                 name,
             ],
         ) => replace_lease(state, name, body),
+        ("POST", ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"]) => {
+            review_access(state, body)
+        }
         // Not 404: that would read as "does not exist" and let a wrong path pass a test.
         _ => {
             state
