@@ -4,6 +4,7 @@
 #   - validates each built-in object against the Kubernetes schemas (kubernetes-validate,
 #     --strict, oldest and newest schema it ships); the Prometheus Operator's kinds have no
 #     schema there, so their content is checked by promtool below;
+#   - checks that no Role or ClusterRole has a wildcard;
 #   - checks the alert rules and runs their unit tests (`promtool test rules`);
 #   - checks that the dashboard is JSON and labelled for the Grafana sidecar.
 # Needs kubectl, kubernetes-validate (PyPI) and promtool (Debian package prometheus); .ci/run
@@ -27,8 +28,22 @@ for variant in "${variants[@]}"; do
       exit 1
     fi
   done
+  # Least privilege: no wildcard in any rule of any Role or ClusterRole.
+  python3 - "$rendered" <<'EOF'
+import sys, yaml
+bad = []
+for doc in yaml.safe_load_all(open(sys.argv[1])):
+    if not doc or doc["kind"] not in ("Role", "ClusterRole"):
+        continue
+    for rule in doc.get("rules") or []:
+        for field in ("apiGroups", "resources", "verbs", "nonResourceURLs"):
+            if any("*" in value for value in rule.get(field) or []):
+                bad.append(f'{doc["kind"]} {doc["metadata"]["name"]}: {field} {rule[field]}')
+if bad:
+    sys.exit("wildcard RBAC:\n  " + "\n  ".join(bad))
+EOF
   kinds="$(grep -c '^kind:' "$rendered")"
-  echo "$variant: $kinds objects render and validate (Kubernetes ${schemas[*]})"
+  echo "$variant: $kinds objects render and validate (Kubernetes ${schemas[*]}); no wildcard RBAC"
 done
 
 # The alerts: the PrometheusRule's spec is a Prometheus rule file.

@@ -48,6 +48,31 @@ pub enum Command {
     /// invalid group/version"): rewrite those entries into the storage version (exit 0 when
     /// every object is clean, 1 on failures, 2 on bad arguments).
     RepairManagedFields(RepairArgs),
+    /// Print the ClusterRole the operator needs on a governed CRD's objects, labelled
+    /// crdlifecycle.io/aggregate-to-migrator so that the operator's migrator role
+    /// aggregates it (`| kubectl apply -f -`).
+    Rbac(RbacArgs),
+}
+
+/// Arguments of `crd-lifecycle rbac`.
+#[derive(Args, Debug)]
+pub struct RbacArgs {
+    /// The governed CRD's name (`<plural>.<group>`), e.g. widgets.example.com.
+    #[arg(
+        value_name = "CRD",
+        required_unless_present = "policy",
+        conflicts_with = "policy"
+    )]
+    pub crd: Option<String>,
+
+    /// A VersionPolicy file (`-` for stdin): its crdName, and its
+    /// spec.migration.subresource (status adds patch on the status subresource).
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<String>,
+
+    /// Rewrites go through the status subresource (as `spec.migration.subresource: status`).
+    #[arg(long, conflicts_with = "policy")]
+    pub status_subresource: bool,
 }
 
 /// Arguments of `crd-lifecycle convert`.

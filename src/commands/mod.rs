@@ -4,6 +4,7 @@
 mod convert;
 mod migrate;
 mod plan;
+mod rbac;
 mod run;
 mod webhook;
 
@@ -63,6 +64,7 @@ pub fn dispatch(cli: Cli) -> Result<(), CommandError> {
             init_logging(cli.log_format);
             block_on(migrate::migrate(args))
         }
+        Command::Rbac(args) => rbac::run(&args),
         Command::RepairManagedFields(args) => {
             init_logging(cli.log_format);
             block_on(migrate::repair(args))

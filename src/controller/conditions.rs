@@ -36,10 +36,13 @@ pub enum ConditionReason {
     ReleasingCrd,
     /// A removal waits until no object's managedFields names the version.
     AwaitingManagedFieldsCleanup,
+    /// The controller may not do what a migration, preflight or cleanup needs on the
+    /// CRD's objects (SelfSubjectAccessReview); nothing was touched.
+    MissingPermission,
 }
 
 impl ConditionReason {
-    pub const ALL: [ConditionReason; 13] = [
+    pub const ALL: [ConditionReason; 14] = [
         ConditionReason::CrdNotFound,
         ConditionReason::InvalidPolicy,
         ConditionReason::Conflict,
@@ -53,6 +56,7 @@ impl ConditionReason {
         ConditionReason::WebhookNotConfigured,
         ConditionReason::ReleasingCrd,
         ConditionReason::AwaitingManagedFieldsCleanup,
+        ConditionReason::MissingPermission,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -70,6 +74,7 @@ impl ConditionReason {
             ConditionReason::WebhookNotConfigured => "WebhookNotConfigured",
             ConditionReason::ReleasingCrd => "ReleasingCRD",
             ConditionReason::AwaitingManagedFieldsCleanup => "AwaitingManagedFieldsCleanup",
+            ConditionReason::MissingPermission => "MissingPermission",
         }
     }
 }
@@ -86,7 +91,8 @@ impl ConditionReason {
             | ConditionReason::UnsafeState
             | ConditionReason::AwaitingApproval
             | ConditionReason::ConversionPreflightFailed
-            | ConditionReason::WebhookNotConfigured => true,
+            | ConditionReason::WebhookNotConfigured
+            | ConditionReason::MissingPermission => true,
             ConditionReason::AwaitingMigration => !migrations_enabled,
             ConditionReason::Suspended
             | ConditionReason::VersionInUse

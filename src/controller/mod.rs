@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod migrations;
 mod observation;
 pub mod patch;
+pub mod permissions;
 mod preflight;
 mod reconcile;
 mod release;

@@ -22,10 +22,12 @@ use super::error::{Error, status_code};
 use super::events::publish_events;
 use super::gate_inputs;
 use super::patch::as_json_patch;
+use super::permissions::RECHECK_MISSING_AFTER;
 use super::release::{ensure_finalizer, let_go, release};
 use super::status::{Observation, apply_status, build_status, policy_state, recorded_history, write_status};
 use crate::api::{FIELD_MANAGER, MilestoneKind, TrafficStatus, VersionPolicy};
 use crate::lifecycle::{BlockReason, CrdState, Evaluation, Transition};
+use crate::migrate::Mode;
 
 /// How often a guarded patch is recomputed after the CRD changed under it, per reconcile.
 const PATCH_ATTEMPTS: usize = 3;
@@ -80,6 +82,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
     let mut crd_after: Option<CrdState> = None;
     let mut evaluation: Option<Evaluation> = None;
     let mut drift = Vec::new();
+    let mut missing_permissions: Vec<String> = Vec::new();
 
     if let Some(owner) = competing_owner(policy, &ctx.policies) {
         observation.blocked.push((
@@ -117,7 +120,10 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
                 .and_then(|c| c.version(&blocked.version))
                 .is_some_and(|v| v.served)
             {
-                ctx.migrations.ensure_preflight(policy, &blocked.version);
+                match ctx.migrations.check_permissions(policy, Mode::Preflight).await {
+                    Ok(()) => ctx.migrations.ensure_preflight(policy, &blocked.version),
+                    Err(message) => missing_permissions.push(message),
+                }
             }
         }
         observation.approved = outcome.approved;
@@ -132,7 +138,10 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
             && policy.spec.migration.enabled
             && !policy.spec.dry_run
         {
-            observation.migrating = ctx.migrations.ensure(policy, storage);
+            match ctx.migrations.check_permissions(policy, Mode::Rewrite).await {
+                Ok(()) => observation.migrating = ctx.migrations.ensure(policy, storage),
+                Err(message) => missing_permissions.push(message),
+            }
         }
         // A due removal waits until no object's managedFields names the version: rewrite
         // those entries in the background (after unserve, so that no client adds more).
@@ -158,8 +167,22 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
             && !policy.spec.dry_run
             && let Some(storage) = crd_after.as_ref().and_then(CrdState::storage_version)
         {
-            ctx.migrations.ensure_cleanup(policy, storage, awaiting);
+            match ctx
+                .migrations
+                .check_permissions(policy, Mode::CleanManagedFields)
+                .await
+            {
+                Ok(()) => ctx.migrations.ensure_cleanup(policy, storage, awaiting),
+                Err(message) => missing_permissions.push(message),
+            }
         }
+    }
+    // A run that cannot start for lack of a grant: the most actionable block, first.
+    missing_permissions.dedup();
+    for message in missing_permissions.iter().rev() {
+        observation
+            .blocked
+            .insert(0, (ConditionReason::MissingPermission, message.clone()));
     }
     observation.crd = crd_after.as_ref();
     observation.evaluation = evaluation.as_ref();
@@ -183,7 +206,11 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
     ctx.metrics.set_state(&name, Some(policy_state(&status)));
     // Wake at the next transition, or when a held one may proceed by time alone.
     let wake_at = evaluation.as_ref().and_then(|e| e.wake_at);
-    let wake = [next, wake_at].into_iter().flatten().min();
+    // A missing grant is checked again soon: granting it changes nothing we watch.
+    let recheck = (!missing_permissions.is_empty())
+        .then(|| now.checked_add(RECHECK_MISSING_AFTER).ok())
+        .flatten();
+    let wake = [next, wake_at, recheck].into_iter().flatten().min();
     Ok(Action::requeue(requeue_after(now, wake, ctx.resync)))
 }
 

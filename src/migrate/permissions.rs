@@ -161,7 +161,10 @@ mod tests {
             verbs(Mode::Rewrite, true, false)[1],
             "patch widgets/status in API group example.com"
         );
-        assert_eq!(verbs(Mode::Preflight, false, false)[1], "get widgets in API group example.com");
+        assert_eq!(
+            verbs(Mode::Preflight, false, false)[1],
+            "get widgets in API group example.com"
+        );
         assert_eq!(verbs(Mode::CleanManagedFields, false, false).len(), 3);
         assert_eq!(verbs(Mode::CleanManagedFields, false, true).len(), 2);
     }

@@ -485,3 +485,62 @@ async fn a_store_starts_one_preflight_even_with_a_stale_cache() {
         .count();
     assert_eq!(reads, 50, "one preflight");
 }
+
+/// The fixed part of a `MissingPermission` message for a denied `patch widgets`.
+const MISSING_PATCH: &str = "missing permission on the objects of widgets.example.com: patch widgets in API group \
+example.com. Grant it with a ClusterRole labelled crdlifecycle.io/aggregate-to-migrator=true \
+(`crd-lifecycle rbac widgets.example.com` prints it): ";
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_grant_blocks_with_the_role_to_add_and_touches_nothing() {
+    let mut h = Harness::with_example_and_objects(60);
+    h.fake.deny("patch", "example.com", "widgets", "");
+    // The store is due (its preflight only reads: allowed), then the migration would start.
+    h.at("2026-02-01T00:00:00Z");
+    h.reconcile_through_preflight("widgets").await;
+    h.reconcile("widgets").await;
+    let (blocked, reason, message) = h.condition("widgets", "Blocked");
+    assert_eq!(
+        (blocked.as_str(), reason.as_str()),
+        ("True", "MissingPermission"),
+        "{message}"
+    );
+    assert!(message.starts_with(MISSING_PATCH), "{message}");
+    assert!(
+        message.contains(r#""resources":["widgets"],"verbs":["get","list","patch"]"#),
+        "the ClusterRole to add: {message}"
+    );
+    // A human must grant it: Stalled, and not Ready.
+    assert_eq!(h.condition("widgets", "Stalled").1, "MissingPermission");
+    assert_eq!(h.condition("widgets", "Ready").1, "MissingPermission");
+    assert!(
+        h.fake
+            .event_summaries()
+            .iter()
+            .any(|(t, r, n)| t == "Warning" && r == "MissingPermission" && n.starts_with(MISSING_PATCH)),
+        "{:?}",
+        h.fake.event_summaries()
+    );
+    // No object was written, and no migration ran.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        h.fake.object_requests().iter().all(|r| r.method == "GET"),
+        "only the preflight's reads"
+    );
+    assert_eq!(h.fake.encodings(CRD), [("v1alpha1".to_owned(), 60)].into());
+    assert!(h.status("widgets")["migration"].is_null());
+    assert!(
+        h.ctx
+            .metrics
+            .encode()
+            .contains(r#"crd_lifecycle_blocked{policy="widgets",reason="MissingPermission"} 1"#)
+    );
+
+    // Granted (the labelled ClusterRole added): the next reconcile migrates.
+    h.fake.allow_all();
+    h.reconcile("widgets").await;
+    wait_until("the migration succeeds", || migration(&h)["phase"] == "Succeeded").await;
+    assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 60)].into());
+    h.reconcile("widgets").await;
+    assert_ne!(h.condition("widgets", "Blocked").1, "MissingPermission");
+}

@@ -394,3 +394,48 @@ fn run_exits_non_zero_when_the_metrics_address_is_taken() {
         "{stderr}"
     );
 }
+
+#[test]
+fn rbac_prints_the_labelled_cluster_role_a_crd_needs() {
+    let output = run(&["rbac", "widgets.example.com"], None);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let role: serde_json::Value = serde_saphyr::from_str(&text(&output.stdout)).expect("YAML");
+    assert_eq!(role["kind"], "ClusterRole");
+    assert_eq!(
+        role["metadata"]["name"],
+        "crd-lifecycle-migrator-widgets.example.com"
+    );
+    assert_eq!(
+        role["metadata"]["labels"]["crdlifecycle.io/aggregate-to-migrator"],
+        "true"
+    );
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{"apiGroups": ["example.com"], "resources": ["widgets"], "verbs": ["get", "list", "patch"]}])
+    );
+
+    // From a policy that rewrites through /status: patch on the status subresource too.
+    let policy = std::fs::read_to_string(format!("{}/{EXAMPLE_POLICY}", env!("CARGO_MANIFEST_DIR")))
+        .expect("example")
+        .replace("  migration:\n", "  migration:\n    subresource: status\n");
+    assert!(
+        policy.contains("subresource: status"),
+        "the example has a migration section"
+    );
+    let output = run(&["rbac", "--policy", "-"], Some(&policy));
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let role: serde_json::Value = serde_saphyr::from_str(&text(&output.stdout)).expect("YAML");
+    assert_eq!(
+        role["rules"][1]["resources"],
+        serde_json::json!(["widgets/status"])
+    );
+    assert_eq!(role["rules"][1]["verbs"], serde_json::json!(["patch"]));
+
+    let output = run(&["rbac", "widgets"], None);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output.stderr).contains("is not a CRD name"),
+        "{}",
+        text(&output.stderr)
+    );
+}

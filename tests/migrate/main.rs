@@ -1394,7 +1394,12 @@ async fn a_missing_permission_stops_the_run_before_any_object_is_touched() {
     assert!(fake.object_requests().is_empty(), "no object listed or patched");
     assert_eq!(stored_versions(&fake), json!(["v1alpha1", "v1"]));
     // It asked for exactly what a rewrite needs.
-    let asked: Vec<String> = fake.lock().access_reviews.iter().map(|(verb, ..)| verb.clone()).collect();
+    let asked: Vec<String> = fake
+        .lock()
+        .access_reviews
+        .iter()
+        .map(|(verb, ..)| verb.clone())
+        .collect();
     assert_eq!(asked, ["list", "patch"]);
 
     // Through the status subresource, the status is what must be patchable.
@@ -1412,8 +1417,18 @@ async fn a_missing_permission_stops_the_run_before_any_object_is_touched() {
     let error = migrate::migrate(&fake.client(), CRD, &through_status, &migrate::Quiet)
         .await
         .expect_err("refused");
-    assert!(error.to_string().contains("patch widgets/status in API group example.com"), "{error}");
-    assert!(error.to_string().contains(r#""resources":["widgets/status"],"verbs":["patch"]"#), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("patch widgets/status in API group example.com"),
+        "{error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains(r#""resources":["widgets/status"],"verbs":["patch"]"#),
+        "{error}"
+    );
 
     // Granted: the same run proceeds.
     fake.allow_all();

@@ -76,6 +76,8 @@ pub struct Migrations {
     pub(super) failed_at: Mutex<HashMap<String, Instant>>,
     /// When each preflight (by key) last passed.
     pub(super) passed_at: Mutex<HashMap<String, Instant>>,
+    /// When each permission check (by CRD and run kind) last found everything allowed.
+    pub(super) permitted_at: Mutex<HashMap<String, Instant>>,
     pub(super) progress_interval: Duration,
     pub(super) retry: migrate::RetryPolicy,
     pub(super) settle: migrate::SettleCheck,
@@ -93,6 +95,7 @@ impl Migrations {
             running: Mutex::new(HashMap::new()),
             failed_at: Mutex::new(HashMap::new()),
             passed_at: Mutex::new(HashMap::new()),
+            permitted_at: Mutex::new(HashMap::new()),
             progress_interval: PROGRESS_INTERVAL,
             retry: migrate::RetryPolicy::default(),
             settle: migrate::SettleCheck::default(),

@@ -15,7 +15,12 @@ pub type Denied = (String, String, String, String);
 pub(super) fn review_access(state: &mut State, mut body: Value) -> (u16, Value) {
     let attributes = &body["spec"]["resourceAttributes"];
     let field = |name: &str| attributes[name].as_str().unwrap_or_default().to_owned();
-    let asked: Denied = (field("verb"), field("group"), field("resource"), field("subresource"));
+    let asked: Denied = (
+        field("verb"),
+        field("group"),
+        field("resource"),
+        field("subresource"),
+    );
     state.access_reviews.push(asked.clone());
     let allowed = !state.denied.contains(&asked);
     body["status"] = if allowed {

@@ -10,8 +10,8 @@ mod leases;
 mod objects;
 mod policies;
 
-use access::review_access;
 pub use access::Denied;
+use access::review_access;
 use crds::{patch_crd, patch_crd_status};
 use leases::{create_lease, replace_lease};
 use objects::{CustomRequest, custom_resource, discovery, is_discovery, serve_custom};
