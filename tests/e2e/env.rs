@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use http::HeaderMap;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::client::Body;
@@ -41,6 +43,9 @@ pub struct Env {
 enum Cleanup {
     Crd(String),
     Policy(String),
+    ClusterRole(String),
+    ClusterRoleBinding(String),
+    ServiceAccount(String),
 }
 
 impl Env {
@@ -109,6 +114,17 @@ impl Env {
         if self.in_cluster {
             return Ok(());
         }
+        self.spawn_controller(None)
+    }
+
+    /// Starts the local controller with the credentials of `kubeconfig` (e.g. one that
+    /// impersonates a ServiceAccount), without the conversion webhook (whose certificate
+    /// Secret such an account may not read).
+    pub fn start_controller_with(&self, kubeconfig: &std::path::Path) -> Outcome {
+        self.spawn_controller(Some(kubeconfig))
+    }
+
+    fn spawn_controller(&self, kubeconfig: Option<&std::path::Path>) -> Outcome {
         let free_port = || {
             TcpListener::bind("0.0.0.0:0")
                 .and_then(|l| l.local_addr())
@@ -116,17 +132,14 @@ impl Env {
                 .map_err(|e| e.to_string())
         };
         let port = free_port()?;
-        // The conversion webhook: the apiserver must reach this machine at
-        // E2E_WEBHOOK_HOST (127.0.0.1 for an apiserver on the same machine).
-        let webhook_port = free_port()?;
-        let webhook_host = std::env::var("E2E_WEBHOOK_HOST").unwrap_or_else(|_| "127.0.0.1".to_owned());
         let log_path = std::env::temp_dir().join(format!("crd-lifecycle-{}.log", self.run_id));
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log_path)
             .map_err(|e| e.to_string())?;
-        let child = Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"));
+        command
             .args([
                 "run",
                 "--leader-election=false",
@@ -135,10 +148,24 @@ impl Env {
                 "--traffic-sample-interval",
                 "1s",
             ])
-            .arg(format!("--metrics-addr=127.0.0.1:{port}"))
-            .arg(format!("--webhook-port={webhook_port}"))
-            .arg(format!("--webhook-url=https://{webhook_host}:{webhook_port}"))
-            .arg(format!("--webhook-secret={}", self.webhook_secret()))
+            .arg(format!("--metrics-addr=127.0.0.1:{port}"));
+        match kubeconfig {
+            Some(path) => {
+                command.env("KUBECONFIG", path);
+            }
+            None => {
+                // The conversion webhook: the apiserver must reach this machine at
+                // E2E_WEBHOOK_HOST (127.0.0.1 for an apiserver on the same machine).
+                let webhook_port = free_port()?;
+                let webhook_host =
+                    std::env::var("E2E_WEBHOOK_HOST").unwrap_or_else(|_| "127.0.0.1".to_owned());
+                command
+                    .arg(format!("--webhook-port={webhook_port}"))
+                    .arg(format!("--webhook-url=https://{webhook_host}:{webhook_port}"))
+                    .arg(format!("--webhook-secret={}", self.webhook_secret()));
+            }
+        }
+        let child = command
             .env("POD_NAMESPACE", "default")
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -236,6 +263,18 @@ impl Env {
                     let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
                     api.delete(name, &DeleteParams::default()).await.map(|_| ())
                 }
+                Cleanup::ClusterRole(name) => {
+                    let api: Api<ClusterRole> = Api::all(self.client.clone());
+                    api.delete(name, &DeleteParams::default()).await.map(|_| ())
+                }
+                Cleanup::ClusterRoleBinding(name) => {
+                    let api: Api<ClusterRoleBinding> = Api::all(self.client.clone());
+                    api.delete(name, &DeleteParams::default()).await.map(|_| ())
+                }
+                Cleanup::ServiceAccount(name) => {
+                    let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), "default");
+                    api.delete(name, &DeleteParams::default()).await.map(|_| ())
+                }
             };
             if let Err(kube::Error::Api(status)) = &result
                 && status.code != 404
@@ -259,6 +298,121 @@ impl Env {
     /// Creates a cluster-scoped CRD `widgets.<run>-<suffix>.e2e.crdlifecycle.test` with
     /// the given versions `(name, served, storage)`; objects have `spec` with any fields.
     pub async fn create_crd(&self, suffix: &str, versions: &[(&str, bool, bool)]) -> Result<TestCrd, String> {
+        let crd = self.create_crd_ungranted(suffix, versions).await?;
+        // The operator deployed from deploy/ may touch only the objects of CRDs a labelled
+        // ClusterRole grants (least privilege): grant this one, as its owning team would.
+        if self.in_cluster {
+            self.grant(&crd.name).await?;
+        }
+        Ok(crd)
+    }
+
+    /// Creates the labelled ClusterRole `crd-lifecycle rbac CRD` prints, so that the
+    /// operator's migrator role aggregates it.
+    pub async fn grant(&self, crd: &str) -> Outcome {
+        let role: ClusterRole =
+            serde_json::from_value(crd_lifecycle::migrate::permissions::cluster_role(crd, false))
+                .map_err(|e| e.to_string())?;
+        self.create_cluster_role(role).await
+    }
+
+    /// Creates a ClusterRole (deleted after the scenario).
+    pub async fn create_cluster_role(&self, role: ClusterRole) -> Outcome {
+        let name = role.name_any();
+        Api::<ClusterRole>::all(self.client.clone())
+            .create(&PostParams::default(), &role)
+            .await
+            .map_err(|e| format!("cannot create ClusterRole {name}: {e}"))?;
+        self.cleanup.lock().expect("lock").push(Cleanup::ClusterRole(name));
+        Ok(())
+    }
+
+    /// Creates a ClusterRoleBinding (deleted after the scenario).
+    pub async fn create_cluster_role_binding(&self, binding: ClusterRoleBinding) -> Outcome {
+        let name = binding.name_any();
+        Api::<ClusterRoleBinding>::all(self.client.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+            .map_err(|e| format!("cannot create ClusterRoleBinding {name}: {e}"))?;
+        self.cleanup
+            .lock()
+            .expect("lock")
+            .push(Cleanup::ClusterRoleBinding(name));
+        Ok(())
+    }
+
+    /// Creates a ServiceAccount in `default` (deleted after the scenario).
+    pub async fn create_service_account(&self, name: &str) -> Outcome {
+        let account: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": name}})).map_err(|e| e.to_string())?;
+        Api::<ServiceAccount>::namespaced(self.client.clone(), "default")
+            .create(&PostParams::default(), &account)
+            .await
+            .map_err(|e| format!("cannot create ServiceAccount {name}: {e}"))?;
+        self.cleanup
+            .lock()
+            .expect("lock")
+            .push(Cleanup::ServiceAccount(name.to_owned()));
+        Ok(())
+    }
+
+    /// Whether `user` may `verb` `resource` named `name` in `namespace` (what `kubectl auth
+    /// can-i VERB RESOURCE/NAME -n NAMESPACE --as USER` asks), by a SubjectAccessReview.
+    pub async fn can(&self, user: &str, verb: &str, resource: &str, name: &str, namespace: &str) -> Result<bool, String> {
+        use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(user.to_owned()),
+                groups: Some(vec!["system:serviceaccounts".into(), "system:authenticated".into()]),
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some(verb.to_owned()),
+                    resource: Some(resource.to_owned()),
+                    name: Some(name.to_owned()),
+                    namespace: Some(namespace.to_owned()),
+                    ..ResourceAttributes::default()
+                }),
+                ..SubjectAccessReviewSpec::default()
+            },
+            ..SubjectAccessReview::default()
+        };
+        let answered = Api::<SubjectAccessReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(answered.status.is_some_and(|s| s.allowed))
+    }
+
+    /// A copy of the suite's kubeconfig that impersonates `user` (kubectl's `--as`).
+    pub fn kubeconfig_as(&self, user: &str) -> Result<std::path::PathBuf, String> {
+        let mut config = kube::config::Kubeconfig::read().map_err(|e| e.to_string())?;
+        let context = config.current_context.clone().unwrap_or_default();
+        let user_name = config
+            .contexts
+            .iter()
+            .find(|c| c.name == context)
+            .and_then(|c| c.context.as_ref())
+            .and_then(|c| c.user.clone())
+            .ok_or("the kubeconfig's current context names no user")?;
+        for auth in &mut config.auth_infos {
+            if auth.name == user_name
+                && let Some(info) = auth.auth_info.as_mut()
+            {
+                info.impersonate = Some(user.to_owned());
+                info.impersonate_groups = Some(vec!["system:serviceaccounts".into()]);
+            }
+        }
+        let path = std::env::temp_dir().join(format!("{}-kubeconfig-as.yaml", self.run_id));
+        let text = serde_json::to_string(&config).map_err(|e| e.to_string())?;
+        std::fs::write(&path, text).map_err(|e| e.to_string())?;
+        Ok(path)
+    }
+
+    /// Creates a cluster-scoped CRD without granting the operator anything on its objects.
+    pub async fn create_crd_ungranted(
+        &self,
+        suffix: &str,
+        versions: &[(&str, bool, bool)],
+    ) -> Result<TestCrd, String> {
         let group = format!("{}-{suffix}.e2e.crdlifecycle.test", self.run_id);
         let name = format!("widgets.{group}");
         let versions: Vec<Value> = versions

@@ -8,6 +8,7 @@
 //! run id and is deleted afterwards, on success and on failure.
 
 mod env;
+mod least_privilege;
 #[path = "../support/flags.rs"]
 mod flags;
 mod scenarios;
@@ -31,6 +32,9 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         Box::pin(scenarios::conversion_webhook(env))
     }),
     ("managed_fields", |env| Box::pin(scenarios::managed_fields(env))),
+    ("least_privilege", |env| {
+        Box::pin(least_privilege::least_privilege(env))
+    }),
 ];
 
 fn main() -> ExitCode {
