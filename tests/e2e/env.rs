@@ -323,7 +323,10 @@ impl Env {
             .create(&PostParams::default(), &role)
             .await
             .map_err(|e| format!("cannot create ClusterRole {name}: {e}"))?;
-        self.cleanup.lock().expect("lock").push(Cleanup::ClusterRole(name));
+        self.cleanup
+            .lock()
+            .expect("lock")
+            .push(Cleanup::ClusterRole(name));
         Ok(())
     }
 
@@ -358,12 +361,24 @@ impl Env {
 
     /// Whether `user` may `verb` `resource` named `name` in `namespace` (what `kubectl auth
     /// can-i VERB RESOURCE/NAME -n NAMESPACE --as USER` asks), by a SubjectAccessReview.
-    pub async fn can(&self, user: &str, verb: &str, resource: &str, name: &str, namespace: &str) -> Result<bool, String> {
-        use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+    pub async fn can(
+        &self,
+        user: &str,
+        verb: &str,
+        resource: &str,
+        name: &str,
+        namespace: &str,
+    ) -> Result<bool, String> {
+        use k8s_openapi::api::authorization::v1::{
+            ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+        };
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: Some(user.to_owned()),
-                groups: Some(vec!["system:serviceaccounts".into(), "system:authenticated".into()]),
+                groups: Some(vec![
+                    "system:serviceaccounts".into(),
+                    "system:authenticated".into(),
+                ]),
                 resource_attributes: Some(ResourceAttributes {
                     verb: Some(verb.to_owned()),
                     resource: Some(resource.to_owned()),

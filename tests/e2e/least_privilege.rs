@@ -18,10 +18,18 @@ const BASE_RBAC: &str = include_str!("../../deploy/rbac.yaml");
 async fn bind_base_rbac(env: &Env, account: &str) -> Outcome {
     let documents: Vec<Value> = serde_saphyr::from_multiple(BASE_RBAC).map_err(|e| e.to_string())?;
     let roles: Vec<&Value> = documents.iter().filter(|d| d["kind"] == "ClusterRole").collect();
-    ensure!(roles.len() == 2, "deploy/rbac.yaml has {} ClusterRoles", roles.len());
+    ensure!(
+        roles.len() == 2,
+        "deploy/rbac.yaml has {} ClusterRoles",
+        roles.len()
+    );
     for role in roles {
         let mut role = role.clone();
-        let name = format!("{}-{}", env.run_id, role["metadata"]["name"].as_str().unwrap_or_default());
+        let name = format!(
+            "{}-{}",
+            env.run_id,
+            role["metadata"]["name"].as_str().unwrap_or_default()
+        );
         role["metadata"]["name"] = json!(name);
         let role: ClusterRole = serde_json::from_value(role).map_err(|e| e.to_string())?;
         env.create_cluster_role(role).await?;
@@ -39,8 +47,11 @@ async fn bind_base_rbac(env: &Env, account: &str) -> Outcome {
 pub async fn least_privilege(env: &Env) -> Outcome {
     // Who the operator runs as: the deployed ServiceAccount in-cluster; locally, a
     // ServiceAccount bound to the base roles, impersonated by a controller of its own.
-    let user = if env.in_cluster {
-        "system:serviceaccount:crd-lifecycle:crd-lifecycle".to_owned()
+    let (user, account) = if env.in_cluster {
+        (
+            "system:serviceaccount:crd-lifecycle:crd-lifecycle".to_owned(),
+            None,
+        )
     } else {
         let account = format!("{}-operator", env.run_id);
         env.create_service_account(&account).await?;
@@ -49,9 +60,9 @@ pub async fn least_privilege(env: &Env) -> Outcome {
         let kubeconfig = env.kubeconfig_as(&user)?;
         env.kill_controller();
         env.start_controller_with(&kubeconfig)?;
-        user
+        (user, Some(account))
     };
-    let outcome = scenario(env, &user).await;
+    let outcome = scenario(env, &user, account.as_deref()).await;
     if !env.in_cluster {
         // Back to the suite's own controller for the scenarios after this one.
         env.kill_controller();
@@ -60,7 +71,7 @@ pub async fn least_privilege(env: &Env) -> Outcome {
     outcome
 }
 
-async fn scenario(env: &Env, user: &str) -> Outcome {
+async fn scenario(env: &Env, user: &str, account: Option<&str>) -> Outcome {
     // Least privilege: no Secret but the webhook's own, and nothing of other teams.
     for (verb, resource, name, namespace) in [
         ("get", "secrets", "other", "crd-lifecycle"),
@@ -103,7 +114,10 @@ async fn scenario(env: &Env, user: &str) -> Outcome {
         "Stalled while a grant is missing"
     );
     ensure!(
-        env.event_reasons(&name).await?.iter().any(|r| r == "MissingPermission"),
+        env.event_reasons(&name)
+            .await?
+            .iter()
+            .any(|r| r == "MissingPermission"),
         "a MissingPermission event"
     );
     let status = env.policy(&name).await?["status"].clone();
@@ -115,6 +129,9 @@ async fn scenario(env: &Env, user: &str) -> Outcome {
 
     // The team adds the labelled ClusterRole: the operator re-checks within a minute.
     env.grant(&crd.name).await?;
+    if let Some(account) = account {
+        aggregate_or_bind(env, account, &crd.name).await?;
+    }
     wait_for("the migration succeeds", Duration::from_secs(120), || async {
         Ok(env.policy(&name).await?["status"]["migration"]["phase"] == "Succeeded")
     })
@@ -124,4 +141,31 @@ async fn scenario(env: &Env, user: &str) -> Outcome {
         "storedVersions trimmed"
     );
     Ok(())
+}
+
+/// Waits for the controller manager to aggregate the grant into this run's migrator role.
+/// A bare kube-apiserver (no controller manager, as local mode allows) never does: then
+/// the labelled role is bound to the account directly, which grants the same.
+async fn aggregate_or_bind(env: &Env, account: &str, crd: &str) -> Outcome {
+    let migrator = format!("{}-crd-lifecycle-migrator", env.run_id);
+    let api: kube::Api<ClusterRole> = kube::Api::all(env.clone_client());
+    let aggregated = wait_for("the grant is aggregated", Duration::from_secs(20), || async {
+        let role = api.get(&migrator).await.map_err(|e| e.to_string())?;
+        Ok(role.rules.is_some_and(|rules| !rules.is_empty()))
+    })
+    .await;
+    if aggregated.is_ok() {
+        return Ok(());
+    }
+    println!(
+        "e2e: least_privilege: no ClusterRole aggregation (no controller manager): binding the grant directly"
+    );
+    let role = format!("crd-lifecycle-migrator-{crd}");
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": format!("{}-grant", env.run_id)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": "default"}],
+    }))
+    .map_err(|e| e.to_string())?;
+    env.create_cluster_role_binding(binding).await
 }

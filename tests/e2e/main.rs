@@ -8,9 +8,9 @@
 //! run id and is deleted afterwards, on success and on failure.
 
 mod env;
-mod least_privilege;
 #[path = "../support/flags.rs"]
 mod flags;
+mod least_privilege;
 mod scenarios;
 
 use std::future::Future;
