@@ -124,6 +124,28 @@ pub struct ConversionStep {
     /// Fields the newer version no longer has (kept in an annotation, restored going back).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub removed: Vec<String>,
+    /// Fields whose type or values change, converted with CEL expressions (after renames:
+    /// name the field's path in the newer version).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changed: Vec<ChangedField>,
+}
+
+/// A field whose type or values change between two versions, e.g. a port that was a string
+/// and becomes an integer. A missing field stays missing; a value the round trip would not
+/// give back (`downgrade(upgrade(x)) != x`, e.g. `"08080"`) is kept in an annotation.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ChangedField {
+    /// Its path in the newer version, e.g. `spec.port`.
+    pub path: String,
+    /// CEL: `self` is the value in the older version, the result the value in the newer,
+    /// e.g. `int(self)`.
+    #[schemars(length(min = 1, max = 1024))]
+    pub upgrade: String,
+    /// CEL: `self` is the value in the newer version, the result the value in the older,
+    /// e.g. `string(self)`.
+    #[schemars(length(min = 1, max = 1024))]
+    pub downgrade: String,
 }
 
 /// A field that moved between two versions.

@@ -1,16 +1,20 @@
 //! Declarative conversion between a CRD's versions (pure; the webhook and `convert` use
 //! it).
 //!
-//! Each step between adjacent versions renames, adds and removes fields. Converting up a
-//! step (older → newer): removed fields are saved, renamed fields move, added fields are
-//! restored from what was saved or take their default. Down (newer → older): added fields
-//! are saved (unless they hold the default) and dropped, renamed fields move back, removed
+//! Each step between adjacent versions renames, adds, removes and changes fields. Converting
+//! up a step (older → newer): removed fields are saved, renamed fields move, changed fields
+//! convert with their `upgrade` expression (the original is saved when `downgrade` would
+//! not give it back), added fields are restored from what was saved or take their default.
+//! Down (newer → older): added fields are saved (unless they hold the default) and
+//! dropped, changed fields get their saved original back (while their value is still what
+//! it was converted to) or convert with `downgrade`, renamed fields move back, removed
 //! fields are restored. What a version cannot hold is saved in the annotation
 //! `crdlifecycle.io/conversion-data` (JSON, keyed by the version the data belongs to), the
 //! way Kubernetes round-trips fields through annotations between built-in API versions, so
 //! that A → B → A gives back the original object exactly (apart from the annotation, which
 //! is gone again once nothing is saved).
 
+mod expression;
 mod path;
 
 use std::collections::BTreeMap;
@@ -19,6 +23,7 @@ use serde_json::{Map, Value};
 
 use crate::api::ConversionSpec;
 use crate::field_errors::FieldErrors;
+pub use expression::Expression;
 pub use path::FieldPath;
 
 /// The annotation holding what a version cannot hold.
@@ -75,6 +80,14 @@ pub enum ConversionError {
     NotAnObject { path: String, blocker: String },
     #[error("the {CONVERSION_DATA_ANNOTATION} annotation is not valid JSON: {0}")]
     BadAnnotation(String),
+    #[error("{path}: {direction} `{expression}` failed on {value}: {message}")]
+    Expression {
+        path: String,
+        direction: &'static str,
+        expression: String,
+        value: String,
+        message: String,
+    },
 }
 
 struct Step {
@@ -83,6 +96,28 @@ struct Step {
     renamed: Vec<(FieldPath, FieldPath)>,
     added: Vec<(FieldPath, Value)>,
     removed: Vec<FieldPath>,
+    changed: Vec<Changed>,
+}
+
+/// A field whose value converts with CEL (its path in the newer version).
+struct Changed {
+    path: FieldPath,
+    upgrade: Expression,
+    downgrade: Expression,
+}
+
+impl Changed {
+    fn apply(&self, expression: &Expression, direction: &'static str, value: &Value) -> Result<Value, ConversionError> {
+        expression
+            .evaluate(value)
+            .map_err(|message| ConversionError::Expression {
+                path: self.path.to_string(),
+                direction,
+                expression: expression.source().to_owned(),
+                value: value.to_string(),
+                message,
+            })
+    }
 }
 
 /// A validated chain of conversion steps.
@@ -173,12 +208,49 @@ impl Converter {
                     );
                 }
             }
+            let mut changed = Vec::new();
+            for (j, field) in change.changed.iter().enumerate() {
+                let at = format!("{base}.changed[{j}]");
+                let path = FieldPath::parse(&field.path)
+                    .map_err(|message| errors.push(format!("{at}.path"), message))
+                    .ok();
+                let upgrade = Expression::compile(&field.upgrade)
+                    .map_err(|message| errors.push(format!("{at}.upgrade"), message))
+                    .ok();
+                let downgrade = Expression::compile(&field.downgrade)
+                    .map_err(|message| errors.push(format!("{at}.downgrade"), message))
+                    .ok();
+                let Some(path) = path else { continue };
+                let clash = if renamed.iter().any(|(from, _)| *from == path) {
+                    Some("renamed from in this step: name its new path (changes apply after renames)")
+                } else if removed.contains(&path) {
+                    Some("removed in this step")
+                } else if added.iter().any(|(added, _)| *added == path) {
+                    Some("added in this step: give the added field's default in the newer type")
+                } else {
+                    None
+                };
+                if let Some(clash) = clash {
+                    errors.push(format!("{at}.path"), format!("{path} is also {clash}"));
+                }
+                if change.changed[..j].iter().any(|other| other.path == field.path) {
+                    errors.push(format!("{at}.path"), format!("{path} is changed twice in this step"));
+                }
+                if let (Some(upgrade), Some(downgrade)) = (upgrade, downgrade) {
+                    changed.push(Changed {
+                        path,
+                        upgrade,
+                        downgrade,
+                    });
+                }
+            }
             steps.push(Step {
                 from: change.from.clone(),
                 to: change.to.clone(),
                 renamed,
                 added,
                 removed,
+                changed,
             });
         }
         if !spec.changes.is_empty() {
@@ -304,11 +376,16 @@ struct SavedFields {
     /// them again, and only them).
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     created: std::collections::BTreeSet<String>,
+    /// Changed fields whose value the round trip would not give back, by their path in
+    /// the newer version: the original value, restored going back while the newer value
+    /// is still what it was converted to.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    changed: BTreeMap<String, Value>,
 }
 
 impl SavedFields {
     fn is_empty(&self) -> bool {
-        self.values.is_empty() && self.absent.is_empty() && self.created.is_empty()
+        self.values.is_empty() && self.absent.is_empty() && self.created.is_empty() && self.changed.is_empty()
     }
 }
 
@@ -329,6 +406,23 @@ impl Step {
         }
         for (from, to) in &self.renamed {
             move_field(object, from, to)?;
+        }
+        for changed in &self.changed {
+            // A missing field stays missing.
+            let Some(original) = changed.path.get(object).cloned() else {
+                continue;
+            };
+            let upgraded = changed.apply(&changed.upgrade, "upgrade", &original)?;
+            // Keep what the way back would not give back (`"08080"` → 8080 → `"8080"`).
+            let back = changed.downgrade.evaluate(&upgraded).ok();
+            if back.as_ref() != Some(&original) {
+                saved
+                    .entry(self.from.clone())
+                    .or_default()
+                    .changed
+                    .insert(changed.path.to_string(), original);
+            }
+            changed.path.set(object, upgraded)?;
         }
         for (path, default) in &self.added {
             let key = path.to_string();
@@ -385,6 +479,23 @@ impl Step {
                         .insert(path.to_string());
                 }
             }
+        }
+        for changed in self.changed.iter().rev() {
+            let key = changed.path.to_string();
+            let kept = saved.get_mut(&self.from).and_then(|s| s.changed.remove(&key));
+            let Some(current) = changed.path.get(object).cloned() else {
+                continue;
+            };
+            // The original comes back while the newer value is still what it became;
+            // a value changed since is converted.
+            let restored = kept.filter(|original| {
+                changed.upgrade.evaluate(original).ok().as_ref() == Some(&current)
+            });
+            let value = match restored {
+                Some(original) => original,
+                None => changed.apply(&changed.downgrade, "downgrade", &current)?,
+            };
+            changed.path.set(object, value)?;
         }
         for (from, to) in self.renamed.iter().rev() {
             move_field(object, to, from)?;

@@ -302,12 +302,21 @@ fn convert_is_lossless_through_the_binary() {
     assert!(output.status.success(), "{}", text(&output.stderr));
     let v1 = text(&output.stdout);
     let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(&v1).expect("YAML documents");
-    assert_eq!(documents.len(), 2);
+    assert_eq!(documents.len(), 3);
+    // The type change: spec.port "8080" becomes 8080.
     assert_eq!(
         documents[0]["spec"],
-        serde_json::json!({"color": "blue", "scale": {"replicas": 1}})
+        serde_json::json!({"port": 8080, "color": "blue", "scale": {"replicas": 1}})
     );
     assert_eq!(documents[1]["apiVersion"], "example.com/v1");
+    // "08080" becomes 8080 too, its original kept to come back exactly.
+    assert_eq!(documents[2]["spec"]["port"], 8080);
+    assert!(
+        documents[2]["metadata"]["annotations"]["crdlifecycle.io/conversion-data"]
+            .as_str()
+            .is_some_and(|data| data.contains(r#""spec.port":"08080""#)),
+        "{v1}"
+    );
     // And back, from stdin, as JSON.
     let output = run(
         &[

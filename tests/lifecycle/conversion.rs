@@ -295,6 +295,7 @@ fn chain() -> impl Strategy<Value = Chain> {
                 renamed,
                 added,
                 removed,
+                changed: Vec::new(),
             });
             fields.push(current);
         }
@@ -410,4 +411,168 @@ fn field_paths_follow_renames_across_the_chain() {
         c.translate_path(&path("spec.size"), "v0", "v1"),
         Some(path("spec.size"))
     );
+}
+
+// ---- type changes (`changed[]`, CEL) ----
+
+fn port_chain(extra: Value) -> Converter {
+    let mut step = json!({"from": "v1alpha1", "to": "v1",
+                          "changed": [{"path": "spec.port", "upgrade": "int(self)", "downgrade": "string(self)"}]});
+    if let (Some(step), Some(extra)) = (step.as_object_mut(), extra.as_object()) {
+        step.extend(extra.clone());
+    }
+    let spec: ConversionSpec = serde_json::from_value(json!({"changes": [step]})).expect("spec");
+    Converter::new(&spec, &versions(&["v1alpha1", "v1"]), &[]).expect("valid")
+}
+
+#[test]
+fn a_type_change_converts_both_ways_and_keeps_what_a_round_trip_would_lose() {
+    let c = port_chain(json!({}));
+    let plain = widget("v1alpha1", json!({"port": "8080"}));
+    let up = c.convert(&plain, "v1").expect("converts");
+    assert_eq!(up["spec"]["port"], json!(8080));
+    assert!(up["metadata"]["annotations"].is_null(), "nothing to keep: {up}");
+    assert_eq!(c.convert(&up, "v1alpha1").expect("back"), plain);
+
+    // "08080" → 8080 → "8080" would lose the zero: the original is kept and comes back.
+    let padded = widget("v1alpha1", json!({"port": "08080"}));
+    let up = c.convert(&padded, "v1").expect("converts");
+    assert_eq!(up["spec"]["port"], json!(8080));
+    assert_eq!(
+        up["metadata"]["annotations"][CONVERSION_DATA_ANNOTATION],
+        json!(r#"{"v1alpha1":{"changed":{"spec.port":"08080"}}}"#)
+    );
+    assert_eq!(c.convert(&up, "v1alpha1").expect("back"), padded);
+
+    // Changed in v1 since: the kept original is stale, so the new value converts.
+    let mut edited = up.clone();
+    edited["spec"]["port"] = json!(9090);
+    let back = c.convert(&edited, "v1alpha1").expect("back");
+    assert_eq!(back["spec"]["port"], json!("9090"));
+    assert!(back["metadata"]["annotations"].is_null(), "{back}");
+
+    // A missing field stays missing.
+    let none = widget("v1alpha1", json!({"size": 1}));
+    assert_eq!(c.convert(&none, "v1").expect("converts")["spec"], json!({"size": 1}));
+}
+
+#[test]
+fn a_value_the_expression_cannot_convert_fails_naming_the_path_and_the_error() {
+    let c = port_chain(json!({}));
+    let error = c
+        .convert(&widget("v1alpha1", json!({"port": "http"})), "v1")
+        .expect_err("int(\"http\")");
+    let ConversionError::Expression { ref path, direction, ref expression, .. } = error else {
+        panic!("{error:?}")
+    };
+    assert_eq!((path.as_str(), direction, expression.as_str()), ("spec.port", "upgrade", "int(self)"));
+    let message = error.to_string();
+    assert!(
+        message.starts_with(r#"spec.port: upgrade `int(self)` failed on "http": "#),
+        "{message}"
+    );
+}
+
+#[test]
+fn rename_then_change_on_one_field() {
+    // spec.portName (a string) becomes spec.port (an integer): the change names the new path.
+    let c = port_chain(json!({"renamed": [{"from": "spec.portName", "to": "spec.port"}]}));
+    let old = widget("v1alpha1", json!({"portName": "08443"}));
+    let up = c.convert(&old, "v1").expect("converts");
+    assert_eq!(up["spec"], json!({"port": 8443}));
+    assert_eq!(c.convert(&up, "v1alpha1").expect("back"), old);
+}
+
+#[test]
+fn type_changes_are_validated_with_field_paths() {
+    let spec: ConversionSpec = serde_json::from_value(json!({"changes": [
+        {"from": "v1alpha1", "to": "v1beta1",
+         "renamed": [{"from": "spec.a", "to": "spec.b"}],
+         "removed": ["spec.gone"],
+         "changed": [
+            {"path": "spec.a", "upgrade": "int(self)", "downgrade": "string(self)"},
+            {"path": "spec.c", "upgrade": "int(", "downgrade": "other"},
+            {"path": "spec.gone", "upgrade": "self", "downgrade": "self"},
+            {"path": "spec.d", "upgrade": "self.map(x, self)", "downgrade": "self"},
+         ]},
+        {"from": "v1beta1", "to": "v1"},
+    ]}))
+    .expect("spec");
+    let Err(errors) = Converter::new(&spec, &versions(&["v1alpha1", "v1beta1", "v1"]), &[]) else {
+        panic!("accepted")
+    };
+    let found: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    for expected in [
+        "spec.conversion.changes[0].changed[0].path: spec.a is also renamed from in this step",
+        "spec.conversion.changes[0].changed[1].upgrade: does not compile",
+        "spec.conversion.changes[0].changed[1].downgrade: unknown name other: only self is available",
+        "spec.conversion.changes[0].changed[2].path: spec.gone is also removed in this step",
+        "spec.conversion.changes[0].changed[3].upgrade: a comprehension's body may not refer to self",
+    ] {
+        assert!(found.iter().any(|f| f.starts_with(expected)), "missing {expected:?} in {found:#?}");
+    }
+}
+
+#[test]
+fn a_type_change_keeps_the_path_so_managed_fields_need_no_translation() {
+    let c = port_chain(json!({}));
+    let path = vec!["spec".to_owned(), "port".to_owned()];
+    assert_eq!(c.translate_path(&path, "v1alpha1", "v1"), Some(path.clone()));
+    assert_eq!(c.translate_path(&path, "v1", "v1alpha1"), Some(path));
+}
+
+/// Type changes the property test draws: invertible, lossy (the original must be kept),
+/// and failing on some values.
+const CHANGES: [(&str, &str); 5] = [
+    ("[self]", "self[0]"),
+    ("string(self)", "int(self)"),
+    ("int(self)", "string(self)"),
+    ("string(self)", "self"),
+    ("{'v': self}", "self.v"),
+];
+
+fn changed_case() -> impl Strategy<Value = (usize, Value)> {
+    (
+        0..CHANGES.len(),
+        prop_oneof![
+            any::<i64>().prop_map(Value::from),
+            "0{0,2}[0-9]{1,4}".prop_map(Value::from),
+            "[a-z]{0,4}".prop_map(Value::from),
+            any::<bool>().prop_map(Value::from),
+            Just(json!([1, "a"])),
+        ],
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Converting up then back gives the original exactly, whether the change is invertible
+    /// or not; a value the expression cannot take fails with an expression error and is
+    /// never half-converted.
+    #[test]
+    fn type_changes_round_trip_or_fail_cleanly((which, value) in changed_case(), keep in any::<bool>()) {
+        let (upgrade, downgrade) = CHANGES[which];
+        let spec: ConversionSpec = serde_json::from_value(json!({"changes": [
+            {"from": "v0", "to": "v1", "changed": [{"path": "spec.x", "upgrade": upgrade, "downgrade": downgrade}]},
+            {"from": "v1", "to": "v2", "renamed": [{"from": "spec.x", "to": "spec.y"}]},
+        ]})).expect("spec");
+        let c = Converter::new(&spec, &versions(&["v0", "v1", "v2"]), &[]).expect("valid");
+        let mut object = widget("v0", json!({"x": value}));
+        if keep {
+            object["spec"]["other"] = json!(1);
+        }
+        match c.convert(&object, "v2") {
+            Ok(there) => {
+                prop_assert!(there["spec"].get("x").is_none());
+                let back = c.convert(&there, "v0").expect("back");
+                prop_assert_eq!(&back, &object, "via {}", there);
+            }
+            Err(ConversionError::Expression { path, direction, .. }) => {
+                prop_assert_eq!(path, "spec.x");
+                prop_assert_eq!(direction, "upgrade");
+            }
+            Err(other) => prop_assert!(false, "{:?}", other),
+        }
+    }
 }
