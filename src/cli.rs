@@ -340,7 +340,8 @@ pub struct PlanArgs {
     #[arg(long, value_name = "RFC3339|now", default_value = "now", value_parser = parse_instant)]
     pub at: Timestamp,
 
-    /// Output: the CRD manifest as YAML or JSON, or a readable timeline.
+    /// Output: the CRD manifest as YAML or JSON, a readable timeline, or the lifecycle page
+    /// (Markdown) for the CRD's users.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Yaml)]
     pub output: OutputFormat,
 
@@ -362,6 +363,8 @@ pub enum OutputFormat {
     Yaml,
     Json,
     Table,
+    /// The lifecycle page for the CRD's users: versions and their dates, gates, field changes.
+    Markdown,
 }
 
 /// Parses `now` or an RFC 3339 instant.

@@ -15,6 +15,7 @@ pub fn run(args: &cli::PlanArgs) -> Result<(), CommandError> {
             cli::OutputFormat::Yaml => OutputFormat::Yaml,
             cli::OutputFormat::Json => OutputFormat::Json,
             cli::OutputFormat::Table => OutputFormat::Table,
+            cli::OutputFormat::Markdown => OutputFormat::Markdown,
         },
     };
     plan::run(&settings, &mut std::io::stdout().lock()).map_err(CommandError::invalid)

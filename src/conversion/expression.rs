@@ -208,7 +208,10 @@ mod tests {
         assert_eq!(eval("self[0]", json!(["a", "b"])), Ok(json!("a")));
         assert_eq!(eval("{'value': self}", json!(3)), Ok(json!({"value": 3})));
         assert_eq!(eval("self.lowerAscii()", json!("Always")), Ok(json!("always")));
-        assert_eq!(eval("self.map(x, string(x))", json!([1, 2])), Ok(json!(["1", "2"])));
+        assert_eq!(
+            eval("self.map(x, string(x))", json!([1, 2])),
+            Ok(json!(["1", "2"]))
+        );
         assert_eq!(eval("self * 2", json!(21)), Ok(json!(42)));
         assert!(eval("int(self)", json!("abc")).is_err());
     }
@@ -230,6 +233,10 @@ mod tests {
     fn results_without_a_json_form_are_errors() {
         assert!(eval("b'abc'", json!(null)).unwrap_err().contains("no JSON form"));
         assert!(eval("{1: 2}", json!(null)).unwrap_err().contains("not a string"));
-        assert!(eval("1.0 / 0.0", json!(null)).unwrap_err().contains("not a JSON number"));
+        assert!(
+            eval("1.0 / 0.0", json!(null))
+                .unwrap_err()
+                .contains("not a JSON number")
+        );
     }
 }

@@ -107,7 +107,12 @@ struct Changed {
 }
 
 impl Changed {
-    fn apply(&self, expression: &Expression, direction: &'static str, value: &Value) -> Result<Value, ConversionError> {
+    fn apply(
+        &self,
+        expression: &Expression,
+        direction: &'static str,
+        value: &Value,
+    ) -> Result<Value, ConversionError> {
         expression
             .evaluate(value)
             .map_err(|message| ConversionError::Expression {
@@ -234,7 +239,10 @@ impl Converter {
                     errors.push(format!("{at}.path"), format!("{path} is also {clash}"));
                 }
                 if change.changed[..j].iter().any(|other| other.path == field.path) {
-                    errors.push(format!("{at}.path"), format!("{path} is changed twice in this step"));
+                    errors.push(
+                        format!("{at}.path"),
+                        format!("{path} is changed twice in this step"),
+                    );
                 }
                 if let (Some(upgrade), Some(downgrade)) = (upgrade, downgrade) {
                     changed.push(Changed {
@@ -488,9 +496,8 @@ impl Step {
             };
             // The original comes back while the newer value is still what it became;
             // a value changed since is converted.
-            let restored = kept.filter(|original| {
-                changed.upgrade.evaluate(original).ok().as_ref() == Some(&current)
-            });
+            let restored =
+                kept.filter(|original| changed.upgrade.evaluate(original).ok().as_ref() == Some(&current));
             let value = match restored {
                 Some(original) => original,
                 None => changed.apply(&changed.downgrade, "downgrade", &current)?,

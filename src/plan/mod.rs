@@ -1,5 +1,6 @@
 //! `crd-lifecycle plan`: the CRD as a policy says it must be at an instant, offline.
 
+mod markdown;
 mod table;
 
 use std::io::Write;
@@ -38,6 +39,8 @@ pub enum OutputFormat {
     Json,
     /// The timeline and the versions, for people.
     Table,
+    /// The lifecycle page for the CRD's users (independent of the instant).
+    Markdown,
 }
 
 /// What `plan` evaluates.
@@ -79,8 +82,9 @@ pub fn run(args: &PlanSettings, out: &mut impl Write) -> Result<(), Error> {
             json
         }
         OutputFormat::Table => table::render(&policy, &plan),
+        OutputFormat::Markdown => markdown::render(&policy, &plan),
     };
-    if args.output != OutputFormat::Table {
+    if matches!(args.output, OutputFormat::Yaml | OutputFormat::Json) {
         for blocked in &plan.evaluation.blocked {
             eprintln!(
                 "note: {} ({}): {}",

@@ -448,3 +448,85 @@ fn rbac_prints_the_labelled_cluster_role_a_crd_needs() {
         text(&output.stderr)
     );
 }
+
+#[test]
+fn plan_markdown_is_the_lifecycle_page_and_does_not_depend_on_the_instant() {
+    let page = |at: &str| {
+        let output = run(
+            &[
+                "plan",
+                "--policy",
+                "examples/conversion/policy.yaml",
+                "--crd",
+                "examples/conversion/crd.yaml",
+                "-o",
+                "markdown",
+                "--at",
+                at,
+            ],
+            None,
+        );
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        text(&output.stdout)
+    };
+    let markdown = page("2026-01-01T00:00:00Z");
+    assert_eq!(
+        markdown,
+        page("2027-06-01T12:00:00Z"),
+        "the same page at any instant"
+    );
+    for expected in [
+        "# Lifecycle of `gadgets.example.com`\n",
+        "| Version | Introduced | Stored | Deprecated | Unserved | Removed |\n",
+        "| `v1alpha1` | — | — | 2026-03-01 | 2026-03-31 | 2026-04-30 |\n",
+        "| `v1` | 2026-01-15 | 2026-02-01 | — | — | — |\n",
+        "- `v1alpha1`: `example.com/v1alpha1 Gadget is deprecated; use example.com/v1`\n",
+        "### `v1alpha1` → `v1beta1`\n",
+        "- renamed `spec.size` → `spec.replicas`\n",
+        "- added `spec.color` (default `blue`)\n",
+        "- removed `spec.legacyMode`\n",
+        "- changed `spec.port`: upgrade `int(self)`, downgrade `string(self)`\n",
+        "(conversion preflight)",
+    ] {
+        assert!(markdown.contains(expected), "missing {expected:?} in\n{markdown}");
+    }
+    // The checked-in page is what plan renders (regenerate: scripts/check-docs.sh --update).
+    let checked_in = std::fs::read_to_string(format!(
+        "{}/examples/conversion/LIFECYCLE.md",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .expect("examples/conversion/LIFECYCLE.md");
+    assert_eq!(checked_in, markdown);
+}
+
+#[test]
+fn plan_markdown_lists_the_gates() {
+    let policy = std::fs::read_to_string(format!("{}/{EXAMPLE_POLICY}", env!("CARGO_MANIFEST_DIR")))
+        .expect("example")
+        .replace(
+            "    store: {at: \"2026-02-01T00:00:00Z\"}",
+            "    store: {at: \"2026-02-01T00:00:00Z\", approval: Required}",
+        )
+        .replace(
+            "    unserve: {after: 90d}",
+            "    unserve: {after: 90d, requireNoTrafficFor: 24h}",
+        );
+    assert!(
+        policy.contains("approval: Required") && policy.contains("requireNoTrafficFor"),
+        "{policy}"
+    );
+    let output = run(
+        &["plan", "--policy", "-", "--crd", EXAMPLE_CRD, "-o", "markdown"],
+        Some(&policy),
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let markdown = text(&output.stdout);
+    assert!(
+        markdown.contains("- `v1` store waits for an approval: `kubectl annotate vp widgets\n  crdlifecycle.io/approve=v1.store`."),
+        "{markdown}"
+    );
+    assert!(
+        markdown.contains("- `v1alpha1` unserve waits until no client has called it for 24h."),
+        "{markdown}"
+    );
+}

@@ -453,7 +453,10 @@ fn a_type_change_converts_both_ways_and_keeps_what_a_round_trip_would_lose() {
 
     // A missing field stays missing.
     let none = widget("v1alpha1", json!({"size": 1}));
-    assert_eq!(c.convert(&none, "v1").expect("converts")["spec"], json!({"size": 1}));
+    assert_eq!(
+        c.convert(&none, "v1").expect("converts")["spec"],
+        json!({"size": 1})
+    );
 }
 
 #[test]
@@ -462,10 +465,19 @@ fn a_value_the_expression_cannot_convert_fails_naming_the_path_and_the_error() {
     let error = c
         .convert(&widget("v1alpha1", json!({"port": "http"})), "v1")
         .expect_err("int(\"http\")");
-    let ConversionError::Expression { ref path, direction, ref expression, .. } = error else {
+    let ConversionError::Expression {
+        ref path,
+        direction,
+        ref expression,
+        ..
+    } = error
+    else {
         panic!("{error:?}")
     };
-    assert_eq!((path.as_str(), direction, expression.as_str()), ("spec.port", "upgrade", "int(self)"));
+    assert_eq!(
+        (path.as_str(), direction, expression.as_str()),
+        ("spec.port", "upgrade", "int(self)")
+    );
     let message = error.to_string();
     assert!(
         message.starts_with(r#"spec.port: upgrade `int(self)` failed on "http": "#),
@@ -509,7 +521,10 @@ fn type_changes_are_validated_with_field_paths() {
         "spec.conversion.changes[0].changed[2].path: spec.gone is also removed in this step",
         "spec.conversion.changes[0].changed[3].upgrade: a comprehension's body may not refer to self",
     ] {
-        assert!(found.iter().any(|f| f.starts_with(expected)), "missing {expected:?} in {found:#?}");
+        assert!(
+            found.iter().any(|f| f.starts_with(expected)),
+            "missing {expected:?} in {found:#?}"
+        );
     }
 }
 
