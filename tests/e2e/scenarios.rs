@@ -551,17 +551,32 @@ pub async fn conversion_webhook(env: &Env) -> Outcome {
             ],
         )
         .await?;
-    // Objects as v1alpha1: {size, legacyMode}.
+    // Objects as v1alpha1: {size, legacyMode, port}; port is a string until v1beta1 and an
+    // integer in v1 (a CEL type change), and every third one is zero-padded ("08003"), a
+    // value the round trip through v1 alone would not give back.
+    let port = |i: usize| {
+        let number = 8000 + i % 100;
+        if i.is_multiple_of(3) {
+            format!("0{number}")
+        } else {
+            number.to_string()
+        }
+    };
     futures::stream::iter(0..count)
         .map(|i| {
             let body = json!({"apiVersion": format!("{}/v1alpha1", crd.group), "kind": "Widget",
-                              "metadata": {"name": format!("g{i:05}")}, "spec": {"size": i, "legacyMode": i.is_multiple_of(2)}});
+                              "metadata": {"name": format!("g{i:05}")},
+                              "spec": {"size": i, "legacyMode": i.is_multiple_of(2), "port": port(i)}});
             let request = http::Request::post(format!("/apis/{}/v1alpha1/widgets", crd.group))
                 .header("content-type", "application/json")
                 .body(serde_json::to_vec(&body).unwrap_or_default());
             async move {
                 let request = request.map_err(|e| e.to_string())?;
-                env.client.request::<Value>(request).await.map(|_| ()).map_err(|e| e.to_string())
+                env.client
+                    .request::<Value>(request)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
             }
         })
         .buffer_unordered(16)
@@ -584,7 +599,8 @@ pub async fn conversion_webhook(env: &Env) -> Outcome {
              "renamed": [{"from": "spec.size", "to": "spec.replicas"}],
              "added": [{"path": "spec.color", "default": "blue"}],
              "removed": ["spec.legacyMode"]},
-            {"from": "v1beta1", "to": "v1", "renamed": [{"from": "spec.replicas", "to": "spec.scale.replicas"}]},
+            {"from": "v1beta1", "to": "v1", "renamed": [{"from": "spec.replicas", "to": "spec.scale.replicas"}],
+             "changed": [{"path": "spec.port", "upgrade": "int(self)", "downgrade": "string(self)"}]},
         ]
     });
     env.create_policy(object).await?;
@@ -611,11 +627,11 @@ pub async fn conversion_webhook(env: &Env) -> Outcome {
         );
         for object in &objects {
             let name = object["metadata"]["name"].as_str().unwrap_or_default();
-            let i: u64 = name.trim_start_matches('g').parse().unwrap_or(u64::MAX);
+            let i: usize = name.trim_start_matches('g').parse().unwrap_or(usize::MAX);
             let expected = match version {
-                "v1alpha1" => json!({"size": i, "legacyMode": i.is_multiple_of(2)}),
-                "v1beta1" => json!({"replicas": i, "color": "blue"}),
-                _ => json!({"scale": {"replicas": i}, "color": "blue"}),
+                "v1alpha1" => json!({"size": i, "legacyMode": i.is_multiple_of(2), "port": port(i)}),
+                "v1beta1" => json!({"replicas": i, "color": "blue", "port": port(i)}),
+                _ => json!({"scale": {"replicas": i}, "color": "blue", "port": 8000 + i % 100}),
             };
             ensure!(
                 object["spec"] == expected,
