@@ -1373,6 +1373,14 @@ async fn the_repair_command_finds_and_fixes_broken_objects() {
     server.abort();
 }
 
+fn give_every_version_a_status_subresource(fake: &FakeApiserver) {
+    fake.edit_crd(CRD, |crd| {
+        for version in crd["spec"]["versions"].as_array_mut().expect("versions") {
+            version["subresources"] = json!({"status": {}});
+        }
+    });
+}
+
 /// The message a denied `patch widgets` gets: the verb, group and resource, and the
 /// ClusterRole to add.
 const MISSING_PATCH: &str = "missing permission on the objects of widgets.example.com: patch widgets in API group \
@@ -1404,11 +1412,7 @@ async fn a_missing_permission_stops_the_run_before_any_object_is_touched() {
 
     // Through the status subresource, the status is what must be patchable.
     fake.allow_all();
-    fake.edit_crd(CRD, |crd| {
-        for version in crd["spec"]["versions"].as_array_mut().expect("versions") {
-            version["subresources"] = json!({"status": {}});
-        }
-    });
+    give_every_version_a_status_subresource(&fake);
     fake.deny("patch", "example.com", "widgets", "status");
     let through_status = Settings {
         through_status: true,

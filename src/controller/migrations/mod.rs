@@ -374,31 +374,30 @@ impl Migrations {
             .objects_failed
             .get_or_create(&labels)
             .inc_by(report.counts.failed);
-        if report.succeeded() {
-            status.phase = MigrationPhase::Succeeded;
-            info!(crd, "{}", report.summary());
-            self.write(name, job, &status).await;
-            self.event(
-                reference,
+        let succeeded = report.succeeded();
+        let (phase, type_, stage, result) = if succeeded {
+            (
+                MigrationPhase::Succeeded,
                 EventType::Normal,
-                &job.reason("Succeeded"),
-                report.summary(),
+                "Succeeded",
+                "succeeded",
             )
+        } else {
+            (MigrationPhase::Failed, EventType::Warning, "Failed", "failed")
+        };
+        status.phase = phase;
+        if succeeded {
+            info!(crd, "{}", report.summary());
+        } else {
+            warn!(crd, "{}", report.summary());
+        }
+        self.write(name, job, &status).await;
+        self.event(reference, type_, &job.reason(stage), report.summary())
             .await;
-            self.record_result(job, crd, "succeeded");
+        self.record_result(job, crd, result);
+        if succeeded {
             lock(&self.failed_at).remove(&job.key(crd));
         } else {
-            status.phase = MigrationPhase::Failed;
-            warn!(crd, "{}", report.summary());
-            self.write(name, job, &status).await;
-            self.event(
-                reference,
-                EventType::Warning,
-                &job.reason("Failed"),
-                report.summary(),
-            )
-            .await;
-            self.record_result(job, crd, "failed");
             lock(&self.failed_at).insert(job.key(crd), Instant::now());
         }
     }
