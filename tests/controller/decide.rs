@@ -88,6 +88,33 @@ fn an_invalid_policy_decides_nothing() {
 }
 
 #[test]
+fn a_type_change_that_does_not_compile_is_an_invalid_policy() {
+    let policy = policy(|p| {
+        p["spec"]["conversion"] = json!({"changes": [
+            {"from": "v1alpha1", "to": "v1beta1"},
+            {"from": "v1beta1", "to": "v1",
+             "changed": [{"path": "spec.port", "upgrade": "int(self)", "downgrade": "string(other)"}]},
+        ]})
+    });
+    let decision = decide(
+        &policy,
+        &crd(|_| {}),
+        &GateInputs::default(),
+        &WebhookConversion::NotWanted,
+        at("2026-03-01T00:00:00Z"),
+    );
+    assert_eq!(reasons(&decision.blocked), ["InvalidPolicy"]);
+    let (_, message) = &decision.blocked[0];
+    assert!(
+        message.contains(
+            "spec.conversion.changes[1].changed[0].downgrade: unknown name other: only self is available"
+        ),
+        "{message}"
+    );
+    assert!(decision.ops.is_empty(), "nothing is applied");
+}
+
+#[test]
 fn a_wanted_webhook_without_one_is_reported() {
     let policy = policy(|p| p["spec"]["conversion"] = json!({"webhook": {"enabled": true}}));
     let decision = decide(

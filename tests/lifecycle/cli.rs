@@ -530,3 +530,33 @@ fn plan_markdown_lists_the_gates() {
         "{markdown}"
     );
 }
+
+#[test]
+fn plan_and_convert_refuse_a_type_change_that_does_not_compile() {
+    let policy = std::fs::read_to_string(format!(
+        "{}/examples/conversion/policy.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .expect("example")
+    .replace("upgrade: \"int(self)\"", "upgrade: \"int(\"");
+    assert!(policy.contains("upgrade: \"int(\""), "{policy}");
+    for args in [
+        &["plan", "--policy", "-", "--crd", "examples/conversion/crd.yaml"][..],
+        &[
+            "convert",
+            "--policy",
+            "-",
+            "--to",
+            "v1",
+            "examples/conversion/objects.yaml",
+        ][..],
+    ] {
+        let output = run(args, Some(&policy));
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = text(&output.stderr);
+        assert!(
+            stderr.contains("spec.conversion.changes[1].changed[0].upgrade: does not compile"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
