@@ -16,15 +16,19 @@
 
 mod expression;
 mod path;
+mod saved;
+mod step;
 
 use std::collections::BTreeMap;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::api::ConversionSpec;
 use crate::field_errors::FieldErrors;
 pub use expression::Expression;
 pub use path::FieldPath;
+use saved::{put_saved, take_saved};
+use step::{Changed, Step};
 
 /// The annotation holding what a version cannot hold.
 pub const CONVERSION_DATA_ANNOTATION: &str = "crdlifecycle.io/conversion-data";
@@ -88,41 +92,6 @@ pub enum ConversionError {
         value: String,
         message: String,
     },
-}
-
-struct Step {
-    from: String,
-    to: String,
-    renamed: Vec<(FieldPath, FieldPath)>,
-    added: Vec<(FieldPath, Value)>,
-    removed: Vec<FieldPath>,
-    changed: Vec<Changed>,
-}
-
-/// A field whose value converts with CEL (its path in the newer version).
-struct Changed {
-    path: FieldPath,
-    upgrade: Expression,
-    downgrade: Expression,
-}
-
-impl Changed {
-    fn apply(
-        &self,
-        expression: &Expression,
-        direction: &'static str,
-        value: &Value,
-    ) -> Result<Value, ConversionError> {
-        expression
-            .evaluate(value)
-            .map_err(|message| ConversionError::Expression {
-                path: self.path.to_string(),
-                direction,
-                expression: expression.source().to_owned(),
-                value: value.to_string(),
-                message,
-            })
-    }
 }
 
 /// A validated chain of conversion steps.
@@ -368,214 +337,5 @@ impl Converter {
         put_saved(&mut object, saved);
         object["apiVersion"] = Value::String(format!("{group}/{to_version}"));
         Ok(object)
-    }
-}
-
-/// What one version's fields were, kept while the object is in a version without them.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-struct SavedFields {
-    /// Field values, by path.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    values: BTreeMap<String, Value>,
-    /// Added fields that were absent (so that converting back does not add the default).
-    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
-    absent: std::collections::BTreeSet<String>,
-    /// Objects that setting an added field had to create (so that converting back removes
-    /// them again, and only them).
-    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
-    created: std::collections::BTreeSet<String>,
-    /// Changed fields whose value the round trip would not give back, by their path in
-    /// the newer version: the original value, restored going back while the newer value
-    /// is still what it was converted to.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    changed: BTreeMap<String, Value>,
-}
-
-impl SavedFields {
-    fn is_empty(&self) -> bool {
-        self.values.is_empty() && self.absent.is_empty() && self.created.is_empty() && self.changed.is_empty()
-    }
-}
-
-/// What versions cannot hold: version → its saved fields.
-type Saved = BTreeMap<String, SavedFields>;
-
-impl Step {
-    fn up(&self, object: &mut Value, saved: &mut Saved) -> Result<(), ConversionError> {
-        for path in &self.removed {
-            // Parents stay, even emptied: the object had them, and a schema may require them.
-            if let Some(value) = path.take(object, |_| false) {
-                saved
-                    .entry(self.from.clone())
-                    .or_default()
-                    .values
-                    .insert(path.to_string(), value);
-            }
-        }
-        for (from, to) in &self.renamed {
-            move_field(object, from, to)?;
-        }
-        for changed in &self.changed {
-            // A missing field stays missing.
-            let Some(original) = changed.path.get(object).cloned() else {
-                continue;
-            };
-            let upgraded = changed.apply(&changed.upgrade, "upgrade", &original)?;
-            // Keep what the way back would not give back (`"08080"` → 8080 → `"8080"`).
-            let back = changed.downgrade.evaluate(&upgraded).ok();
-            if back.as_ref() != Some(&original) {
-                saved
-                    .entry(self.from.clone())
-                    .or_default()
-                    .changed
-                    .insert(changed.path.to_string(), original);
-            }
-            changed.path.set(object, upgraded)?;
-        }
-        for (path, default) in &self.added {
-            let key = path.to_string();
-            let kept = saved.get_mut(&self.to);
-            let was_absent = kept.as_ref().is_some_and(|s| s.absent.contains(&key));
-            let restored = kept.and_then(|s| {
-                s.absent.remove(&key);
-                s.values.remove(&key)
-            });
-            let value = match restored {
-                Some(value) => value,
-                None if !was_absent && path.get(object).is_none() => default.clone(),
-                None => continue,
-            };
-            let created = path.set_creating(object, value)?;
-            if !created.is_empty() {
-                saved.entry(self.to.clone()).or_default().created.extend(created);
-            }
-        }
-        Ok(())
-    }
-
-    fn down(&self, object: &mut Value, saved: &mut Saved) -> Result<(), ConversionError> {
-        for (path, default) in self.added.iter().rev() {
-            // Only the parents that converting up created for it go with it.
-            let created = saved
-                .get_mut(&self.to)
-                .map(|s| std::mem::take(&mut s.created))
-                .unwrap_or_default();
-            let taken = path.take(object, |parent| created.contains(parent));
-            // A record goes once its object is gone (another added field may still be in it).
-            let remaining: std::collections::BTreeSet<String> = created
-                .into_iter()
-                .filter(|c| FieldPath::parse(c).is_ok_and(|p| p.get(object).is_some()))
-                .collect();
-            if !remaining.is_empty() {
-                saved.entry(self.to.clone()).or_default().created = remaining;
-            }
-            match taken {
-                // The default comes back by itself when converting up.
-                Some(value) if value == *default => {}
-                Some(value) => {
-                    saved
-                        .entry(self.to.clone())
-                        .or_default()
-                        .values
-                        .insert(path.to_string(), value);
-                }
-                None => {
-                    saved
-                        .entry(self.to.clone())
-                        .or_default()
-                        .absent
-                        .insert(path.to_string());
-                }
-            }
-        }
-        for changed in self.changed.iter().rev() {
-            let key = changed.path.to_string();
-            let kept = saved.get_mut(&self.from).and_then(|s| s.changed.remove(&key));
-            let Some(current) = changed.path.get(object).cloned() else {
-                continue;
-            };
-            // The original comes back while the newer value is still what it became;
-            // a value changed since is converted.
-            let restored =
-                kept.filter(|original| changed.upgrade.evaluate(original).ok().as_ref() == Some(&current));
-            let value = match restored {
-                Some(original) => original,
-                None => changed.apply(&changed.downgrade, "downgrade", &current)?,
-            };
-            changed.path.set(object, value)?;
-        }
-        for (from, to) in self.renamed.iter().rev() {
-            move_field(object, to, from)?;
-        }
-        for path in &self.removed {
-            if let Some(value) = saved
-                .get_mut(&self.from)
-                .and_then(|s| s.values.remove(&path.to_string()))
-            {
-                path.set(object, value)?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Moves a field. Parents of `from` that the move empties are removed only below the part
-/// the two paths share (they belong to the other version's layout, and moving back creates
-/// them again), so a round trip gives back exactly the parents the object had.
-fn move_field(object: &mut Value, from: &FieldPath, to: &FieldPath) -> Result<(), ConversionError> {
-    if from.get(object).is_none() {
-        return Ok(());
-    }
-    if to.get(object).is_some() {
-        return Err(ConversionError::TargetTaken {
-            from: from.to_string(),
-            to: to.to_string(),
-        });
-    }
-    let shared = from.common_prefix(to);
-    if let Some(value) = from.take(object, |parent| parent.split('.').count() > shared) {
-        to.set(object, value)?;
-    }
-    Ok(())
-}
-
-fn take_saved(object: &mut Value) -> Result<Saved, ConversionError> {
-    let Some(annotations) = object
-        .pointer_mut("/metadata/annotations")
-        .and_then(Value::as_object_mut)
-    else {
-        return Ok(Saved::new());
-    };
-    let Some(text) = annotations.remove(CONVERSION_DATA_ANNOTATION) else {
-        return Ok(Saved::new());
-    };
-    if annotations.is_empty()
-        && let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut)
-    {
-        meta.remove("annotations");
-    }
-    let text = text.as_str().unwrap_or_default().to_owned();
-    serde_json::from_str(&text).map_err(|e| ConversionError::BadAnnotation(e.to_string()))
-}
-
-fn put_saved(object: &mut Value, mut saved: Saved) {
-    saved.retain(|_, fields| !fields.is_empty());
-    if saved.is_empty() {
-        return;
-    }
-    let text = serde_json::to_string(&saved).unwrap_or_default();
-    let Some(object) = object.as_object_mut() else {
-        return;
-    };
-    let metadata = object
-        .entry("metadata")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if let Some(metadata) = metadata.as_object_mut() {
-        let annotations = metadata
-            .entry("annotations")
-            .or_insert_with(|| Value::Object(Map::new()));
-        if let Some(annotations) = annotations.as_object_mut() {
-            annotations.insert(CONVERSION_DATA_ANNOTATION.to_owned(), Value::String(text));
-        }
     }
 }
