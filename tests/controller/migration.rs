@@ -498,12 +498,18 @@ async fn a_missing_grant_blocks_with_the_role_to_add_and_touches_nothing() {
     // The store is due (its preflight only reads: allowed), then the migration would start.
     h.at("2026-02-01T00:00:00Z");
     h.reconcile_through_preflight("widgets").await;
-    h.reconcile("widgets").await;
+    let action = h.reconcile("widgets").await;
     let (blocked, reason, message) = h.condition("widgets", "Blocked");
     assert_eq!(
         (blocked.as_str(), reason.as_str()),
         ("True", "MissingPermission"),
         "{message}"
+    );
+    // Granting changes nothing the controller watches: it checks again in a minute (and a
+    // millisecond: requeues round up so that they never wake just before the instant).
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::requeue(Duration::from_millis(60_001))
     );
     assert!(message.starts_with(MISSING_PATCH), "{message}");
     assert!(
