@@ -4,12 +4,11 @@
 //! install; the engine is what `plan` and the controller run (and all that guards a 1.24
 //! apiserver, which ignores CEL).
 
-use crd_lifecycle::lifecycle::{self, Schedule};
 use kube::core::cel::Validator;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
-use crate::fixtures::{crd, crd_yaml};
+use crate::fixtures::{crd, crd_yaml, problems};
 
 const INSTALLED_CRD: &str = include_str!("../../crds/versionpolicy.yaml");
 const EXAMPLE_POLICY: &str = include_str!("../../examples/widgets/policy.yaml");
@@ -43,13 +42,7 @@ fn engine_rejections(policy: &Value) -> Vec<(String, String)> {
         ("v1beta1", true, false),
         ("v1", true, false),
     ]));
-    match Schedule::new(&policy.spec, &crd, jiff::Timestamp::MIN) {
-        Ok(_) => Vec::new(),
-        Err(lifecycle::Error::InvalidPolicy(errors)) => errors
-            .iter()
-            .map(|e| (e.path.clone(), e.message.clone()))
-            .collect(),
-    }
+    problems(&policy.spec, &crd, jiff::Timestamp::MIN)
 }
 
 #[test]

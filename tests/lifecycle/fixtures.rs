@@ -1,7 +1,7 @@
 //! Helpers shared by the lifecycle tests.
 
-use crd_lifecycle::api::VersionPolicy;
-use crd_lifecycle::lifecycle::{CrdState, Evaluation, Schedule};
+use crd_lifecycle::api::{VersionPolicy, VersionPolicySpec};
+use crd_lifecycle::lifecycle::{self, CrdState, Evaluation, Schedule};
 use crd_lifecycle::manifest;
 use jiff::Timestamp;
 
@@ -19,6 +19,18 @@ pub fn policy(text: &str) -> VersionPolicy {
 pub fn crd(text: &str) -> CrdState {
     let (crd, _) = manifest::parse_crd(text, "crd.yaml").unwrap_or_else(|e| panic!("{e}"));
     CrdState::from_crd(&crd)
+}
+
+/// The `(path, message)` of every problem the engine finds with `spec` against `crd` at
+/// `now`; empty for a valid policy.
+pub fn problems(spec: &VersionPolicySpec, crd: &CrdState, now: Timestamp) -> Vec<(String, String)> {
+    match Schedule::new(spec, crd, now) {
+        Ok(_) => Vec::new(),
+        Err(lifecycle::Error::InvalidPolicy(errors)) => errors
+            .iter()
+            .map(|e| (e.path.clone(), e.message.clone()))
+            .collect(),
+    }
 }
 
 /// A minimal CRD manifest with the given versions as `(name, served, storage)`.

@@ -3,7 +3,7 @@
 use crd_lifecycle::lifecycle::{self, CrdState, Schedule};
 use jiff::Timestamp;
 
-use crate::fixtures::{crd, crd_yaml, policy, policy_yaml, ts};
+use crate::fixtures::{self, crd, crd_yaml, policy, policy_yaml, ts};
 
 fn three_versions() -> CrdState {
     crd(&crd_yaml(&[
@@ -15,13 +15,7 @@ fn three_versions() -> CrdState {
 
 /// The `(path, message)` of every problem the policy has against the CRD at `now`.
 fn problems_at(versions: &str, crd: &CrdState, now: Timestamp) -> Vec<(String, String)> {
-    match Schedule::new(&policy(&policy_yaml(versions)).spec, crd, now) {
-        Ok(_) => Vec::new(),
-        Err(lifecycle::Error::InvalidPolicy(errors)) => errors
-            .iter()
-            .map(|e| (e.path.clone(), e.message.clone()))
-            .collect(),
-    }
+    fixtures::problems(&policy(&policy_yaml(versions)).spec, crd, now)
 }
 
 fn problems(versions: &str) -> Vec<(String, String)> {
