@@ -4,21 +4,13 @@ use serde_json::Value;
 
 use super::*;
 
-pub(super) fn create_lease(state: &mut State, mut body: Value) -> (u16, Value) {
-    let name = body["metadata"]["name"].as_str().unwrap_or_default().to_owned();
-    if state.leases.contains_key(&name) {
-        return (
-            409,
-            status_body(
-                409,
-                "AlreadyExists",
-                &format!("leases.coordination.k8s.io \"{name}\" already exists"),
-            ),
-        );
-    }
-    body["metadata"]["resourceVersion"] = state.next_resource_version().into();
-    state.leases.insert(name, body.clone());
-    (201, body)
+pub(super) fn create_lease(state: &mut State, body: Value) -> (u16, Value) {
+    create_named(
+        state,
+        |state| &mut state.leases,
+        "leases.coordination.k8s.io",
+        body,
+    )
 }
 
 /// PUT with the resourceVersion read: 409 when someone wrote since (as 12 for objects).

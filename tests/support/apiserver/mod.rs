@@ -41,6 +41,17 @@ pub struct Recorded {
     pub at: tokio::time::Instant,
 }
 
+impl Recorded {
+    /// A query parameter's value ("" when absent), e.g. `fieldManager`.
+    pub fn query_param(&self, name: &str) -> String {
+        self.query
+            .split('&')
+            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+            .unwrap_or_default()
+            .to_owned()
+    }
+}
+
 type Hook = Box<dyn FnOnce(&mut State) + Send>;
 
 #[derive(Default)]
@@ -571,15 +582,7 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
                 name,
                 "status",
             ],
-        ) => {
-            let manager = request
-                .query
-                .split('&')
-                .find_map(|pair| pair.strip_prefix("fieldManager="))
-                .unwrap_or_default()
-                .to_owned();
-            apply_policy_status(state, name, &manager, body)
-        }
+        ) => apply_policy_status(state, name, &request.query_param("fieldManager"), body),
         ("PATCH", ["apis", "crdlifecycle.io", "v1alpha1", "versionpolicies", name]) => {
             patch_policy(state, name, body)
         }
@@ -620,21 +623,7 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
             None => not_found("secrets", name),
         },
         ("POST", ["api", "v1", "namespaces", _, "secrets"]) => {
-            let name = body["metadata"]["name"].as_str().unwrap_or_default().to_owned();
-            if state.secrets.contains_key(&name) {
-                return (
-                    409,
-                    status_body(
-                        409,
-                        "AlreadyExists",
-                        &format!("secrets \"{name}\" already exists"),
-                    ),
-                );
-            }
-            let mut body = body;
-            body["metadata"]["resourceVersion"] = state.next_resource_version().into();
-            state.secrets.insert(name, body.clone());
-            (201, body)
+            create_named(state, |state| &mut state.secrets, "secrets", body)
         }
         // PUT with the resourceVersion read: 409 when someone wrote since.
         ("PUT", ["api", "v1", "namespaces", _, "secrets", name]) => {
@@ -682,6 +671,30 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
             )
         }
     }
+}
+
+/// Creates an object named by its `metadata.name` in one of the state's maps: 409
+/// AlreadyExists when the name is taken, else 201 with a fresh resourceVersion.
+pub(super) fn create_named(
+    state: &mut State,
+    store: fn(&mut State) -> &mut BTreeMap<String, Value>,
+    resource: &str,
+    mut body: Value,
+) -> (u16, Value) {
+    let name = body["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    if store(state).contains_key(&name) {
+        return (
+            409,
+            status_body(
+                409,
+                "AlreadyExists",
+                &format!("{resource} \"{name}\" already exists"),
+            ),
+        );
+    }
+    body["metadata"]["resourceVersion"] = state.next_resource_version().into();
+    store(state).insert(name, body.clone());
+    (201, body)
 }
 
 pub(super) fn not_found(resource: &str, name: &str) -> (u16, Value) {

@@ -307,12 +307,7 @@ pub(super) fn server_side_apply(
             );
         }
     }
-    let manager = request
-        .query
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("fieldManager="))
-        .unwrap_or_default()
-        .to_owned();
+    let manager = request.query_param("fieldManager");
     let mut updated = object;
     let spec = request.body["spec"].as_object().cloned().unwrap_or_default();
     let mut owned = serde_json::Map::new();
