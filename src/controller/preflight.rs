@@ -85,50 +85,37 @@ impl Migrations {
         };
         let result = migrate::migrate(&self.client, &crd, &settings, &migrate::Quiet).await;
         status.finished_at = Some(Time(Timestamp::now()));
-        match result {
+        let passed = match result {
             Ok(report) => {
                 status.read = report.counts.rewritten;
                 status.failed = report.counts.failed;
                 status.failures = report.failures.iter().map(ToString::to_string).collect();
                 status.message = Some(report.summary());
-                if report.succeeded() {
-                    status.phase = MigrationPhase::Succeeded;
-                    self.write_preflight(&name, &status).await;
-                    self.event(
-                        &reference,
-                        EventType::Normal,
-                        "PreflightSucceeded",
-                        report.summary(),
-                    )
-                    .await;
-                    lock(&self.failed_at).remove(&key);
-                    lock(&self.passed_at).insert(key, Instant::now());
-                } else {
-                    status.phase = MigrationPhase::Failed;
-                    self.write_preflight(&name, &status).await;
-                    self.event(
-                        &reference,
-                        EventType::Warning,
-                        "ConversionPreflightFailed",
-                        report.summary(),
-                    )
-                    .await;
-                    lock(&self.failed_at).insert(key, Instant::now());
-                }
+                report.succeeded()
             }
             Err(error) => {
-                status.phase = MigrationPhase::Failed;
                 status.message = Some(error.to_string());
-                self.write_preflight(&name, &status).await;
-                self.event(
-                    &reference,
-                    EventType::Warning,
-                    "ConversionPreflightFailed",
-                    error.to_string(),
-                )
-                .await;
-                lock(&self.failed_at).insert(key, Instant::now());
+                false
             }
+        };
+        let (phase, type_, reason) = if passed {
+            (MigrationPhase::Succeeded, EventType::Normal, "PreflightSucceeded")
+        } else {
+            (
+                MigrationPhase::Failed,
+                EventType::Warning,
+                "ConversionPreflightFailed",
+            )
+        };
+        status.phase = phase;
+        self.write_preflight(&name, &status).await;
+        let note = status.message.clone().unwrap_or_default();
+        self.event(&reference, type_, reason, note).await;
+        if passed {
+            lock(&self.failed_at).remove(&key);
+            lock(&self.passed_at).insert(key, Instant::now());
+        } else {
+            lock(&self.failed_at).insert(key, Instant::now());
         }
     }
 

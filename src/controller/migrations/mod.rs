@@ -51,8 +51,29 @@ pub(super) const PREFLIGHT_STANDS_FOR: Duration = Duration::from_secs(60);
 /// once.
 const MAX_RERUNS: usize = 5;
 
-/// The `result` label values of finished runs.
-const RUN_RESULTS: [&str; 3] = ["succeeded", "failed", "error"];
+/// How a run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RunEnd {
+    /// Every object done (and, for a migration, storedVersions trimmed).
+    Succeeded,
+    /// Objects failed, or the trim could not be made.
+    Failed,
+    /// The run stopped before it could report per object.
+    Error,
+}
+
+impl RunEnd {
+    const ALL: [RunEnd; 3] = [RunEnd::Succeeded, RunEnd::Failed, RunEnd::Error];
+
+    /// Its `result` label value.
+    fn label(self) -> &'static str {
+        match self {
+            RunEnd::Succeeded => "succeeded",
+            RunEnd::Failed => "failed",
+            RunEnd::Error => "error",
+        }
+    }
+}
 
 /// The window over which a running job's rate is measured.
 const RATE_WINDOW: Duration = Duration::from_secs(10);
@@ -334,19 +355,9 @@ impl Migrations {
             Ok(report) => self.finish(&name, &reference, &job, status, &report).await,
             Err(error) => {
                 warn!(crd, error = %error, "{what} failed");
-                status.phase = MigrationPhase::Failed;
-                status.finished_at = Some(Time(Timestamp::now()));
                 status.message = Some(error.to_string());
-                self.write(&name, &job, &status).await;
-                self.event(
-                    &reference,
-                    EventType::Warning,
-                    &job.reason("Failed"),
-                    error.to_string(),
-                )
-                .await;
-                self.record_result(&job, &crd, "error");
-                lock(&self.failed_at).insert(job.key(&crd), Instant::now());
+                self.conclude(&name, &reference, &job, &crd, status, RunEnd::Error)
+                    .await;
             }
         }
     }
@@ -365,7 +376,6 @@ impl Migrations {
         apply_counts(&mut status, &report.counts, None);
         status.crd_generation = report.target.generation;
         status.storage_version = report.target.storage_version.clone();
-        status.finished_at = Some(Time(Timestamp::now()));
         status.checkpoint = None;
         status.failures = report.failures.iter().map(ToString::to_string).collect();
         status.message = Some(report.summary());
@@ -374,27 +384,47 @@ impl Migrations {
             .objects_failed
             .get_or_create(&labels)
             .inc_by(report.counts.failed);
-        let succeeded = report.succeeded();
-        let (phase, type_, stage, result) = if succeeded {
-            (
-                MigrationPhase::Succeeded,
-                EventType::Normal,
-                "Succeeded",
-                "succeeded",
-            )
+        let end = if report.succeeded() {
+            RunEnd::Succeeded
         } else {
-            (MigrationPhase::Failed, EventType::Warning, "Failed", "failed")
+            RunEnd::Failed
         };
-        status.phase = phase;
-        if succeeded {
-            info!(crd, "{}", report.summary());
-        } else {
-            warn!(crd, "{}", report.summary());
+        self.conclude(name, reference, job, crd, status, end).await;
+    }
+
+    /// Records how a run ended: its status (phase, end time and `status.message`), the
+    /// event, the result counter, and the failure time that holds the next run back.
+    async fn conclude(
+        &self,
+        name: &str,
+        reference: &ObjectReference,
+        job: &Job,
+        crd: &str,
+        mut status: MigrationStatus,
+        end: RunEnd,
+    ) {
+        let message = status.message.clone().unwrap_or_default();
+        let succeeded = end == RunEnd::Succeeded;
+        match end {
+            RunEnd::Succeeded => info!(crd, "{message}"),
+            RunEnd::Failed => warn!(crd, "{message}"),
+            // Logged where the error is at hand.
+            RunEnd::Error => {}
         }
+        status.phase = if succeeded {
+            MigrationPhase::Succeeded
+        } else {
+            MigrationPhase::Failed
+        };
+        status.finished_at = Some(Time(Timestamp::now()));
         self.write(name, job, &status).await;
-        self.event(reference, type_, &job.reason(stage), report.summary())
-            .await;
-        self.record_result(job, crd, result);
+        let (type_, stage) = if succeeded {
+            (EventType::Normal, "Succeeded")
+        } else {
+            (EventType::Warning, "Failed")
+        };
+        self.event(reference, type_, &job.reason(stage), message).await;
+        self.record_result(job, crd, end.label());
         if succeeded {
             lock(&self.failed_at).remove(&job.key(crd));
         } else {
@@ -446,8 +476,8 @@ impl Migrations {
     /// that the first failure is an increase Prometheus sees (`increase()` cannot count the
     /// first sample of a series born at 1).
     fn initialize_counters(&self, job: &Job, crd: &str) {
-        for result in RUN_RESULTS {
-            self.result_counter(job, crd, result);
+        for end in RunEnd::ALL {
+            self.result_counter(job, crd, end.label());
         }
         let _ = self
             .metrics
