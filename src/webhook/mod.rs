@@ -18,7 +18,7 @@ use kube::core::PartialObjectMeta;
 use crate::api::{ConversionSpec, VersionPolicy};
 use crate::conversion::{Converter, RecordedConversion, object_name};
 
-pub use metrics::WebhookMetrics;
+pub use metrics::{ReviewResult, WebhookMetrics};
 pub use server::{CertStore, router, serve};
 
 /// Where the webhook finds the conversion of a policy.
@@ -113,40 +113,53 @@ pub fn recorded_conversion<'a>(
         .map(|record| record.conversion)
 }
 
+/// One answered ConversionReview: what to send, and how it went (for the metrics).
+pub struct Answer {
+    /// The HTTP status code.
+    pub code: u16,
+    pub review: ConversionReview,
+    pub result: ReviewResult,
+    /// Whether the policy named in the path has a conversion (policy or CRD record).
+    pub policy_known: bool,
+}
+
 /// Answers one ConversionReview body. Never panics: a body that is not a review gets an
 /// `invalid` response, objects that cannot convert a Failed result naming the object.
 /// Returns the HTTP status code and the review to send.
 pub fn review(body: &[u8], policy: &str, policies: &Arc<dyn PolicySource>) -> (u16, ConversionReview) {
+    let answer = answer(body, policy, policies);
+    (answer.code, answer.review)
+}
+
+/// As [`review`], with how it went.
+pub fn answer(body: &[u8], policy: &str, policies: &Arc<dyn PolicySource>) -> Answer {
+    let spec = policies.conversion(policy);
+    let policy_known = spec.is_some();
+    let invalid = |message: String| Answer {
+        code: 400,
+        review: ConversionResponse::invalid(Status::failure(&message, "BadRequest")).into_review(),
+        result: ReviewResult::invalid,
+        policy_known,
+    };
     let review: ConversionReview = match serde_json::from_slice(body) {
         Ok(review) => review,
-        Err(error) => {
-            let status = Status::failure(
-                &format!("the body is not a ConversionReview: {error}"),
-                "BadRequest",
-            );
-            return (400, ConversionResponse::invalid(status).into_review());
-        }
+        Err(error) => return invalid(format!("the body is not a ConversionReview: {error}")),
     };
     let request = match ConversionRequest::from_review(review) {
         Ok(request) => request,
-        Err(error) => {
-            return (
-                400,
-                ConversionResponse::invalid(Status::failure(&error.to_string(), "BadRequest")).into_review(),
-            );
-        }
+        Err(error) => return invalid(error.to_string()),
     };
     let response = ConversionResponse::for_request(request.clone());
-    let failure = |message: String| {
-        (
-            200,
-            response
-                .clone()
-                .failure(Status::failure(&message, "ConversionFailed"))
-                .into_review(),
-        )
+    let failure = |message: String| Answer {
+        code: 200,
+        review: response
+            .clone()
+            .failure(Status::failure(&message, "ConversionFailed"))
+            .into_review(),
+        result: ReviewResult::failure,
+        policy_known,
     };
-    let Some(spec) = policies.conversion(policy) else {
+    let Some(spec) = spec else {
         return failure(format!(
             "VersionPolicy {policy} does not exist or has no spec.conversion, and no CustomResourceDefinition records a conversion for it"
         ));
@@ -177,5 +190,10 @@ pub fn review(body: &[u8], policy: &str, policies: &Arc<dyn PolicySource>) -> (u
             }
         }
     }
-    (200, response.success(converted).into_review())
+    Answer {
+        code: 200,
+        review: response.success(converted).into_review(),
+        result: ReviewResult::success,
+        policy_known,
+    }
 }

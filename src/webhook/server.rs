@@ -19,7 +19,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use super::PolicySource;
-use super::metrics::{ReviewResult, WebhookMetrics};
+use super::metrics::WebhookMetrics;
 
 /// The serving certificate, replaceable at any time.
 #[derive(Debug, Default)]
@@ -79,18 +79,14 @@ async fn convert(
     body: Bytes,
 ) -> impl IntoResponse {
     let started = std::time::Instant::now();
-    let (code, review) = super::review(&body, &policy, &state.policies);
-    let result = match (code, review.response.as_ref()) {
-        (200, Some(response)) if response.result.is_success() => ReviewResult::success,
-        (200, _) => ReviewResult::failure,
-        _ => ReviewResult::invalid,
-    };
+    let super::Answer {
+        code,
+        review,
+        result,
+        policy_known,
+    } = super::answer(&body, &policy, &state.policies);
     // Only policies the webhook knows become label values: any client can call any path.
-    let label = if state.policies.conversion(&policy).is_some() {
-        policy.as_str()
-    } else {
-        "unknown"
-    };
+    let label = if policy_known { policy.as_str() } else { "unknown" };
     state.metrics.observe_review(label, result, started.elapsed());
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST);
     (status, axum::Json(review))
