@@ -105,17 +105,8 @@ pub struct MigrateArgs {
     #[command(flatten)]
     pub cluster: ClusterArgs,
 
-    /// Requests in flight at once.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub concurrency: u32,
-
-    /// Requests per second, lists included; 0 for no limit.
-    #[arg(long, default_value_t = 0)]
-    pub qps: u32,
-
-    /// Objects per list request.
-    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=10000))]
-    pub page_size: u32,
+    #[command(flatten)]
+    pub pacing: PacingArgs,
 
     /// Conversion preflight: read every object through the storage version and report those
     /// that fail to convert; write nothing.
@@ -126,11 +117,6 @@ pub struct MigrateArgs {
     /// for CRDs whose admission webhooks reject main-resource writes.
     #[arg(long, value_enum)]
     pub subresource: Option<RewriteThrough>,
-
-    /// Longest wait for one request's answer, in seconds; a request that takes longer is
-    /// retried.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
-    pub request_timeout: u64,
 }
 
 /// Arguments of `crd-lifecycle repair-managed-fields`.
@@ -147,6 +133,13 @@ pub struct RepairArgs {
     #[arg(long)]
     pub dry_run: bool,
 
+    #[command(flatten)]
+    pub pacing: PacingArgs,
+}
+
+/// How fast `migrate` and `repair-managed-fields` go, and how long they wait for an answer.
+#[derive(Args, Debug, Clone)]
+pub struct PacingArgs {
     /// Requests in flight at once.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub concurrency: u32,

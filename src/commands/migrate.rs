@@ -5,7 +5,7 @@ use crd_lifecycle::kubeclient;
 use crd_lifecycle::migrate::{self, Mode};
 
 use super::CommandError;
-use crate::cli::{MigrateArgs, RepairArgs};
+use crate::cli::{MigrateArgs, PacingArgs, RepairArgs};
 
 pub async fn migrate(args: MigrateArgs) -> Result<(), CommandError> {
     let client = kubeclient::client(&args.cluster)
@@ -18,7 +18,7 @@ pub async fn migrate(args: MigrateArgs) -> Result<(), CommandError> {
             Mode::Rewrite
         },
         through_status: args.subresource.is_some(),
-        ..pacing(args.concurrency, args.page_size, args.qps, args.request_timeout)
+        ..pacing(&args.pacing)
     };
     run_with_progress(&client, &args.crd, &settings).await
 }
@@ -34,18 +34,18 @@ pub async fn repair(args: RepairArgs) -> Result<(), CommandError> {
             conversion: None,
             dry_run: args.dry_run,
         },
-        ..pacing(args.concurrency, args.page_size, args.qps, args.request_timeout)
+        ..pacing(&args.pacing)
     };
     run_with_progress(&client, &args.crd, &settings).await
 }
 
 /// The settings every run of the migrator takes from the command line.
-fn pacing(concurrency: u32, page_size: u32, qps: u32, request_timeout: u64) -> migrate::Settings {
+fn pacing(args: &PacingArgs) -> migrate::Settings {
     migrate::Settings {
-        concurrency: usize::try_from(concurrency).unwrap_or(16),
-        page_size,
-        qps,
-        request_timeout: std::time::Duration::from_secs(request_timeout),
+        concurrency: usize::try_from(args.concurrency).unwrap_or(16),
+        page_size: args.page_size,
+        qps: args.qps,
+        request_timeout: std::time::Duration::from_secs(args.request_timeout),
         ..migrate::Settings::default()
     }
 }
