@@ -5,7 +5,7 @@
 //! no comprehension (`map`, `filter`, `all`, `exists`) inside another, and none whose body
 //! refers to `self`, so one evaluation takes time linear in the size of the value.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use kube_cel::KubeCelExt;
@@ -43,7 +43,7 @@ impl Expression {
             ));
         }
         let program = Program::compile(source).map_err(|e| format!("does not compile: {e}"))?;
-        check(program.expression(), &mut Vec::new(), 0)?;
+        check(program.expression(), &mut Vec::new(), false)?;
         Ok(Expression {
             source: source.to_owned(),
             program,
@@ -65,35 +65,25 @@ impl Expression {
     }
 }
 
-/// Walks the expression: only `self` and the variables of enclosing comprehensions are in
-/// scope; comprehensions do not nest, and their bodies do not refer to `self`.
-fn check(expr: &IdedExpr, bound: &mut Vec<String>, comprehensions: usize) -> Result<(), String> {
+/// Walks the expression: only `self` and the variables of the enclosing comprehension are
+/// in scope; comprehensions do not nest, and their bodies do not refer to `self`.
+fn check(expr: &IdedExpr, bound: &mut Vec<String>, in_comprehension: bool) -> Result<(), String> {
     match &expr.expr {
-        Expr::Ident(name) => {
-            if name == "self" {
-                if comprehensions > 0 && bound.iter().any(|b| b == "@in_body") {
-                    return Err(
-                        "a comprehension's body may not refer to self (its cost would grow with the square of the value)"
-                            .to_owned(),
-                    );
-                }
-                Ok(())
-            } else if bound.contains(name) {
-                Ok(())
-            } else {
-                Err(format!("unknown name {name}: only self is available"))
-            }
-        }
+        Expr::Ident(name) if name == "self" && in_comprehension => Err(
+            "a comprehension's body may not refer to self (its cost would grow with the square of the value)"
+                .to_owned(),
+        ),
+        Expr::Ident(name) if name == "self" || bound.contains(name) => Ok(()),
+        Expr::Ident(name) => Err(format!("unknown name {name}: only self is available")),
         Expr::Comprehension(comprehension) => {
-            if comprehensions > 0 {
+            if in_comprehension {
                 return Err("a comprehension (map, filter, all, exists) may not contain another".to_owned());
             }
-            check(&comprehension.iter_range, bound, comprehensions)?;
+            check(&comprehension.iter_range, bound, false)?;
             let depth = bound.len();
             bound.push(comprehension.iter_var.clone());
             bound.extend(comprehension.iter_var2.clone());
             bound.push(comprehension.accu_var.clone());
-            bound.push("@in_body".to_owned());
             let result = [
                 &comprehension.accu_init,
                 &comprehension.loop_cond,
@@ -101,31 +91,31 @@ fn check(expr: &IdedExpr, bound: &mut Vec<String>, comprehensions: usize) -> Res
                 &comprehension.result,
             ]
             .into_iter()
-            .try_for_each(|part| check(part, bound, comprehensions + 1));
+            .try_for_each(|part| check(part, bound, true));
             bound.truncate(depth);
             result
         }
         Expr::Call(call) => {
             if let Some(target) = &call.target {
-                check(target, bound, comprehensions)?;
+                check(target, bound, in_comprehension)?;
             }
             call.args
                 .iter()
-                .try_for_each(|arg| check(arg, bound, comprehensions))
+                .try_for_each(|arg| check(arg, bound, in_comprehension))
         }
         Expr::List(list) => list
             .elements
             .iter()
-            .try_for_each(|element| check(element, bound, comprehensions)),
+            .try_for_each(|element| check(element, bound, in_comprehension)),
         Expr::Map(map) => map.entries.iter().try_for_each(|entry| match &entry.expr {
             EntryExpr::MapEntry(entry) => {
-                check(&entry.key, bound, comprehensions)?;
-                check(&entry.value, bound, comprehensions)
+                check(&entry.key, bound, in_comprehension)?;
+                check(&entry.value, bound, in_comprehension)
             }
-            EntryExpr::StructField(field) => check(&field.value, bound, comprehensions),
+            EntryExpr::StructField(field) => check(&field.value, bound, in_comprehension),
         }),
         Expr::Struct(_) => Err("message literals are not available: build a map instead".to_owned()),
-        Expr::Select(select) => check(&select.operand, bound, comprehensions),
+        Expr::Select(select) => check(&select.operand, bound, in_comprehension),
         Expr::Literal(_) | Expr::Unspecified => Ok(()),
     }
 }
@@ -168,23 +158,16 @@ fn to_json(value: &CelValue) -> Result<Value, String> {
         CelValue::String(s) => Value::String(s.as_ref().clone()),
         CelValue::List(items) => Value::Array(items.iter().map(to_json).collect::<Result<_, _>>()?),
         CelValue::Map(map) => {
-            let mut keys = BTreeSet::new();
-            let mut object = serde_json::Map::new();
+            let mut entries = Vec::with_capacity(map.map.len());
             for (key, item) in map.map.iter() {
                 let Key::String(key) = key else {
                     return Err(format!("the result has a map key {key:?} that is not a string"));
                 };
-                keys.insert(key.as_ref().clone());
-                object.insert(key.as_ref().clone(), to_json(item)?);
+                entries.push((key.as_ref().clone(), to_json(item)?));
             }
             // Stable output whatever the hash order.
-            let mut sorted = serde_json::Map::new();
-            for key in keys {
-                if let Some(item) = object.remove(&key) {
-                    sorted.insert(key, item);
-                }
-            }
-            Value::Object(sorted)
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(entries.into_iter().collect())
         }
         other => return Err(format!("the result {other:?} has no JSON form")),
     })
