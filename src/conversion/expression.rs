@@ -190,6 +190,9 @@ mod tests {
         assert_eq!(eval("[self]", json!("a")), Ok(json!(["a"])));
         assert_eq!(eval("self[0]", json!(["a", "b"])), Ok(json!("a")));
         assert_eq!(eval("{'value': self}", json!(3)), Ok(json!({"value": 3})));
+        // Map results come out in key order, whatever the hash order.
+        let map = eval("{'b': 1, 'c': 3, 'a': self}", json!(2)).expect("a map");
+        assert_eq!(map.to_string(), r#"{"a":2,"b":1,"c":3}"#);
         assert_eq!(eval("self.lowerAscii()", json!("Always")), Ok(json!("always")));
         assert_eq!(
             eval("self.map(x, string(x))", json!([1, 2])),
