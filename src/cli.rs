@@ -279,6 +279,16 @@ pub struct WebhookArgs {
         requires = "webhook_cert_file"
     )]
     pub webhook_ca_file: Option<String>,
+
+    /// Largest ConversionReview accepted (bytes); a larger one is answered with a Failed
+    /// result that says so, which the apiserver shows to the client.
+    #[arg(
+        long,
+        value_name = "BYTES",
+        env = "CRD_LIFECYCLE_WEBHOOK_MAX_REVIEW_BYTES",
+        default_value_t = crd_lifecycle::webhook::DEFAULT_MAX_REVIEW_BYTES
+    )]
+    pub webhook_max_review_bytes: usize,
 }
 
 /// Arguments of `crd-lifecycle webhook`.
@@ -316,6 +326,16 @@ pub struct StandaloneWebhookArgs {
     /// Where to write the self-signed CA certificate (for the CRD's caBundle).
     #[arg(long, value_name = "FILE")]
     pub ca_out: Option<String>,
+
+    /// Largest ConversionReview accepted (bytes); a larger one is answered with a Failed
+    /// result that says so, which the apiserver shows to the client.
+    #[arg(
+        long,
+        value_name = "BYTES",
+        env = "CRD_LIFECYCLE_WEBHOOK_MAX_REVIEW_BYTES",
+        default_value_t = crd_lifecycle::webhook::DEFAULT_MAX_REVIEW_BYTES
+    )]
+    pub max_review_bytes: usize,
 }
 
 /// Arguments of `crd-lifecycle plan`.

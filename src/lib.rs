@@ -10,5 +10,6 @@ pub mod lifecycle;
 pub mod manifest;
 pub mod migrate;
 pub mod plan;
+pub mod schema;
 mod sync;
 pub mod webhook;

@@ -128,6 +128,22 @@ pub struct ConversionStep {
     /// name the field's path in the newer version).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub changed: Vec<ChangedField>,
+    /// Fields whose loss between these versions is accepted on purpose: one version has
+    /// them and the other does not (or not with that type), and no rule converts them, so
+    /// the apiserver prunes them. Shown by `plan`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accept_loss: Vec<AcceptedLoss>,
+}
+
+/// A field whose loss between two versions is accepted on purpose.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AcceptedLoss {
+    /// Its path in either version, e.g. `spec.legacy`; fields below it are included.
+    pub path: String,
+    /// Why losing it is fine, for the people who read the plan.
+    #[schemars(length(min = 1, max = 256))]
+    pub reason: String,
 }
 
 /// A field whose type or values change between two versions, e.g. a port that was a string

@@ -74,6 +74,10 @@ fn webhook_settings(args: &RunArgs) -> Result<Option<WebhookSettings>, CommandEr
         address: std::net::SocketAddr::from(([0, 0, 0, 0], port)),
         target,
         certificates,
+        limits: crd_lifecycle::webhook::Limits {
+            max_review_bytes: args.webhook.webhook_max_review_bytes,
+            ..Default::default()
+        },
     }))
 }
 

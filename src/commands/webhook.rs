@@ -24,6 +24,10 @@ pub async fn run(args: StandaloneWebhookArgs) -> Result<(), CommandError> {
         key_file: args.key_file,
         name: args.name,
         ca_out: args.ca_out,
+        limits: crd_lifecycle::webhook::Limits {
+            max_review_bytes: args.max_review_bytes,
+            ..Default::default()
+        },
     };
     standalone::run(&settings, client).await.map_err(|error| {
         if error.is_invalid_input() {

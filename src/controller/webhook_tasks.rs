@@ -22,6 +22,8 @@ pub struct WebhookSettings {
     pub address: SocketAddr,
     pub target: WebhookTarget,
     pub certificates: CertificateSource,
+    /// What one review may cost.
+    pub limits: crate::webhook::Limits,
 }
 
 /// Where the webhook's certificates come from.
@@ -122,7 +124,14 @@ pub(super) async fn start_webhook(
     }));
     let cache = Arc::new(cache);
     let policies: Arc<dyn crate::webhook::PolicySource> = cache.clone();
-    let serve = crate::webhook::serve(settings.address, certs, policies, metrics, shutdown);
+    let serve = crate::webhook::serve(
+        settings.address,
+        certs,
+        policies,
+        metrics,
+        settings.limits.clone(),
+        shutdown,
+    );
     supervisor.add(Essential::spawn("the conversion webhook server", async move {
         serve.await.map_err(|error| error.to_string())
     }));

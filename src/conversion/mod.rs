@@ -14,7 +14,8 @@
 //! that A → B → A gives back the original object exactly (apart from the annotation, which
 //! is gone again once nothing is saved).
 
-mod expression;
+pub mod cel;
+pub mod coverage;
 mod path;
 mod saved;
 mod step;
@@ -25,7 +26,7 @@ use serde_json::Value;
 
 use crate::api::ConversionSpec;
 use crate::field_errors::FieldErrors;
-pub use expression::Expression;
+pub use cel::{Budget, Expression};
 pub use path::FieldPath;
 use saved::{put_saved, take_saved};
 use step::{Changed, Step};
@@ -91,7 +92,16 @@ pub enum ConversionError {
         expression: String,
         value: String,
         message: String,
+        /// Whether a cost or size limit stopped it (rather than an error on this value).
+        over_limit: bool,
     },
+}
+
+impl ConversionError {
+    /// Whether a cost or size limit of an expression stopped the conversion.
+    pub fn is_over_limit(&self) -> bool {
+        matches!(self, ConversionError::Expression { over_limit: true, .. })
+    }
 }
 
 /// A validated chain of conversion steps.
@@ -174,6 +184,9 @@ impl Converter {
                 .enumerate()
                 .filter_map(|(j, r)| parse(r, format!("{base}.removed[{j}]")))
                 .collect();
+            for (j, loss) in change.accept_loss.iter().enumerate() {
+                parse(&loss.path, format!("{base}.acceptLoss[{j}].path"));
+            }
             for (j, path) in removed.iter().enumerate() {
                 if renamed.iter().any(|(from, to)| from == path || to == path) {
                     errors.push(
@@ -304,8 +317,20 @@ impl Converter {
         &self.versions
     }
 
-    /// Converts one object to `to_version`, chaining the steps up or down.
+    /// Converts one object to `to_version`, chaining the steps up or down, with a fresh
+    /// review budget for its expressions.
     pub fn convert(&self, object: &Value, to_version: &str) -> Result<Value, ConversionError> {
+        self.convert_owned(object.clone(), to_version, &mut Budget::default())
+    }
+
+    /// Converts one object, taken by value, to `to_version`; its expressions draw on
+    /// `budget` (shared by every object of a review).
+    pub fn convert_owned(
+        &self,
+        mut object: Value,
+        to_version: &str,
+        budget: &mut Budget,
+    ) -> Result<Value, ConversionError> {
         let api_version = object
             .get("apiVersion")
             .and_then(Value::as_str)
@@ -323,19 +348,19 @@ impl Converter {
                 })
         };
         let (from, to) = (index(from_version)?, index(to_version)?);
-        let mut object = object.clone();
+        let api_version = format!("{group}/{to_version}");
         let mut saved = take_saved(&mut object)?;
         if from < to {
             for step in &self.steps[from..to] {
-                step.up(&mut object, &mut saved)?;
+                step.up(&mut object, &mut saved, budget)?;
             }
         } else {
             for step in self.steps[to..from].iter().rev() {
-                step.down(&mut object, &mut saved)?;
+                step.down(&mut object, &mut saved, budget)?;
             }
         }
         put_saved(&mut object, saved);
-        object["apiVersion"] = Value::String(format!("{group}/{to_version}"));
+        object["apiVersion"] = Value::String(api_version);
         Ok(object)
     }
 }

@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::saved::Saved;
-use super::{ConversionError, Expression, FieldPath};
+use super::{Budget, ConversionError, Expression, FieldPath};
 
 pub(super) struct Step {
     pub(super) from: String,
@@ -28,21 +28,59 @@ impl Changed {
         expression: &Expression,
         direction: &'static str,
         value: &Value,
+        budget: &mut Budget,
     ) -> Result<Value, ConversionError> {
         expression
-            .evaluate(value)
-            .map_err(|message| ConversionError::Expression {
+            .evaluate_within(value, budget)
+            .map_err(|error| ConversionError::Expression {
                 path: self.path.to_string(),
                 direction,
                 expression: expression.source().to_owned(),
-                value: value.to_string(),
-                message,
+                value: shortened(value),
+                over_limit: error.over_limit,
+                message: error.message,
             })
+    }
+
+    /// Evaluates only to compare: an error of the expression is `None`, a limit stops the
+    /// conversion.
+    fn probe(
+        &self,
+        expression: &Expression,
+        direction: &'static str,
+        value: &Value,
+        budget: &mut Budget,
+    ) -> Result<Option<Value>, ConversionError> {
+        match expression.evaluate_within(value, budget) {
+            Ok(result) => Ok(Some(result)),
+            Err(error) if error.over_limit => Err(ConversionError::Expression {
+                path: self.path.to_string(),
+                direction,
+                expression: expression.source().to_owned(),
+                value: shortened(value),
+                over_limit: true,
+                message: error.message,
+            }),
+            Err(_) => Ok(None),
+        }
     }
 }
 
+/// Longest rendering of a value in a message (the apiserver shows it to every client).
+const MAX_VALUE_IN_MESSAGE: usize = 80;
+
+/// A value as JSON, cut to `MAX_VALUE_IN_MESSAGE` characters with its size said.
+fn shortened(value: &Value) -> String {
+    let text = value.to_string();
+    if text.chars().count() <= MAX_VALUE_IN_MESSAGE {
+        return text;
+    }
+    let head: String = text.chars().take(MAX_VALUE_IN_MESSAGE).collect();
+    format!("{head}... ({} bytes)", text.len())
+}
+
 impl Step {
-    pub(super) fn up(&self, object: &mut Value, saved: &mut Saved) -> Result<(), ConversionError> {
+    pub(super) fn up(&self, object: &mut Value, saved: &mut Saved, budget: &mut Budget) -> Result<(), ConversionError> {
         for path in &self.removed {
             // Parents stay, even emptied: the object had them, and a schema may require them.
             if let Some(value) = path.take(object, |_| false) {
@@ -61,9 +99,9 @@ impl Step {
             let Some(original) = changed.path.get(object).cloned() else {
                 continue;
             };
-            let upgraded = changed.apply(&changed.upgrade, "upgrade", &original)?;
+            let upgraded = changed.apply(&changed.upgrade, "upgrade", &original, budget)?;
             // Keep what the way back would not give back (`"08080"` → 8080 → `"8080"`).
-            let back = changed.downgrade.evaluate(&upgraded).ok();
+            let back = changed.probe(&changed.downgrade, "downgrade", &upgraded, budget)?;
             if back.as_ref() != Some(&original) {
                 saved
                     .entry(self.from.clone())
@@ -94,7 +132,7 @@ impl Step {
         Ok(())
     }
 
-    pub(super) fn down(&self, object: &mut Value, saved: &mut Saved) -> Result<(), ConversionError> {
+    pub(super) fn down(&self, object: &mut Value, saved: &mut Saved, budget: &mut Budget) -> Result<(), ConversionError> {
         for (path, default) in self.added.iter().rev() {
             // Only the parents that converting up created for it go with it.
             let created = saved
@@ -137,11 +175,16 @@ impl Step {
             };
             // The original comes back while the newer value is still what it became;
             // a value changed since is converted.
-            let restored =
-                kept.filter(|original| changed.upgrade.evaluate(original).ok().as_ref() == Some(&current));
+            let restored = match kept {
+                Some(original) => changed
+                    .probe(&changed.upgrade, "upgrade", &original, budget)?
+                    .is_some_and(|upgraded| upgraded == current)
+                    .then_some(original),
+                None => None,
+            };
             let value = match restored {
                 Some(original) => original,
-                None => changed.apply(&changed.downgrade, "downgrade", &current)?,
+                None => changed.apply(&changed.downgrade, "downgrade", &current, budget)?,
             };
             changed.path.set(object, value)?;
         }

@@ -1,5 +1,6 @@
 //! The parts of a CustomResourceDefinition the engine reads and writes, as plain data.
 
+use std::collections::BTreeMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
 /// The lifecycle flags of one entry of a CRD's `spec.versions`.
@@ -23,6 +24,9 @@ pub struct CrdState {
     /// rewritten them since they were unserved): removing one would break server-side apply
     /// of those objects (apiserver-samples/29), so its removal waits.
     pub managed_fields_pending: Vec<String>,
+    /// Each version's `schema.openAPIV3Schema` (JSON), where it has one: declarative
+    /// conversion must cover every field that differs between adjacent versions.
+    pub schemas: BTreeMap<String, serde_json::Value>,
 }
 
 impl CrdState {
@@ -48,6 +52,15 @@ impl CrdState {
                 .and_then(|s| s.stored_versions.clone())
                 .unwrap_or_default(),
             managed_fields_pending: Vec::new(),
+            schemas: crd
+                .spec
+                .versions
+                .iter()
+                .filter_map(|v| {
+                    let schema = v.schema.as_ref()?.open_api_v3_schema.as_ref()?;
+                    Some((v.name.clone(), serde_json::to_value(schema).ok()?))
+                })
+                .collect(),
         }
     }
 

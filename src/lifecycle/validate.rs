@@ -22,8 +22,17 @@ impl Schedule {
         if let Some(conversion) = &spec.conversion {
             let versions: Vec<String> = crd.versions.iter().map(|v| v.name.clone()).collect();
             let governed: Vec<String> = spec.versions.iter().map(|v| v.name.clone()).collect();
-            if let Err(problems) = crate::conversion::Converter::new(conversion, &versions, &governed) {
-                errors.0.extend(problems.0);
+            match crate::conversion::Converter::new(conversion, &versions, &governed) {
+                Ok(converter) => {
+                    let schemas = crd
+                        .schemas
+                        .iter()
+                        .map(|(version, schema)| (version.clone(), crate::schema::Schema::parse(schema)))
+                        .collect();
+                    let uncovered = crate::conversion::coverage::check(conversion, &converter, &schemas);
+                    errors.0.extend(uncovered.0);
+                }
+                Err(problems) => errors.0.extend(problems.0),
             }
         }
         // Timeline rules only make sense once every milestone has an instant; otherwise

@@ -6,7 +6,8 @@ pub mod metrics;
 mod server;
 pub mod standalone;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use kube::core::Status;
 use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
@@ -16,26 +17,81 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::PartialObjectMeta;
 
 use crate::api::{ConversionSpec, VersionPolicy};
-use crate::conversion::{Converter, RecordedConversion, object_name};
+use crate::conversion::{Budget, Converter, RecordedConversion, object_name};
 
 pub use metrics::{ReviewResult, WebhookMetrics};
 pub use server::{CertStore, router, serve};
 
+/// What the webhook knows of a policy's conversion.
+#[derive(Clone)]
+pub enum Lookup {
+    /// The policy's conversion, compiled.
+    Found(Arc<Converter>),
+    /// The policy's `spec.conversion` does not validate (the message says why).
+    Invalid(String),
+    /// No policy of that name has a conversion, and no CRD records one for it.
+    Missing,
+}
+
 /// Where the webhook finds the conversion of a policy.
 pub trait PolicySource: Send + Sync {
-    /// The policy's conversion, if the policy exists and has one.
-    fn conversion(&self, policy: &str) -> Option<ConversionSpec>;
+    /// The policy's compiled conversion.
+    fn converter(&self, policy: &str) -> Lookup;
+}
+
+/// Compiled conversions by policy, compiled again only when a policy's conversion changes:
+/// a review costs no parsing or compiling of expressions.
+#[derive(Default)]
+pub struct ConverterCache {
+    entries: Mutex<HashMap<String, (ConversionSpec, Lookup)>>,
+}
+
+impl ConverterCache {
+    /// The compiled form of `spec`, the conversion of `policy`.
+    pub fn get(&self, policy: &str, spec: &ConversionSpec) -> Lookup {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((cached, lookup)) = entries.get(policy)
+            && cached == spec
+        {
+            return lookup.clone();
+        }
+        let lookup = match Converter::for_spec(spec) {
+            Ok(converter) => Lookup::Found(Arc::new(converter)),
+            Err(errors) => Lookup::Invalid(format!("VersionPolicy {policy} has an invalid spec.conversion: {errors}")),
+        };
+        entries.insert(policy.to_owned(), (spec.clone(), lookup.clone()));
+        lookup
+    }
+
+    /// Forgets policies no longer known, so the cache does not grow with deleted ones.
+    fn retain(&self, known: impl Fn(&str) -> bool) {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.retain(|policy, _| known(policy));
+    }
 }
 
 /// Policies given up front (the standalone `webhook --policy FILE`, and tests).
-pub struct StaticPolicies(pub Vec<VersionPolicy>);
+pub struct StaticPolicies {
+    policies: Vec<VersionPolicy>,
+    cache: ConverterCache,
+}
+
+impl StaticPolicies {
+    pub fn new(policies: Vec<VersionPolicy>) -> StaticPolicies {
+        StaticPolicies {
+            policies,
+            cache: ConverterCache::default(),
+        }
+    }
+}
 
 impl PolicySource for StaticPolicies {
-    fn conversion(&self, policy: &str) -> Option<ConversionSpec> {
-        self.0
+    fn converter(&self, policy: &str) -> Lookup {
+        self.policies
             .iter()
             .find(|p| p.metadata.name.as_deref() == Some(policy))
-            .and_then(|p| p.spec.conversion.clone())
+            .and_then(|p| p.spec.conversion.as_ref())
+            .map_or(Lookup::Missing, |spec| self.cache.get(policy, spec))
     }
 }
 
@@ -46,25 +102,43 @@ impl PolicySource for StaticPolicies {
 pub struct CachedPolicies {
     pub policies: kube::runtime::reflector::Store<kube::core::DeserializeGuard<VersionPolicy>>,
     pub crds: kube::runtime::reflector::Store<PartialObjectMeta<CustomResourceDefinition>>,
+    converters: ConverterCache,
 }
 
 impl PolicySource for CachedPolicies {
-    fn conversion(&self, policy: &str) -> Option<ConversionSpec> {
-        let from_policy = self
-            .policies
-            .state()
-            .iter()
-            .filter_map(|guard| guard.0.as_ref().ok())
-            .find(|p| p.metadata.name.as_deref() == Some(policy))
-            .and_then(|p| p.spec.conversion.clone());
-        from_policy.or_else(|| {
-            let crds = self.crds.state();
-            recorded_conversion(crds.iter().map(|crd| &crd.metadata), policy)
-        })
+    fn converter(&self, policy: &str) -> Lookup {
+        let key = kube::runtime::reflector::ObjectRef::new(policy);
+        if let Some(guard) = self.policies.get(&key)
+            && let Ok(found) = &guard.0
+            && let Some(spec) = &found.spec.conversion
+        {
+            return self.converters.get(policy, spec);
+        }
+        let crds = self.crds.state();
+        match recorded_conversion(crds.iter().map(|crd| &crd.metadata), policy) {
+            Some(spec) => self.converters.get(policy, &spec),
+            None => {
+                // Neither the policy nor a record: forget what was compiled for it.
+                self.converters.retain(|known| known != policy);
+                Lookup::Missing
+            }
+        }
     }
 }
 
 impl CachedPolicies {
+    /// The webhook's view of these caches.
+    pub fn new(
+        policies: kube::runtime::reflector::Store<kube::core::DeserializeGuard<VersionPolicy>>,
+        crds: kube::runtime::reflector::Store<PartialObjectMeta<CustomResourceDefinition>>,
+    ) -> CachedPolicies {
+        CachedPolicies {
+            policies,
+            crds,
+            converters: ConverterCache::default(),
+        }
+    }
+
     /// Caches of the cluster's VersionPolicies and CRD metadata, and the future that keeps
     /// them filled (watches with backoff: an error such as a missing grant is retried, not
     /// spun on); the future never ends by itself.
@@ -86,7 +160,7 @@ impl CachedPolicies {
         )
         .map(|_| ())
         .boxed();
-        (CachedPolicies { policies, crds }, watches)
+        (CachedPolicies::new(policies, crds), watches)
     }
 
     /// Waits until both caches have their first full list.
@@ -121,36 +195,40 @@ pub struct Answer {
     pub result: ReviewResult,
     /// Whether the policy named in the path has a conversion (policy or CRD record).
     pub policy_known: bool,
+    /// Whether an expression's cost or size limit failed it.
+    pub over_limit: bool,
 }
 
-/// Answers one ConversionReview body. Never panics: a body that is not a review gets an
-/// `invalid` response, objects that cannot convert a Failed result naming the object.
-/// Returns the HTTP status code and the review to send.
+/// Answers one ConversionReview body with the default limits. Never panics: a body that is
+/// not a review gets an `invalid` response, objects that cannot convert a Failed result
+/// naming the object. Returns the HTTP status code and the review to send.
 pub fn review(body: &[u8], policy: &str, policies: &Arc<dyn PolicySource>) -> (u16, ConversionReview) {
-    let answer = answer(body, policy, policies);
+    let answer = answer(body, policy, policies.converter(policy), &Limits::default());
     (answer.code, answer.review)
 }
 
-/// As [`review`], with how it went.
-pub fn answer(body: &[u8], policy: &str, policies: &Arc<dyn PolicySource>) -> Answer {
-    let spec = policies.conversion(policy);
-    let policy_known = spec.is_some();
+/// As [`review`], for a looked-up conversion and given limits, with how it went.
+pub fn answer(body: &[u8], policy: &str, lookup: Lookup, limits: &Limits) -> Answer {
+    let policy_known = !matches!(lookup, Lookup::Missing);
     let invalid = |message: String| Answer {
         code: 400,
         review: ConversionResponse::invalid(Status::failure(&message, "BadRequest")).into_review(),
         result: ReviewResult::invalid,
         policy_known,
+        over_limit: false,
     };
     let review: ConversionReview = match serde_json::from_slice(body) {
         Ok(review) => review,
         Err(error) => return invalid(format!("the body is not a ConversionReview: {error}")),
     };
-    let request = match ConversionRequest::from_review(review) {
+    let mut request = match ConversionRequest::from_review(review) {
         Ok(request) => request,
         Err(error) => return invalid(error.to_string()),
     };
-    let response = ConversionResponse::for_request(request.clone());
-    let failure = |message: String| Answer {
+    let objects = std::mem::take(&mut request.objects);
+    let desired = std::mem::take(&mut request.desired_api_version);
+    let response = ConversionResponse::for_request(request);
+    let failure = |message: String, over_limit: bool| Answer {
         code: 200,
         review: response
             .clone()
@@ -158,35 +236,34 @@ pub fn answer(body: &[u8], policy: &str, policies: &Arc<dyn PolicySource>) -> An
             .into_review(),
         result: ReviewResult::failure,
         policy_known,
+        over_limit,
     };
-    let Some(spec) = spec else {
-        return failure(format!(
-            "VersionPolicy {policy} does not exist or has no spec.conversion, and no CustomResourceDefinition records a conversion for it"
-        ));
-    };
-    let Some((_, version)) = request.desired_api_version.rsplit_once('/') else {
-        return failure(format!(
-            "desiredAPIVersion {:?} is not <group>/<version>",
-            request.desired_api_version
-        ));
-    };
-    let converter = match Converter::for_spec(&spec) {
-        Ok(converter) => converter,
-        Err(errors) => {
-            return failure(format!(
-                "VersionPolicy {policy} has an invalid spec.conversion: {errors}"
-            ));
+    let converter = match lookup {
+        Lookup::Found(converter) => converter,
+        Lookup::Invalid(message) => return failure(message, false),
+        Lookup::Missing => {
+            return failure(
+                format!(
+                    "VersionPolicy {policy} does not exist or has no spec.conversion, and no CustomResourceDefinition records a conversion for it"
+                ),
+                false,
+            );
         }
     };
-    let mut converted = Vec::with_capacity(request.objects.len());
-    for object in &request.objects {
-        match converter.convert(object, version) {
+    let Some((_, version)) = desired.rsplit_once('/') else {
+        return failure(format!("desiredAPIVersion {desired:?} is not <group>/<version>"), false);
+    };
+    let mut budget = Budget::new(limits.review_cost, limits.call_cost);
+    let mut converted = Vec::with_capacity(objects.len());
+    for object in objects {
+        let name = object_name(&object);
+        match converter.convert_owned(object, version, &mut budget) {
             Ok(object) => converted.push(object),
             Err(error) => {
-                return failure(format!(
-                    "cannot convert {} to {version}: {error}",
-                    object_name(object)
-                ));
+                return failure(
+                    format!("cannot convert {name} to {version}: {error}"),
+                    error.is_over_limit(),
+                );
             }
         }
     }
@@ -195,5 +272,61 @@ pub fn answer(body: &[u8], policy: &str, policies: &Arc<dyn PolicySource>) -> An
         review: response.success(converted).into_review(),
         result: ReviewResult::success,
         policy_known,
+        over_limit: false,
     }
+}
+
+/// What one review may cost the webhook.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest request body accepted (bytes); a larger review gets a Failed result that
+    /// says so.
+    pub max_review_bytes: usize,
+    /// Cost units one expression evaluation may use.
+    pub call_cost: u64,
+    /// Cost units all evaluations of one review may use together.
+    pub review_cost: u64,
+}
+
+/// Default `max_review_bytes`: the apiserver refuses request bodies over 3 MiB and etcd
+/// values over 1.5 MiB by default, and sends one object per review when listing, so this
+/// is five times the largest object a cluster stores, with room for raised limits.
+pub const DEFAULT_MAX_REVIEW_BYTES: usize = 16 << 20;
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_review_bytes: DEFAULT_MAX_REVIEW_BYTES,
+            call_cost: crate::conversion::cel::PER_CALL_COST_LIMIT,
+            review_cost: crate::conversion::cel::PER_REVIEW_COST_LIMIT,
+        }
+    }
+}
+
+/// The answer to a review whose body is over `max_review_bytes`: a Failed result (which the
+/// apiserver shows to the client) with the request's uid, read from the start of the body.
+pub fn too_large(prefix: &[u8], size: Option<usize>, limit: usize) -> ConversionReview {
+    let uid = uid_of(prefix).unwrap_or_default();
+    let size = size.map_or_else(|| "more than that".to_owned(), |n| format!("{n} bytes"));
+    let message = format!(
+        "the ConversionReview is too large for the crd-lifecycle conversion webhook: {size}, over its limit of {limit} bytes (--max-review-bytes)"
+    );
+    let mut response = ConversionResponse::invalid(Status::failure(&message, "RequestEntityTooLarge"));
+    response.uid = uid;
+    response.into_review()
+}
+
+/// The `request.uid` of a review from the start of its body: the apiserver writes `uid`
+/// before `objects` (the Go struct's field order, apiserver-samples/18).
+fn uid_of(prefix: &[u8]) -> Option<String> {
+    let at = prefix.windows(5).position(|w| w == b"\"uid\"")? + 5;
+    let rest = &prefix[at..];
+    let colon = rest.iter().position(|b| !b.is_ascii_whitespace())?;
+    if rest[colon] != b':' {
+        return None;
+    }
+    let rest = &rest[colon + 1..];
+    let start = rest.iter().position(|b| !b.is_ascii_whitespace())?;
+    let mut strings = serde_json::Deserializer::from_slice(&rest[start..]).into_iter::<String>();
+    strings.next()?.ok()
 }

@@ -19,6 +19,8 @@ pub struct StandaloneSettings {
     pub name: Vec<String>,
     /// Where to write the self-signed CA (the CRD's caBundle).
     pub ca_out: Option<String>,
+    /// What one review may cost.
+    pub limits: super::Limits,
 }
 
 /// Serves until Ctrl-C / SIGTERM. Errors are bad input or a failed start.
@@ -32,6 +34,9 @@ pub enum Error {
     /// A policy file that cannot be read or parsed (bad input).
     #[error(transparent)]
     Policy(#[from] manifest::Error),
+    /// A policy whose conversion does not validate (bad input).
+    #[error("{origin}: invalid spec.conversion:\n{errors}")]
+    InvalidConversion { origin: String, errors: crate::field_errors::FieldErrors },
     /// A certificate file that cannot be read or used (bad input).
     #[error("{path}: {message}")]
     CertificateFile { path: String, message: String },
@@ -52,7 +57,10 @@ pub enum Error {
 impl Error {
     /// Whether the input (files, arguments) is at fault, rather than the environment.
     pub fn is_invalid_input(&self) -> bool {
-        matches!(self, Error::Policy(_) | Error::CertificateFile { .. })
+        matches!(
+            self,
+            Error::Policy(_) | Error::InvalidConversion { .. } | Error::CertificateFile { .. }
+        )
     }
 }
 
@@ -67,9 +75,16 @@ pub async fn run(args: &StandaloneSettings, client: Option<kube::Client>) -> Res
         let mut loaded = Vec::new();
         for path in &args.policy {
             let text = manifest::read_source(path)?;
-            loaded.push(manifest::parse_policy(&text, &manifest::origin_of(path))?);
+            let origin = manifest::origin_of(path);
+            let policy = manifest::parse_policy(&text, &origin)?;
+            // Refused at start, not at every review.
+            if let Some(spec) = &policy.spec.conversion {
+                crate::conversion::Converter::for_spec(spec)
+                    .map_err(|errors| Error::InvalidConversion { origin, errors })?;
+            }
+            loaded.push(policy);
         }
-        Arc::new(StaticPolicies(loaded))
+        Arc::new(StaticPolicies::new(loaded))
     };
     let store = Arc::new(CertStore::default());
     match (&args.cert_file, &args.key_file) {
@@ -107,6 +122,7 @@ pub async fn run(args: &StandaloneSettings, client: Option<kube::Client>) -> Res
         store,
         policies,
         Arc::new(super::WebhookMetrics::default()),
+        args.limits.clone(),
         async {
             let _ = tokio::signal::ctrl_c().await;
         },

@@ -267,6 +267,7 @@ mod operations;
 mod safety;
 mod sequence;
 mod webhook;
+mod webhook_limits;
 
 /// Discovery confirmations 1 ms apart, so that tests do not wait seconds for a switch.
 pub fn fast_settle_check() -> crd_lifecycle::migrate::SettleCheck {

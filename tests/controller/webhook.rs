@@ -12,7 +12,7 @@ const CONVERSION_POLICY: &str = include_str!("../../examples/conversion/policy.y
 fn policies() -> Arc<dyn PolicySource> {
     let policy: VersionPolicy =
         crd_lifecycle::manifest::parse_policy(CONVERSION_POLICY, "policy.yaml").expect("example policy");
-    Arc::new(StaticPolicies(vec![policy]))
+    Arc::new(StaticPolicies::new(vec![policy]))
 }
 
 /// A review as the apiserver sends it (apiserver-samples/18), for `objects`.
@@ -152,6 +152,7 @@ async fn the_webhook_serves_https_and_picks_up_renewed_certificates() {
         store.clone(),
         policies(),
         metrics.clone(),
+        webhook::Limits::default(),
         async move {
             let _ = stopped.await;
         },
@@ -345,7 +346,7 @@ mod crd_conversion {
         )
         .expect("metadata");
         writer.apply_watcher_event(&watcher::Event::Apply(meta));
-        Arc::new(CachedPolicies { policies, crds })
+        Arc::new(CachedPolicies::new(policies, crds))
     }
 
     #[tokio::test]

@@ -533,14 +533,30 @@ fn plan_markdown_lists_the_gates() {
 
 #[test]
 fn plan_and_convert_refuse_a_type_change_that_does_not_compile() {
+    refuse_upgrade("int(", "spec.conversion.changes[1].changed[0].upgrade: does not compile");
+    // A misspelled function is caught when the policy is read, not at every conversion.
+    refuse_upgrade(
+        "int(self.lowerascii())",
+        "spec.conversion.changes[1].changed[0].upgrade: unknown function lowerascii (did you mean lowerAscii?)",
+    );
+    refuse_upgrade(
+        "self.replace('a')",
+        "spec.conversion.changes[1].changed[0].upgrade: replace takes 2 or 3 argument(s), not 1",
+    );
+}
+
+/// `plan`, `convert` and `webhook` exit 2 naming `problem` for the example policy with
+/// `upgrade` as its type change.
+fn refuse_upgrade(upgrade: &str, problem: &str) {
     let policy = std::fs::read_to_string(format!(
         "{}/examples/conversion/policy.yaml",
         env!("CARGO_MANIFEST_DIR")
     ))
     .expect("example")
-    .replace("upgrade: \"int(self)\"", "upgrade: \"int(\"");
-    assert!(policy.contains("upgrade: \"int(\""), "{policy}");
+    .replace("upgrade: \"int(self)\"", &format!("upgrade: \"{upgrade}\""));
+    assert!(policy.contains(upgrade), "{policy}");
     for args in [
+        &["webhook", "--policy", "-", "--port", "0"][..],
         &["plan", "--policy", "-", "--crd", "examples/conversion/crd.yaml"][..],
         &[
             "convert",
@@ -554,9 +570,6 @@ fn plan_and_convert_refuse_a_type_change_that_does_not_compile() {
         let output = run(args, Some(&policy));
         assert_eq!(output.status.code(), Some(2), "{args:?}");
         let stderr = text(&output.stderr);
-        assert!(
-            stderr.contains("spec.conversion.changes[1].changed[0].upgrade: does not compile"),
-            "{args:?}: {stderr}"
-        );
+        assert!(stderr.contains(problem), "{args:?}: {stderr}");
     }
 }

@@ -127,6 +127,7 @@ fn build(choices: &[VersionChoice]) -> Case {
             .collect(),
         stored_versions: vec![names[0].clone()],
         managed_fields_pending: Vec::new(),
+        schemas: Default::default(),
     };
     let spec = VersionPolicySpec {
         crd_name: "widgets.example.com".into(),

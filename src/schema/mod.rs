@@ -1,0 +1,121 @@
+//! Structural schemas of a CRD's versions (`openAPIV3Schema`), as the apiserver applies them
+//! to objects: the fields each version has and their types (for conversion coverage), the
+//! validation and pruning of an object, and objects generated from a schema (for `test`).
+//! Pure: plain JSON in, plain data out.
+
+mod fields;
+mod generate;
+mod validate;
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+pub use fields::{Field, fields};
+pub use generate::{Rng, generate};
+pub use validate::{Problem, validate};
+
+/// One node of a structural schema.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Schema {
+    /// `object`, `array`, `string`, `integer`, `number` or `boolean`; `None` with
+    /// `x-kubernetes-preserve-unknown-fields` or `x-kubernetes-int-or-string`.
+    pub kind: Option<String>,
+    pub properties: BTreeMap<String, Schema>,
+    /// `additionalProperties`: a map whose values have this schema.
+    pub additional_properties: Option<Box<Schema>>,
+    pub items: Option<Box<Schema>>,
+    pub preserve_unknown_fields: bool,
+    pub int_or_string: bool,
+    pub embedded_resource: bool,
+    pub nullable: bool,
+    pub required: Vec<String>,
+    pub enum_values: Option<Vec<Value>>,
+    pub format: Option<String>,
+    pub pattern: Option<String>,
+    pub minimum: Option<f64>,
+    pub maximum: Option<f64>,
+    pub exclusive_minimum: bool,
+    pub exclusive_maximum: bool,
+    pub min_length: Option<u64>,
+    pub max_length: Option<u64>,
+    pub min_items: Option<u64>,
+    pub max_items: Option<u64>,
+    pub min_properties: Option<u64>,
+    pub max_properties: Option<u64>,
+    pub default: Option<Value>,
+}
+
+impl Schema {
+    /// Reads a `JSONSchemaProps` (as JSON). Unknown keywords are ignored: the apiserver has
+    /// already accepted the CRD.
+    pub fn parse(value: &Value) -> Schema {
+        let text = |key: &str| value.get(key).and_then(Value::as_str).map(str::to_owned);
+        let number = |key: &str| value.get(key).and_then(Value::as_f64);
+        let count = |key: &str| value.get(key).and_then(Value::as_u64);
+        let flag = |key: &str| value.get(key).and_then(Value::as_bool).unwrap_or(false);
+        let properties = value
+            .get("properties")
+            .and_then(Value::as_object)
+            .map(|props| props.iter().map(|(k, v)| (k.clone(), Schema::parse(v))).collect())
+            .unwrap_or_default();
+        let additional_properties = match value.get("additionalProperties") {
+            Some(Value::Object(schema)) => Some(Box::new(Schema::parse(&Value::Object(schema.clone())))),
+            Some(Value::Bool(true)) => Some(Box::new(Schema {
+                preserve_unknown_fields: true,
+                ..Schema::default()
+            })),
+            _ => None,
+        };
+        Schema {
+            kind: text("type"),
+            properties,
+            additional_properties,
+            items: value.get("items").map(|items| Box::new(Schema::parse(items))),
+            preserve_unknown_fields: flag("x-kubernetes-preserve-unknown-fields"),
+            int_or_string: flag("x-kubernetes-int-or-string"),
+            embedded_resource: flag("x-kubernetes-embedded-resource"),
+            nullable: flag("nullable"),
+            required: value
+                .get("required")
+                .and_then(Value::as_array)
+                .map(|names| names.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+                .unwrap_or_default(),
+            enum_values: value.get("enum").and_then(Value::as_array).cloned(),
+            format: text("format"),
+            pattern: text("pattern"),
+            minimum: number("minimum"),
+            maximum: number("maximum"),
+            exclusive_minimum: flag("exclusiveMinimum"),
+            exclusive_maximum: flag("exclusiveMaximum"),
+            min_length: count("minLength"),
+            max_length: count("maxLength"),
+            min_items: count("minItems"),
+            max_items: count("maxItems"),
+            min_properties: count("minProperties"),
+            max_properties: count("maxProperties"),
+            default: value.get("default").cloned(),
+        }
+    }
+
+    /// Whether the node is an object whose unknown fields are kept (not pruned).
+    pub fn keeps_unknown_fields(&self) -> bool {
+        self.preserve_unknown_fields
+    }
+}
+
+/// The schemas of a CRD's versions, by version name, from the CRD manifest (JSON). Versions
+/// without a schema are left out.
+pub fn version_schemas(crd: &Value) -> BTreeMap<String, Schema> {
+    let shared = crd.pointer("/spec/validation/openAPIV3Schema");
+    crd.pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|version| {
+            let name = version.get("name")?.as_str()?;
+            let schema = version.pointer("/schema/openAPIV3Schema").or(shared)?;
+            Some((name.to_owned(), Schema::parse(schema)))
+        })
+        .collect()
+}
