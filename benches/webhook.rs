@@ -92,9 +92,17 @@ async fn run() {
         // Warm up: first connection, first compile.
         list_of_single_reviews(&mut client, "/convert/gadgets", 100).await;
         let list = list_of_single_reviews(&mut client, "/convert/gadgets", objects).await;
-        report(&format!("{label}: {objects} 1-object reviews"), &list, Some(&floor_list));
+        report(
+            &format!("{label}: {objects} 1-object reviews"),
+            &list,
+            Some(&floor_list),
+        );
         let big = big_reviews(&mut client, "/convert/gadgets", objects, 10).await;
-        report(&format!("{label}: {objects}-object review"), &big, Some(&floor_big));
+        report(
+            &format!("{label}: {objects}-object review"),
+            &big,
+            Some(&floor_big),
+        );
         println!("  webhook peak memory (VmHWM): {:.1} MB", webhook.peak_mb());
     }
 
@@ -121,7 +129,11 @@ async fn list_of_single_reviews(client: &mut Client, path: &str, n: usize) -> Ve
         let (code, reply) = client.post(path, body).await;
         latencies.push(started.elapsed());
         assert_eq!(code, 200);
-        assert!(reply.windows(9).any(|w| w == b"\"Success\""), "{}", String::from_utf8_lossy(&reply));
+        assert!(
+            reply.windows(9).any(|w| w == b"\"Success\""),
+            "{}",
+            String::from_utf8_lossy(&reply)
+        );
     }
     latencies
 }
@@ -178,7 +190,12 @@ fn report(label: &str, latencies: &[Duration], floor: Option<&[Duration]>) {
     let at = |q: f64| sorted[((sorted.len() as f64 - 1.0) * q).round() as usize];
     let total: Duration = latencies.iter().sum();
     let ratio = floor
-        .map(|floor| format!("{:.2}x", total.as_secs_f64() / floor.iter().sum::<Duration>().as_secs_f64()))
+        .map(|floor| {
+            format!(
+                "{:.2}x",
+                total.as_secs_f64() / floor.iter().sum::<Duration>().as_secs_f64()
+            )
+        })
         .unwrap_or_default();
     println!(
         "{label:<34} {:>10} {:>10} {:>10} {ratio:>9}",
@@ -215,7 +232,15 @@ impl Webhook {
     fn start(policy: &str, dir: &str) -> Webhook {
         Webhook::spawn(dir, |port, ca| {
             let mut command = Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"));
-            command.args(["webhook", "--policy", policy, "--port", &port.to_string(), "--ca-out", ca]);
+            command.args([
+                "webhook",
+                "--policy",
+                policy,
+                "--port",
+                &port.to_string(),
+                "--ca-out",
+                ca,
+            ]);
             command
         })
     }
@@ -288,28 +313,36 @@ async fn serve_floor(port: u16, ca_file: &str) {
         .expect("certificate");
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.expect("bind");
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("bind");
     std::fs::write(ca_file, &bundle.ca_pem).expect("CA written");
     {
         loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(stream).await else { return };
-                let service = hyper::service::service_fn(|request: http::Request<hyper::body::Incoming>| async move {
-                    let body = request.into_body().collect().await?.to_bytes();
-                    let mut review: Value = serde_json::from_slice(&body).unwrap_or_default();
-                    let desired = review["request"]["desiredAPIVersion"].clone();
-                    let mut objects = review["request"]["objects"].take();
-                    for object in objects.as_array_mut().into_iter().flatten() {
-                        object["apiVersion"] = desired.clone();
-                    }
-                    let reply = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(
+                    |request: http::Request<hyper::body::Incoming>| async move {
+                        let body = request.into_body().collect().await?.to_bytes();
+                        let mut review: Value = serde_json::from_slice(&body).unwrap_or_default();
+                        let desired = review["request"]["desiredAPIVersion"].clone();
+                        let mut objects = review["request"]["objects"].take();
+                        for object in objects.as_array_mut().into_iter().flatten() {
+                            object["apiVersion"] = desired.clone();
+                        }
+                        let reply = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
                         "response": {"uid": review["request"]["uid"], "result": {"status": "Success"}, "convertedObjects": objects}});
-                    Ok::<_, hyper::Error>(http::Response::new(Full::new(Bytes::from(
-                        serde_json::to_vec(&reply).unwrap_or_default(),
-                    ))))
-                });
+                        Ok::<_, hyper::Error>(http::Response::new(Full::new(Bytes::from(
+                            serde_json::to_vec(&reply).unwrap_or_default(),
+                        ))))
+                    },
+                );
                 let _ = auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(tls), service)
                     .await;

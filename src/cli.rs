@@ -40,6 +40,11 @@ pub enum Command {
     /// Convert objects (YAML or JSON, several documents) with a policy's spec.conversion,
     /// offline.
     Convert(ConvertArgs),
+    /// Test a policy's conversion against its CRD's schemas: objects generated from each
+    /// version's schema (and given examples) convert to every other version and back
+    /// exactly, and fit every version's schema (exit 0 when all pass, 1 printing the
+    /// smallest failing object, 2 on bad input).
+    Test(TestArgs),
     /// Rewrite every object of a CRD into its storage version, then trim
     /// status.storedVersions (exit 0 only when trimmed, 1 on failures, 2 on bad arguments).
     Migrate(MigrateArgs),
@@ -52,6 +57,38 @@ pub enum Command {
     /// crdlifecycle.io/aggregate-to-migrator so that the operator's migrator role
     /// aggregates it (`| kubectl apply -f -`).
     Rbac(RbacArgs),
+}
+
+/// Arguments of `crd-lifecycle test`.
+#[derive(Args, Debug, Clone)]
+pub struct TestArgs {
+    /// The VersionPolicy whose spec.conversion to test (`-` for stdin).
+    #[arg(long, value_name = "FILE")]
+    pub policy: String,
+
+    /// The CustomResourceDefinition manifest with every version's schema.
+    #[arg(long, value_name = "FILE")]
+    pub crd: String,
+
+    /// Objects generated from each version's schema.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub cases: usize,
+
+    /// Seed of the generator: the same seed generates the same objects.
+    #[arg(long, value_name = "S", default_value_t = 1)]
+    pub seed: u64,
+
+    /// A folder of example objects (YAML or JSON files) to test too.
+    #[arg(long, value_name = "DIR")]
+    pub objects: Option<String>,
+
+    /// Write the conversions as a golden corpus (one <version>.json per version).
+    #[arg(long, value_name = "DIR", conflicts_with = "golden")]
+    pub record: Option<String>,
+
+    /// Fail when the policy converts a recorded corpus differently.
+    #[arg(long, value_name = "DIR")]
+    pub golden: Option<String>,
 }
 
 /// Arguments of `crd-lifecycle rbac`.

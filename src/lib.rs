@@ -3,6 +3,7 @@
 pub mod api;
 pub mod controller;
 pub mod conversion;
+pub mod conversion_test;
 pub mod convert_objects;
 pub mod field_errors;
 pub mod kubeclient;

@@ -6,6 +6,7 @@ mod migrate;
 mod plan;
 mod rbac;
 mod run;
+mod test;
 mod webhook;
 
 use std::io::Write;
@@ -45,6 +46,7 @@ pub fn dispatch(cli: Cli) -> Result<(), CommandError> {
     match cli.command {
         Command::Plan(args) => plan::run(&args),
         Command::Convert(args) => convert::run(&args),
+        Command::Test(args) => test::run(&args),
         Command::Crd => crd_lifecycle::api::versionpolicy_crd_yaml()
             .map_err(CommandError::failed)
             .and_then(|yaml| {

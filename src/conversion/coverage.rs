@@ -13,7 +13,11 @@ use super::Converter;
 /// Problems of the conversion against the versions' schemas, each at
 /// `spec.conversion.changes[i]`, naming the two versions and the field path. Steps whose
 /// versions have no schema are not compared.
-pub fn check(spec: &ConversionSpec, converter: &Converter, schemas: &BTreeMap<String, Schema>) -> FieldErrors {
+pub fn check(
+    spec: &ConversionSpec,
+    converter: &Converter,
+    schemas: &BTreeMap<String, Schema>,
+) -> FieldErrors {
     let mut errors = FieldErrors::default();
     for (i, step) in spec.changes.iter().enumerate() {
         let (Some(older), Some(newer)) = (schemas.get(&step.from), schemas.get(&step.to)) else {
@@ -27,9 +31,11 @@ pub fn check(spec: &ConversionSpec, converter: &Converter, schemas: &BTreeMap<St
         let under = |path: &str, roots: &[&str]| roots.iter().any(|root| within(path, root));
         // Up: every field of the older version lands somewhere in the newer one.
         for (path, field) in &old_fields {
-            if under(path, &accepted) || is_container(path, &old_fields) {
+            if is_container(path, &old_fields) {
                 continue;
             }
+            // A loss can be accepted; a wrong type cannot (the apiserver rejects it on write).
+            let lost_on_purpose = under(path, &accepted);
             let Some(moved) = translate(converter, path, &step.from, &step.to) else {
                 continue; // removed: kept in the conversion-data annotation
             };
@@ -40,11 +46,11 @@ pub fn check(spec: &ConversionSpec, converter: &Converter, schemas: &BTreeMap<St
                 Some(other) if other.signature != field.signature => errors.push(
                     at.clone(),
                     format!(
-                        "{pair}: {moved} is {} in {} and {} in {}: add a changed rule for {moved} (or acceptLoss)",
+                        "{pair}: {moved} is {} in {} and {} in {}: add a changed rule for {moved}",
                         field.signature, step.from, other.signature, step.to
                     ),
                 ),
-                Some(other) if other.default != field.default => errors.push(
+                Some(other) if other.default != field.default && !lost_on_purpose => errors.push(
                     at.clone(),
                     format!(
                         "{pair}: {moved} defaults to {} in {} and to {} in {}: objects that omit it read differently in each; add a changed rule for {moved} (or acceptLoss)",
@@ -55,7 +61,7 @@ pub fn check(spec: &ConversionSpec, converter: &Converter, schemas: &BTreeMap<St
                     ),
                 ),
                 Some(_) => {}
-                None if kept_open(&moved, &new_fields) => {}
+                None if lost_on_purpose || kept_open(&moved, &new_fields) => {}
                 None => errors.push(
                     at.clone(),
                     format!(
@@ -96,7 +102,9 @@ fn within(path: &str, root: &str) -> bool {
 /// An object field with fields of its own listed: it is covered by its fields.
 fn is_container(path: &str, all: &BTreeMap<String, Field>) -> bool {
     let prefix = format!("{path}.");
-    all.range(prefix.clone()..).next().is_some_and(|(next, _)| next.starts_with(&prefix))
+    all.range(prefix.clone()..)
+        .next()
+        .is_some_and(|(next, _)| next.starts_with(&prefix))
 }
 
 /// A parent of `path` keeps unknown fields, so the apiserver keeps it.
@@ -113,9 +121,13 @@ fn kept_open(path: &str, all: &BTreeMap<String, Field>) -> bool {
 
 fn translate(converter: &Converter, path: &str, from: &str, to: &str) -> Option<String> {
     let segments: Vec<String> = path.split('.').map(str::to_owned).collect();
-    converter.translate_path(&segments, from, to).map(|moved| moved.join("."))
+    converter
+        .translate_path(&segments, from, to)
+        .map(|moved| moved.join("."))
 }
 
 fn shown(default: &Option<serde_json::Value>) -> String {
-    default.as_ref().map_or_else(|| "nothing".to_owned(), |value| value.to_string())
+    default
+        .as_ref()
+        .map_or_else(|| "nothing".to_owned(), |value| value.to_string())
 }

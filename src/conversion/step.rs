@@ -80,7 +80,12 @@ fn shortened(value: &Value) -> String {
 }
 
 impl Step {
-    pub(super) fn up(&self, object: &mut Value, saved: &mut Saved, budget: &mut Budget) -> Result<(), ConversionError> {
+    pub(super) fn up(
+        &self,
+        object: &mut Value,
+        saved: &mut Saved,
+        budget: &mut Budget,
+    ) -> Result<(), ConversionError> {
         for path in &self.removed {
             // Parents stay, even emptied: the object had them, and a schema may require them.
             if let Some(value) = path.take(object, |_| false) {
@@ -132,7 +137,12 @@ impl Step {
         Ok(())
     }
 
-    pub(super) fn down(&self, object: &mut Value, saved: &mut Saved, budget: &mut Budget) -> Result<(), ConversionError> {
+    pub(super) fn down(
+        &self,
+        object: &mut Value,
+        saved: &mut Saved,
+        budget: &mut Budget,
+    ) -> Result<(), ConversionError> {
         for (path, default) in self.added.iter().rev() {
             // Only the parents that converting up created for it go with it.
             let created = saved

@@ -1,7 +1,7 @@
 //! The parts of a CustomResourceDefinition the engine reads and writes, as plain data.
 
-use std::collections::BTreeMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use std::collections::BTreeMap;
 
 /// The lifecycle flags of one entry of a CRD's `spec.versions`.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -200,6 +200,9 @@ fn field_changes(step: &ConversionStep) -> Vec<String> {
             inline_code(&changed.downgrade)
         ));
     }
+    for loss in &step.accept_loss {
+        lines.push(format!("- dropped on purpose `{}`: {}", loss.path, loss.reason));
+    }
     lines
 }
 

@@ -93,6 +93,24 @@ pub fn render(policy: &VersionPolicy, plan: &Plan) -> String {
             need.storage_version
         ));
     }
+    let losses: Vec<String> = policy
+        .spec
+        .conversion
+        .iter()
+        .flat_map(|conversion| &conversion.changes)
+        .flat_map(|step| {
+            step.accept_loss.iter().map(move |loss| {
+                format!(
+                    "  {} -> {} drops {} on purpose: {}\n",
+                    step.from, step.to, loss.path, loss.reason
+                )
+            })
+        })
+        .collect();
+    if !losses.is_empty() {
+        out.push_str("\nACCEPTED LOSSES (the apiserver prunes these fields)\n");
+        out.push_str(&losses.concat());
+    }
     if !evaluation.blocked.is_empty() {
         out.push_str("\nBLOCKED\n");
         for blocked in &evaluation.blocked {

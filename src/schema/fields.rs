@@ -56,11 +56,17 @@ pub fn signature(schema: &Schema) -> String {
         match schema.kind.as_deref() {
             Some("array") => format!(
                 "array<{}>",
-                schema.items.as_deref().map_or_else(|| "any".to_owned(), deep_signature)
+                schema
+                    .items
+                    .as_deref()
+                    .map_or_else(|| "any".to_owned(), deep_signature)
             ),
             Some("object") if schema.additional_properties.is_some() => format!(
                 "map<{}>",
-                schema.additional_properties.as_deref().map_or_else(|| "any".to_owned(), deep_signature)
+                schema
+                    .additional_properties
+                    .as_deref()
+                    .map_or_else(|| "any".to_owned(), deep_signature)
             ),
             Some(kind) => kind.to_owned(),
             None if schema.preserve_unknown_fields => "any".to_owned(),

@@ -119,7 +119,11 @@ fn object(schema: &Schema, rng: &mut Rng, path: &str, depth: usize) -> Result<Va
         if !required && !rng.chance(70) {
             continue;
         }
-        let child_path = if path.is_empty() { name.clone() } else { format!("{path}.{name}") };
+        let child_path = if path.is_empty() {
+            name.clone()
+        } else {
+            format!("{path}.{name}")
+        };
         match value(child, rng, &child_path, depth + 1)? {
             Some(v) => {
                 fields.insert(name.clone(), v);
@@ -146,7 +150,10 @@ fn integer(schema: &Schema, rng: &mut Rng) -> i64 {
         _ => (i64::MIN, i64::MAX),
     };
     let mut low = schema.minimum.map_or(-1000, |m| m.ceil() as i64).max(format_low);
-    let mut high = schema.maximum.map_or(low.saturating_add(2000), |m| m.floor() as i64).min(format_high);
+    let mut high = schema
+        .maximum
+        .map_or(low.saturating_add(2000), |m| m.floor() as i64)
+        .min(format_high);
     if schema.exclusive_minimum {
         low = low.saturating_add(1);
     }
@@ -179,7 +186,11 @@ fn string(schema: &Schema, rng: &mut Rng, path: &str) -> Result<Option<String>, 
     let pattern = match &schema.pattern {
         Some(pattern) => match regex::Regex::new(pattern) {
             Ok(regex) => Some(regex),
-            Err(_) => return Err(format!("{path}: its pattern {pattern:?} cannot be used to generate values")),
+            Err(_) => {
+                return Err(format!(
+                    "{path}: its pattern {pattern:?} cannot be used to generate values"
+                ));
+            }
         },
         None => None,
     };
@@ -205,7 +216,12 @@ fn formatted(format: &str, rng: &mut Rng) -> Option<String> {
             rng.between(0, 59),
             rng.between(0, 59)
         ),
-        "date" => format!("20{:02}-{:02}-{:02}", rng.between(20, 40), rng.between(1, 12), rng.between(1, 28)),
+        "date" => format!(
+            "20{:02}-{:02}-{:02}",
+            rng.between(20, 40),
+            rng.between(1, 12),
+            rng.between(1, 28)
+        ),
         "uuid" => {
             let a = rng.next_u64();
             let b = rng.next_u64();
@@ -218,10 +234,17 @@ fn formatted(format: &str, rng: &mut Rng) -> Option<String> {
                 b & 0xffff_ffff_ffff
             )
         }
-        "ipv4" => format!("10.{}.{}.{}", rng.between(0, 255), rng.between(0, 255), rng.between(1, 254)),
+        "ipv4" => format!(
+            "10.{}.{}.{}",
+            rng.between(0, 255),
+            rng.between(0, 255),
+            rng.between(1, 254)
+        ),
         "byte" => {
             use base64::Engine;
-            let bytes: Vec<u8> = (0..rng.between(0, 8)).map(|_| rng.between(0, 255) as u8).collect();
+            let bytes: Vec<u8> = (0..rng.between(0, 8))
+                .map(|_| rng.between(0, 255) as u8)
+                .collect();
             base64::engine::general_purpose::STANDARD.encode(bytes)
         }
         _ => return None,
@@ -236,27 +259,30 @@ mod tests {
     #[test]
     fn generated_objects_fit_their_schema_and_repeat_with_the_seed() {
         let schema = Schema::parse(&json!({"type": "object", "properties": {"spec": {
-            "type": "object", "required": ["port", "mode"],
-            "properties": {
-                "port": {"type": "string", "pattern": "^[0-9]{1,5}$"},
-                "mode": {"type": "string", "enum": ["Always", "Never"]},
-                "replicas": {"type": "integer", "format": "int32", "minimum": 0, "maximum": 10},
-                "ratio": {"type": "number", "minimum": 0.5, "maximum": 1.5},
-                "when": {"type": "string", "format": "date-time"},
-                "id": {"type": "string", "format": "uuid"},
-                "tags": {"type": "array", "minItems": 1, "maxItems": 2, "items": {"type": "string", "minLength": 2, "maxLength": 4}},
-                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                "raw": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
-                "either": {"x-kubernetes-int-or-string": true},
-                "maybe": {"type": "string", "nullable": true}
-            }}}}));
+        "type": "object", "required": ["port", "mode"],
+        "properties": {
+            "port": {"type": "string", "pattern": "^[0-9]{1,5}$"},
+            "mode": {"type": "string", "enum": ["Always", "Never"]},
+            "replicas": {"type": "integer", "format": "int32", "minimum": 0, "maximum": 10},
+            "ratio": {"type": "number", "minimum": 0.5, "maximum": 1.5},
+            "when": {"type": "string", "format": "date-time"},
+            "id": {"type": "string", "format": "uuid"},
+            "tags": {"type": "array", "minItems": 1, "maxItems": 2, "items": {"type": "string", "minLength": 2, "maxLength": 4}},
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            "raw": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+            "either": {"x-kubernetes-int-or-string": true},
+            "maybe": {"type": "string", "nullable": true}
+        }}}}));
         let mut rng = Rng::new(7);
         for _ in 0..200 {
             let fields = generate(&schema, &mut rng).expect("generated");
             let object = Value::Object(fields);
             assert_eq!(validate(&schema, &object), Vec::new(), "{object}");
             if let Some(spec) = object.get("spec") {
-                assert!(spec["port"].is_string() && spec["mode"].is_string(), "required: {spec}");
+                assert!(
+                    spec["port"].is_string() && spec["mode"].is_string(),
+                    "required: {spec}"
+                );
             }
         }
         let again = |seed| generate(&schema, &mut Rng::new(seed)).expect("generated");

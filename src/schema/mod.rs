@@ -79,7 +79,13 @@ impl Schema {
             required: value
                 .get("required")
                 .and_then(Value::as_array)
-                .map(|names| names.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+                .map(|names| {
+                    names
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                })
                 .unwrap_or_default(),
             enum_values: value.get("enum").and_then(Value::as_array).cloned(),
             format: text("format"),

@@ -37,7 +37,10 @@ pub fn validate(root: &Schema, object: &Value) -> Vec<Problem> {
         match root.properties.get(name) {
             Some(schema) => check(schema, value, name, &mut problems),
             None if root.preserve_unknown_fields => {}
-            None => problems.push(problem(name, "unknown field: the apiserver prunes it (its value is lost)")),
+            None => problems.push(problem(
+                name,
+                "unknown field: the apiserver prunes it (its value is lost)",
+            )),
         }
     }
     for name in &root.required {
@@ -68,7 +71,11 @@ fn check(schema: &Schema, value: &Value, path: &str, problems: &mut Vec<Problem>
             format!(
                 "Invalid value: {}: must be of type {}",
                 short(value),
-                if schema.int_or_string { "integer or string" } else { schema.kind.as_deref().unwrap_or("any") }
+                if schema.int_or_string {
+                    "integer or string"
+                } else {
+                    schema.kind.as_deref().unwrap_or("any")
+                }
             ),
         ));
         return;
@@ -79,14 +86,25 @@ fn check(schema: &Schema, value: &Value, path: &str, problems: &mut Vec<Problem>
         let allowed: Vec<String> = allowed.iter().map(Value::to_string).collect();
         problems.push(problem(
             path,
-            format!("Unsupported value: {}: supported values: {}", short(value), allowed.join(", ")),
+            format!(
+                "Unsupported value: {}: supported values: {}",
+                short(value),
+                allowed.join(", ")
+            ),
         ));
     }
     match value {
         Value::String(text) => check_string(schema, text, path, problems),
         Value::Number(number) => check_number(schema, number, path, problems),
         Value::Array(items) => {
-            bounds(path, items.len() as u64, schema.min_items, schema.max_items, "items", problems);
+            bounds(
+                path,
+                items.len() as u64,
+                schema.min_items,
+                schema.max_items,
+                "items",
+                problems,
+            );
             if let Some(item_schema) = &schema.items {
                 for (i, item) in items.iter().enumerate() {
                     check(item_schema, item, &format!("{path}[{i}]"), problems);
@@ -94,16 +112,28 @@ fn check(schema: &Schema, value: &Value, path: &str, problems: &mut Vec<Problem>
             }
         }
         Value::Object(fields) => {
-            bounds(path, fields.len() as u64, schema.min_properties, schema.max_properties, "properties", problems);
+            bounds(
+                path,
+                fields.len() as u64,
+                schema.min_properties,
+                schema.max_properties,
+                "properties",
+                problems,
+            );
             for (name, child) in fields {
                 let child_path = format!("{path}.{name}");
                 if let Some(child_schema) = schema.properties.get(name) {
                     check(child_schema, child, &child_path, problems);
                 } else if let Some(values) = &schema.additional_properties {
                     check(values, child, &child_path, problems);
-                } else if schema.embedded_resource && matches!(name.as_str(), "apiVersion" | "kind" | "metadata") {
+                } else if schema.embedded_resource
+                    && matches!(name.as_str(), "apiVersion" | "kind" | "metadata")
+                {
                 } else if !schema.preserve_unknown_fields {
-                    problems.push(problem(&child_path, "unknown field: the apiserver prunes it (its value is lost)"));
+                    problems.push(problem(
+                        &child_path,
+                        "unknown field: the apiserver prunes it (its value is lost)",
+                    ));
                 }
             }
             for name in &schema.required {
@@ -134,14 +164,24 @@ fn type_fits(schema: &Schema, value: &Value) -> bool {
 
 fn check_string(schema: &Schema, text: &str, path: &str, problems: &mut Vec<Problem>) {
     let length = text.chars().count() as u64;
-    bounds(path, length, schema.min_length, schema.max_length, "characters", problems);
+    bounds(
+        path,
+        length,
+        schema.min_length,
+        schema.max_length,
+        "characters",
+        problems,
+    );
     if let Some(pattern) = &schema.pattern
         && let Ok(regex) = regex::Regex::new(pattern)
         && !regex.is_match(text)
     {
         problems.push(problem(
             path,
-            format!("Invalid value: {}: should match '{pattern}'", short(&Value::String(text.to_owned()))),
+            format!(
+                "Invalid value: {}: should match '{pattern}'",
+                short(&Value::String(text.to_owned()))
+            ),
         ));
     }
     if let Some(format) = &schema.format
@@ -149,7 +189,10 @@ fn check_string(schema: &Schema, text: &str, path: &str, problems: &mut Vec<Prob
     {
         problems.push(problem(
             path,
-            format!("Invalid value: {}: must be of format {format}", short(&Value::String(text.to_owned()))),
+            format!(
+                "Invalid value: {}: must be of format {format}",
+                short(&Value::String(text.to_owned()))
+            ),
         ));
     }
 }
@@ -180,14 +223,28 @@ fn check_number(schema: &Schema, number: &serde_json::Number, path: &str, proble
     if let Some(minimum) = schema.minimum
         && (value < minimum || (schema.exclusive_minimum && value == minimum))
     {
-        let relation = if schema.exclusive_minimum { "greater than" } else { "greater than or equal to" };
-        problems.push(problem(path, format!("Invalid value: {number}: should be {relation} {minimum}")));
+        let relation = if schema.exclusive_minimum {
+            "greater than"
+        } else {
+            "greater than or equal to"
+        };
+        problems.push(problem(
+            path,
+            format!("Invalid value: {number}: should be {relation} {minimum}"),
+        ));
     }
     if let Some(maximum) = schema.maximum
         && (value > maximum || (schema.exclusive_maximum && value == maximum))
     {
-        let relation = if schema.exclusive_maximum { "less than" } else { "less than or equal to" };
-        problems.push(problem(path, format!("Invalid value: {number}: should be {relation} {maximum}")));
+        let relation = if schema.exclusive_maximum {
+            "less than"
+        } else {
+            "less than or equal to"
+        };
+        problems.push(problem(
+            path,
+            format!("Invalid value: {number}: should be {relation} {maximum}"),
+        ));
     }
     let range = match schema.format.as_deref() {
         Some("int32") => Some((i32::MIN as f64, i32::MAX as f64)),
@@ -199,16 +256,29 @@ fn check_number(schema: &Schema, number: &serde_json::Number, path: &str, proble
     {
         problems.push(problem(
             path,
-            format!("Invalid value: {number}: must be of format {}", schema.format.as_deref().unwrap_or_default()),
+            format!(
+                "Invalid value: {number}: must be of format {}",
+                schema.format.as_deref().unwrap_or_default()
+            ),
         ));
     }
 }
 
-fn bounds(path: &str, size: u64, min: Option<u64>, max: Option<u64>, what: &str, problems: &mut Vec<Problem>) {
+fn bounds(
+    path: &str,
+    size: u64,
+    min: Option<u64>,
+    max: Option<u64>,
+    what: &str,
+    problems: &mut Vec<Problem>,
+) {
     if let Some(min) = min
         && size < min
     {
-        problems.push(problem(path, format!("Invalid value: {size}: should have at least {min} {what}")));
+        problems.push(problem(
+            path,
+            format!("Invalid value: {size}: should have at least {min} {what}"),
+        ));
     }
     if let Some(max) = max
         && size > max

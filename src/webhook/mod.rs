@@ -57,7 +57,9 @@ impl ConverterCache {
         }
         let lookup = match Converter::for_spec(spec) {
             Ok(converter) => Lookup::Found(Arc::new(converter)),
-            Err(errors) => Lookup::Invalid(format!("VersionPolicy {policy} has an invalid spec.conversion: {errors}")),
+            Err(errors) => Lookup::Invalid(format!(
+                "VersionPolicy {policy} has an invalid spec.conversion: {errors}"
+            )),
         };
         entries.insert(policy.to_owned(), (spec.clone(), lookup.clone()));
         lookup
@@ -251,7 +253,10 @@ pub fn answer(body: &[u8], policy: &str, lookup: Lookup, limits: &Limits) -> Ans
         }
     };
     let Some((_, version)) = desired.rsplit_once('/') else {
-        return failure(format!("desiredAPIVersion {desired:?} is not <group>/<version>"), false);
+        return failure(
+            format!("desiredAPIVersion {desired:?} is not <group>/<version>"),
+            false,
+        );
     };
     let mut budget = Budget::new(limits.review_cost, limits.call_cost);
     let mut converted = Vec::with_capacity(objects.len());

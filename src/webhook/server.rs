@@ -14,11 +14,11 @@ use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use tokio::sync::Semaphore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
+use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
@@ -105,7 +105,11 @@ pub fn router(policies: Arc<dyn PolicySource>, metrics: Arc<WebhookMetrics>, lim
         })
 }
 
-async fn convert(State(state): State<WebhookState>, Path(policy): Path<String>, request: Request) -> Response {
+async fn convert(
+    State(state): State<WebhookState>,
+    Path(policy): Path<String>,
+    request: Request,
+) -> Response {
     let started = std::time::Instant::now();
     let (parts, body) = request.into_parts();
     let length = parts
@@ -119,12 +123,19 @@ async fn convert(State(state): State<WebhookState>, Path(policy): Path<String>, 
     };
     let lookup = state.policies.converter(&policy);
     // Only policies the webhook knows become label values: any client can call any path.
-    let label = if matches!(lookup, Lookup::Missing) { "unknown".to_owned() } else { policy.clone() };
+    let label = if matches!(lookup, Lookup::Missing) {
+        "unknown".to_owned()
+    } else {
+        policy.clone()
+    };
     let limit = state.limits.max_review_bytes;
     let body = match read_body(body, length, limit).await {
         Ok(body) => body,
         Err(ReadError::TooLarge { prefix, size }) => {
-            warn!(policy, size, limit, "refused a ConversionReview over the size limit");
+            warn!(
+                policy,
+                size, limit, "refused a ConversionReview over the size limit"
+            );
             state
                 .metrics
                 .observe_review(&label, ReviewResult::failure, started.elapsed());
@@ -212,7 +223,10 @@ fn json(status: StatusCode, body: Vec<u8>) -> Response {
 
 enum ReadError {
     /// Over the limit: the first bytes (for the uid) and the size, if it was read to the end.
-    TooLarge { prefix: Vec<u8>, size: Option<usize> },
+    TooLarge {
+        prefix: Vec<u8>,
+        size: Option<usize>,
+    },
     Broken(String),
 }
 

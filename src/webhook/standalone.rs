@@ -36,7 +36,10 @@ pub enum Error {
     Policy(#[from] manifest::Error),
     /// A policy whose conversion does not validate (bad input).
     #[error("{origin}: invalid spec.conversion:\n{errors}")]
-    InvalidConversion { origin: String, errors: crate::field_errors::FieldErrors },
+    InvalidConversion {
+        origin: String,
+        errors: crate::field_errors::FieldErrors,
+    },
     /// A certificate file that cannot be read or used (bad input).
     #[error("{path}: {message}")]
     CertificateFile { path: String, message: String },

@@ -43,8 +43,10 @@ fn thing(name: &str, value: Value) -> Value {
 }
 
 fn review(objects: Vec<Value>) -> Vec<u8> {
-    serde_json::to_vec(&json!({"kind": "ConversionReview", "apiVersion": "apiextensions.k8s.io/v1",
-        "request": {"uid": UID, "desiredAPIVersion": "example.com/v2", "objects": objects}}))
+    serde_json::to_vec(
+        &json!({"kind": "ConversionReview", "apiVersion": "apiextensions.k8s.io/v1",
+        "request": {"uid": UID, "desiredAPIVersion": "example.com/v2", "objects": objects}}),
+    )
     .expect("json")
 }
 
@@ -54,7 +56,9 @@ async fn post(client: &mut Client, body: Vec<u8>) -> (u16, Value) {
 }
 
 fn message(reply: &Value) -> &str {
-    reply["response"]["result"]["message"].as_str().unwrap_or_default()
+    reply["response"]["result"]["message"]
+        .as_str()
+        .unwrap_or_default()
 }
 
 #[tokio::test]
@@ -118,7 +122,10 @@ async fn a_20_mb_review_converts_under_a_raised_limit() {
     assert_eq!(reply["response"]["result"]["status"], "Success");
     let converted = &reply["response"]["convertedObjects"][0];
     assert_eq!(converted["apiVersion"], "example.com/v2");
-    assert_eq!(converted["spec"]["value"].as_str().map(str::len), Some(20_000_000));
+    assert_eq!(
+        converted["spec"]["value"].as_str().map(str::len),
+        Some(20_000_000)
+    );
 }
 
 #[tokio::test]
@@ -145,32 +152,54 @@ async fn a_bomb_policy_is_refused_at_its_limit_naming_object_path_and_expression
 
 #[tokio::test]
 async fn a_bomb_object_is_bounded_and_linear_expressions_stay_cheap() {
-    let served = serve(policy_changing("self.map(x, x + x)", "self.map(x, x / 2)"), Limits::default()).await;
+    let served = serve(
+        policy_changing("self.map(x, x + x)", "self.map(x, x / 2)"),
+        Limits::default(),
+    )
+    .await;
     let mut client = Client::connect(&served, ALPN_AS_THE_APISERVER).await;
     // 16,000 items: linear, converts.
     let items: Vec<i64> = (0..16_000).collect();
     let (_, reply) = post(&mut client, review(vec![thing("many", json!(items))])).await;
-    assert_eq!(reply["response"]["result"]["status"], "Success", "{}", message(&reply));
-    assert_eq!(reply["response"]["convertedObjects"][0]["spec"]["value"][15_999], 31_998);
+    assert_eq!(
+        reply["response"]["result"]["status"],
+        "Success",
+        "{}",
+        message(&reply)
+    );
+    assert_eq!(
+        reply["response"]["convertedObjects"][0]["spec"]["value"][15_999],
+        31_998
+    );
     // An object so large that mapping it is over the per-call limit.
     let items: Vec<i64> = (0..150_000).collect();
     let (_, reply) = post(&mut client, review(vec![thing("huge", json!(items))])).await;
     assert_eq!(reply["response"]["result"]["status"], "Failure");
     assert!(
         message(&reply).contains("cannot convert ns1/huge to v2: spec.value: upgrade `self.map(x, x + x)`")
-            && message(&reply).ends_with("(938891 bytes): the expression exceeded its cost limit of 1000000 units per evaluation"),
+            && message(&reply).ends_with(
+                "(938891 bytes): the expression exceeded its cost limit of 1000000 units per evaluation"
+            ),
         "{}",
         message(&reply)
     );
     // Objects that each fit their per-call limit still share the review's budget.
-    let served = serve(policy_changing("self.map(x, [x, x, x])", "self.map(x, x[0])"), Limits::default()).await;
+    let served = serve(
+        policy_changing("self.map(x, [x, x, x])", "self.map(x, x[0])"),
+        Limits::default(),
+    )
+    .await;
     let mut client = Client::connect(&served, ALPN_AS_THE_APISERVER).await;
     let many: Vec<Value> = (0..40)
         .map(|i| thing(&format!("t{i}"), json!((0..20_000).collect::<Vec<i64>>())))
         .collect();
     let (_, reply) = post(&mut client, review(many)).await;
     assert_eq!(reply["response"]["result"]["status"], "Failure");
-    assert!(message(&reply).contains("review's cost budget of 10000000"), "{}", message(&reply));
+    assert!(
+        message(&reply).contains("review's cost budget of 10000000"),
+        "{}",
+        message(&reply)
+    );
 }
 
 /// On a runtime with a single worker thread, a conversion that ran on it would hold every
@@ -179,7 +208,11 @@ async fn a_bomb_object_is_bounded_and_linear_expressions_stay_cheap() {
 /// spend their whole budget are still running.
 #[tokio::test(flavor = "current_thread")]
 async fn health_answers_while_reviews_spend_their_whole_budget() {
-    let served = serve(policy_changing("self.map(x, self.join(','))", "self"), Limits::default()).await;
+    let served = serve(
+        policy_changing("self.map(x, self.join(','))", "self"),
+        Limits::default(),
+    )
+    .await;
     let words: Vec<String> = vec!["w".repeat(1_000); 1_000];
     let mut bombs = Vec::new();
     for _ in 0..4 {
@@ -202,6 +235,10 @@ async fn health_answers_while_reviews_spend_their_whole_budget() {
     );
     for bomb in bombs {
         let (_, reply) = bomb.await.expect("answered");
-        assert!(message(&reply).contains("cost limit of 1000000"), "{}", message(&reply));
+        assert!(
+            message(&reply).contains("cost limit of 1000000"),
+            "{}",
+            message(&reply)
+        );
     }
 }

@@ -533,7 +533,10 @@ fn plan_markdown_lists_the_gates() {
 
 #[test]
 fn plan_and_convert_refuse_a_type_change_that_does_not_compile() {
-    refuse_upgrade("int(", "spec.conversion.changes[1].changed[0].upgrade: does not compile");
+    refuse_upgrade(
+        "int(",
+        "spec.conversion.changes[1].changed[0].upgrade: does not compile",
+    );
     // A misspelled function is caught when the policy is read, not at every conversion.
     refuse_upgrade(
         "int(self.lowerascii())",

@@ -11,4 +11,5 @@ mod fixtures;
 mod gates;
 mod kubectl_plugin;
 mod properties;
+mod schema_coverage;
 mod validation;

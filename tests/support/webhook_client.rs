@@ -47,7 +47,9 @@ pub async fn serve(policies: Arc<dyn PolicySource>, limits: Limits) -> Served {
     let names = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
     let bundle = certs::new_bundle(&names, jiff::Timestamp::now()).expect("certificates");
     let store = Arc::new(CertStore::default());
-    store.set_pem(&bundle.cert_pem, &bundle.key_pem).expect("installed");
+    store
+        .set_pem(&bundle.cert_pem, &bundle.key_pem)
+        .expect("installed");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
@@ -160,7 +162,9 @@ impl Client {
                 // HTTP/1.1 sends the path alone, and the host as a header.
                 let mut request = request;
                 *request.uri_mut() = path.parse().expect("path");
-                request.headers_mut().insert("host", http::HeaderValue::from_static("127.0.0.1"));
+                request
+                    .headers_mut()
+                    .insert("host", http::HeaderValue::from_static("127.0.0.1"));
                 sender.send_request(request).await.expect("answered")
             }
             Sender::Http2(sender) => {

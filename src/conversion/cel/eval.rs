@@ -290,7 +290,10 @@ impl<'a> Evaluator<'a> {
             },
             (operators::EQUALS, 2) => Ok(Value::Bool(equal(a(0), a(1), &mut self.meter)?)),
             (operators::NOT_EQUALS, 2) => Ok(Value::Bool(!equal(a(0), a(1), &mut self.meter)?)),
-            (operators::LESS | operators::LESS_EQUALS | operators::GREATER | operators::GREATER_EQUALS, 2) => {
+            (
+                operators::LESS | operators::LESS_EQUALS | operators::GREATER | operators::GREATER_EQUALS,
+                2,
+            ) => {
                 let ordering = self.compare(name, a(0), a(1))?;
                 Ok(Value::Bool(match name {
                     operators::LESS => ordering == Ordering::Less,
@@ -393,7 +396,9 @@ impl<'a> Evaluator<'a> {
                 None => value,
                 Some(current) => {
                     let ordering = self.compare(name, value, current)?;
-                    if (greatest && ordering == Ordering::Greater) || (!greatest && ordering == Ordering::Less) {
+                    if (greatest && ordering == Ordering::Greater)
+                        || (!greatest && ordering == Ordering::Less)
+                    {
                         value
                     } else {
                         current
@@ -456,7 +461,11 @@ impl<'a> Evaluator<'a> {
                 } else {
                     s.matches(&*from).count() as u128
                 };
-                let replaced = if limit < 0 { occurrences } else { occurrences.min(limit as u128) };
+                let replaced = if limit < 0 {
+                    occurrences
+                } else {
+                    occurrences.min(limit as u128)
+                };
                 let bytes = s.len() as u128 + replaced * to.len() as u128 - replaced * from.len() as u128;
                 self.meter.build_string(bytes)?;
                 string(if limit < 0 {
@@ -476,20 +485,29 @@ impl<'a> Evaluator<'a> {
                 } else {
                     s.matches(&*separator).count() as u128 + 1
                 };
-                let pieces = if limit < 0 { pieces } else { pieces.min(limit as u128) };
+                let pieces = if limit < 0 {
+                    pieces
+                } else {
+                    pieces.min(limit as u128)
+                };
                 self.meter.build_list(pieces)?;
                 let parts: Vec<Value> = match (separator.is_empty(), limit < 0) {
                     (true, _) => {
                         let chars: Vec<char> = s.chars().collect();
                         let keep = pieces as usize;
-                        let mut parts: Vec<Value> =
-                            chars[..keep.saturating_sub(1)].iter().map(|c| string(c.to_string())).collect();
+                        let mut parts: Vec<Value> = chars[..keep.saturating_sub(1)]
+                            .iter()
+                            .map(|c| string(c.to_string()))
+                            .collect();
                         if keep > 0 {
                             parts.push(string(chars[keep - 1..].iter().collect()));
                         }
                         parts
                     }
-                    (false, true) => s.split(&*separator).map(|p| Value::String(Arc::from(p))).collect(),
+                    (false, true) => s
+                        .split(&*separator)
+                        .map(|p| Value::String(Arc::from(p)))
+                        .collect(),
                     (false, false) => s
                         .splitn(limit as usize, &*separator)
                         .map(|p| Value::String(Arc::from(p)))
@@ -500,7 +518,11 @@ impl<'a> Evaluator<'a> {
             "substring" => {
                 let chars: Vec<(usize, char)> = s.char_indices().collect();
                 let start = int(0)?;
-                let end = if args.len() == 2 { int(1)? } else { chars.len() as i64 };
+                let end = if args.len() == 2 {
+                    int(1)?
+                } else {
+                    chars.len() as i64
+                };
                 if start < 0 || end < start || end as usize > chars.len() {
                     return Err(Stop::error(format!(
                         "substring({start}, {end}) is out of range for a string of {} characters",
@@ -514,13 +536,19 @@ impl<'a> Evaluator<'a> {
                 let at = int(0)?;
                 let count = s.chars().count() as i64;
                 if at < 0 || at > count {
-                    return Err(Stop::error(format!("charAt({at}) is out of range for a string of {count} characters")));
+                    return Err(Stop::error(format!(
+                        "charAt({at}) is out of range for a string of {count} characters"
+                    )));
                 }
                 string(s.chars().nth(at as usize).map(String::from).unwrap_or_default())
             }
             "indexOf" | "lastIndexOf" => {
                 let needle = text(0)?;
-                let found = if name == "indexOf" { s.find(&*needle) } else { s.rfind(&*needle) };
+                let found = if name == "indexOf" {
+                    s.find(&*needle)
+                } else {
+                    s.rfind(&*needle)
+                };
                 Value::Int(found.map_or(-1, |byte| s[..byte].chars().count() as i64))
             }
             _ => return Err(no_overload(name, &[&Value::String(s.clone())])),
@@ -563,7 +591,9 @@ impl<'a> Evaluator<'a> {
                 for item in items.iter() {
                     total = match (&total, item) {
                         (Value::Int(a), Value::Int(b)) => Value::Int(a.checked_add(*b).ok_or_else(overflow)?),
-                        (Value::UInt(a), Value::UInt(b)) => Value::UInt(a.checked_add(*b).ok_or_else(overflow)?),
+                        (Value::UInt(a), Value::UInt(b)) => {
+                            Value::UInt(a.checked_add(*b).ok_or_else(overflow)?)
+                        }
                         (Value::Double(a), Value::Double(b)) => Value::Double(a + b),
                         (a, b) => return Err(no_overload("sum", &[a, b])),
                     };
@@ -682,7 +712,9 @@ fn to_int(value: &Value) -> Result<Value> {
     Ok(Value::Int(match value {
         Value::Int(i) => *i,
         Value::UInt(u) => i64::try_from(*u).map_err(|_| range())?,
-        Value::Double(d) if d.is_finite() && *d > -9.223_372_036_854_776e18 && *d < 9.223_372_036_854_776e18 => {
+        Value::Double(d)
+            if d.is_finite() && *d > -9.223_372_036_854_776e18 && *d < 9.223_372_036_854_776e18 =>
+        {
             d.trunc() as i64
         }
         Value::Double(_) => return Err(range()),

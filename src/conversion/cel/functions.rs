@@ -129,14 +129,25 @@ fn walk<'a>(expr: &'a IdedExpr, bound: &mut Vec<&'a str>, checked: &mut Checked)
             walk(&comprehension.accu_init, bound, checked)?;
             bound.push(&comprehension.iter_var);
             bound.extend(comprehension.iter_var2.as_deref());
-            let result = [&comprehension.loop_cond, &comprehension.loop_step, &comprehension.result]
-                .into_iter()
-                .try_for_each(|part| walk(part, bound, checked));
+            let result = [
+                &comprehension.loop_cond,
+                &comprehension.loop_step,
+                &comprehension.result,
+            ]
+            .into_iter()
+            .try_for_each(|part| walk(part, bound, checked));
             bound.truncate(depth);
             result
         }
         Expr::Call(call) => {
-            check_call(expr.id, &call.func_name, call.target.as_deref(), &call.args, bound, checked)?;
+            check_call(
+                expr.id,
+                &call.func_name,
+                call.target.as_deref(),
+                &call.args,
+                bound,
+                checked,
+            )?;
             if let Some(target) = &call.target
                 && !is_math(target, bound)
             {
@@ -144,17 +155,24 @@ fn walk<'a>(expr: &'a IdedExpr, bound: &mut Vec<&'a str>, checked: &mut Checked)
             }
             call.args.iter().try_for_each(|arg| walk(arg, bound, checked))
         }
-        Expr::List(list) => list.elements.iter().try_for_each(|element| walk(element, bound, checked)),
+        Expr::List(list) => list
+            .elements
+            .iter()
+            .try_for_each(|element| walk(element, bound, checked)),
         Expr::Map(map) => map.entries.iter().try_for_each(|entry| match &entry.expr {
             EntryExpr::MapEntry(entry) => {
                 walk(&entry.key, bound, checked)?;
                 walk(&entry.value, bound, checked)
             }
-            EntryExpr::StructField(_) => Err("message literals are not available: build a map instead".to_owned()),
+            EntryExpr::StructField(_) => {
+                Err("message literals are not available: build a map instead".to_owned())
+            }
         }),
         Expr::Struct(_) => Err("message literals are not available: build a map instead".to_owned()),
         Expr::Select(select) => walk(&select.operand, bound, checked),
-        Expr::Literal(LiteralValue::Bytes(_)) => Err("bytes literals are not available (no JSON form)".to_owned()),
+        Expr::Literal(LiteralValue::Bytes(_)) => {
+            Err("bytes literals are not available (no JSON form)".to_owned())
+        }
         Expr::Literal(_) => Ok(()),
         Expr::Unspecified => Err("the expression is incomplete".to_owned()),
     }

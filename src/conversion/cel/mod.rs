@@ -124,7 +124,11 @@ fn parse(source: &str) -> Result<IdedExpr, String> {
     let parser = std::thread::Builder::new()
         .name("cel-parser".to_owned())
         .stack_size(PARSER_STACK_BYTES)
-        .spawn(move || cel::parser::Parser::new().parse(&owned).map_err(|e| e.to_string()))
+        .spawn(move || {
+            cel::parser::Parser::new()
+                .parse(&owned)
+                .map_err(|e| e.to_string())
+        })
         .map_err(|e| format!("cannot start the parser: {e}"))?;
     match parser.join() {
         Ok(parsed) => parsed.map_err(|e| format!("does not compile: {e}")),

@@ -3,7 +3,9 @@ use serde_json::{Value, json};
 use super::*;
 
 fn eval(source: &str, value: Value) -> Result<Value, String> {
-    Expression::compile(source)?.evaluate(&value).map_err(|e| e.message)
+    Expression::compile(source)?
+        .evaluate(&value)
+        .map_err(|e| e.message)
 }
 
 fn refused(source: &str) -> String {
@@ -34,12 +36,23 @@ fn type_changes_evaluate() {
     assert_eq!(map.to_string(), r#"{"a":2,"b":1,"c":3}"#);
     assert_eq!(eval("self.lowerAscii()", json!("Always")), Ok(json!("always")));
     assert_eq!(eval("self.upperAscii()", json!("always")), Ok(json!("ALWAYS")));
-    assert_eq!(eval("self.map(x, string(x))", json!([1, 2])), Ok(json!(["1", "2"])));
+    assert_eq!(
+        eval("self.map(x, string(x))", json!([1, 2])),
+        Ok(json!(["1", "2"]))
+    );
     assert_eq!(eval("self * 2", json!(21)), Ok(json!(42)));
     assert_eq!(eval("double(self) / 2.0", json!(3)), Ok(json!(1.5)));
     assert_eq!(eval("uint(self)", json!(3)), Ok(json!(3)));
-    assert!(eval("int(self)", json!("abc")).unwrap_err().contains("cannot parse"));
-    assert!(eval("uint(self)", json!(-1)).unwrap_err().contains("out of uint's range"));
+    assert!(
+        eval("int(self)", json!("abc"))
+            .unwrap_err()
+            .contains("cannot parse")
+    );
+    assert!(
+        eval("uint(self)", json!(-1))
+            .unwrap_err()
+            .contains("out of uint's range")
+    );
 }
 
 #[test]
@@ -48,7 +61,11 @@ fn the_documented_functions_work() {
         ("size(self)", json!("héllo"), json!(5)),
         ("self.size()", json!([1, 2]), json!(2)),
         ("self.contains('ll')", json!("hello"), json!(true)),
-        ("self.startsWith('he') && self.endsWith('lo')", json!("hello"), json!(true)),
+        (
+            "self.startsWith('he') && self.endsWith('lo')",
+            json!("hello"),
+            json!(true),
+        ),
         ("self.matches('^[0-9]+$')", json!("8080"), json!(true)),
         ("self.trim()", json!("  a b  "), json!("a b")),
         ("self.replace('-', '_')", json!("a-b-c"), json!("a_b_c")),
@@ -90,9 +107,17 @@ fn the_documented_functions_work() {
         ("self % 3", json!(7), json!(1)),
         ("self + [3]", json!([1, 2]), json!([1, 2, 3])),
         ("self + 'b'", json!("a"), json!("ab")),
-        ("self.map(x, x.map(y, y + 1))", json!([[1], [2, 3]]), json!([[2], [3, 4]])),
+        (
+            "self.map(x, x.map(y, y + 1))",
+            json!([[1], [2, 3]]),
+            json!([[2], [3, 4]]),
+        ),
         // Errors are absorbed by || and && as CEL does.
-        ("self.exists(x, x == 'a' || int(x) > 1)", json!(["a", "b"]), json!(true)),
+        (
+            "self.exists(x, x == 'a' || int(x) > 1)",
+            json!(["a", "b"]),
+            json!(true),
+        ),
         ("false && int('x') > 1", json!(null), json!(false)),
     ];
     for (source, input, expected) in cases {
@@ -109,10 +134,22 @@ fn names_functions_and_arities_are_checked_when_compiled() {
         "unknown function lowerascii (did you mean lowerAscii?)"
     );
     assert_eq!(refused("self.frobnicate()"), "unknown function frobnicate");
-    assert_eq!(refused("self.replace('a')"), "replace takes 2 or 3 argument(s), not 1");
-    assert_eq!(refused("self.lowerAscii(1)"), "lowerAscii takes 0 argument(s), not 1");
-    assert_eq!(refused("lowerAscii(self)"), "lowerAscii is called as x.lowerAscii(...), as a method");
-    assert_eq!(refused("self.int()"), "int is called as int(...), not as a method");
+    assert_eq!(
+        refused("self.replace('a')"),
+        "replace takes 2 or 3 argument(s), not 1"
+    );
+    assert_eq!(
+        refused("self.lowerAscii(1)"),
+        "lowerAscii takes 0 argument(s), not 1"
+    );
+    assert_eq!(
+        refused("lowerAscii(self)"),
+        "lowerAscii is called as x.lowerAscii(...), as a method"
+    );
+    assert_eq!(
+        refused("self.int()"),
+        "int is called as int(...), not as a method"
+    );
     assert_eq!(refused("math.sqrt(self)"), "unknown function math.sqrt");
     assert!(refused("self.map(x)").contains("macro map"));
     assert!(refused("self.matches(self)").contains("string literal"));
@@ -136,7 +173,11 @@ fn names_functions_and_arities_are_checked_when_compiled() {
 #[test]
 fn results_without_a_json_form_are_errors() {
     assert!(eval("{1: 2}", json!(null)).unwrap_err().contains("not a string"));
-    assert!(eval("1.0 / 0.0", json!(null)).unwrap_err().contains("not a JSON number"));
+    assert!(
+        eval("1.0 / 0.0", json!(null))
+            .unwrap_err()
+            .contains("not a JSON number")
+    );
 }
 
 fn list(n: usize) -> Value {
@@ -157,8 +198,14 @@ fn comprehensions_are_linear() {
     ] {
         let (small, large) = (cost(source, &list(8_000)), cost(source, &list(16_000)));
         // Twice the items, about twice the cost: no step copies what came before.
-        assert!(large <= small * 2 + 100, "{source}: {small} for 8,000, {large} for 16,000");
-        assert!(large < PER_CALL_COST_LIMIT / 4, "{source}: {large} units for 16,000 items");
+        assert!(
+            large <= small * 2 + 100,
+            "{source}: {small} for 8,000, {large} for 16,000"
+        );
+        assert!(
+            large < PER_CALL_COST_LIMIT / 4,
+            "{source}: {large} units for 16,000 items"
+        );
     }
 }
 
@@ -175,7 +222,10 @@ fn bombs_stop_at_a_limit() {
     let text = json!("x".repeat(1000));
     // ~1 GB if it ran: refused before the second string is allocated.
     let message = over("self.replace('', self).replace('', self)", text.clone());
-    assert!(message.contains("would build a string of") && message.contains("1048576"), "{message}");
+    assert!(
+        message.contains("would build a string of") && message.contains("1048576"),
+        "{message}"
+    );
     // Small in memory (one list shared 16,000 times) but 256 million values as JSON.
     let message = over("self.map(x, self)", list(16_000));
     assert!(message.contains("cost limit of 1000000"), "{message}");
@@ -201,5 +251,9 @@ fn a_review_budget_is_shared_by_its_evaluations() {
     }
     let failure = failure.expect("ten evaluations of 5,000 items exceed 100,000 units");
     assert!(failure.over_limit);
-    assert!(failure.message.contains("review's cost budget of 100000"), "{}", failure.message);
+    assert!(
+        failure.message.contains("review's cost budget of 100000"),
+        "{}",
+        failure.message
+    );
 }

@@ -205,8 +205,16 @@ pub(super) fn compare_numbers(a: &Value, b: &Value) -> Option<std::cmp::Ordering
     match (a, b) {
         (Value::Int(x), Value::Int(y)) => Some(x.cmp(y)),
         (Value::UInt(x), Value::UInt(y)) => Some(x.cmp(y)),
-        (Value::Int(x), Value::UInt(y)) => Some(if *x < 0 { Ordering::Less } else { (*x as u64).cmp(y) }),
-        (Value::UInt(x), Value::Int(y)) => Some(if *y < 0 { Ordering::Greater } else { x.cmp(&(*y as u64)) }),
+        (Value::Int(x), Value::UInt(y)) => Some(if *x < 0 {
+            Ordering::Less
+        } else {
+            (*x as u64).cmp(y)
+        }),
+        (Value::UInt(x), Value::Int(y)) => Some(if *y < 0 {
+            Ordering::Greater
+        } else {
+            x.cmp(&(*y as u64))
+        }),
         (Value::Double(x), Value::Double(y)) => x.partial_cmp(y),
         (Value::Double(x), Value::Int(y)) => x.partial_cmp(&(*y as f64)),
         (Value::Int(x), Value::Double(y)) => (*x as f64).partial_cmp(y),

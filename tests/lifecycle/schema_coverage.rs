@@ -1,0 +1,309 @@
+//! Schema-aware conversion: coverage of every field that differs between adjacent versions
+//! (plan exit 2 naming the versions and paths), accepted losses, and `crd-lifecycle test`
+//! (generated objects, shrunk failures, golden corpora).
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn run(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(stdin.unwrap_or("").as_bytes()).expect("stdin");
+    drop(input);
+    child.wait_with_output().expect("the binary finishes")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The issue's CRD: v1beta1 has spec.size, spec.legacy (boolean) and spec.port (string); v1
+/// has spec.replicas and an integer spec.port, and no spec.legacy.
+const CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: things.example.com}
+spec:
+  group: example.com
+  names: {kind: Thing, plural: things}
+  scope: Namespaced
+  versions:
+  - name: v1beta1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              size: {type: integer}
+              legacy: {type: boolean}
+              port: {type: string, pattern: '^[0-9]{1,4}$'}
+  - name: v1
+    served: true
+    storage: false
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              replicas: {type: integer}
+              port: {type: integer, minimum: 0, maximum: 9999}
+"#;
+
+fn policy(step_extra: &str) -> String {
+    format!(
+        r#"
+apiVersion: crdlifecycle.io/v1alpha1
+kind: VersionPolicy
+metadata: {{name: things}}
+spec:
+  crdName: things.example.com
+  versions:
+  - name: v1beta1
+  - name: v1
+  conversion:
+    changes:
+    - from: v1beta1
+      to: v1
+      renamed: [{{from: spec.size, to: spec.replicas}}]
+{step_extra}
+"#
+    )
+}
+
+const COMPLETE: &str = r#"      changed: [{path: spec.port, upgrade: "int(self)", downgrade: "string(self)"}]
+      acceptLoss: [{path: spec.legacy, reason: "never read by the controller"}]"#;
+
+fn files(policy_text: &str) -> (tempdir::Dir, String, String) {
+    let dir = tempdir::Dir::new();
+    let policy_path = dir.write("policy.yaml", policy_text);
+    let crd_path = dir.write("crd.yaml", CRD);
+    (dir, policy_path, crd_path)
+}
+
+mod tempdir {
+    pub struct Dir(pub std::path::PathBuf);
+    impl Dir {
+        pub fn new() -> Dir {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static NEXT: AtomicU32 = AtomicU32::new(0);
+            let path = std::env::temp_dir().join(format!(
+                "crd-lifecycle-schema-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::SeqCst)
+            ));
+            std::fs::create_dir_all(&path).expect("temp dir");
+            Dir(path)
+        }
+        pub fn write(&self, name: &str, text: &str) -> String {
+            let path = self.0.join(name);
+            std::fs::write(&path, text).expect("write");
+            path.display().to_string()
+        }
+        pub fn path(&self, name: &str) -> String {
+            self.0.join(name).display().to_string()
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+#[test]
+fn plan_refuses_a_conversion_that_leaves_fields_uncovered() {
+    let (_dir, policy_path, crd_path) = files(&policy(""));
+    for command in ["plan", "test"] {
+        let output = run(&[command, "--policy", &policy_path, "--crd", &crd_path], None);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{command}: {}",
+            text(&output.stdout)
+        );
+        let stderr = text(&output.stderr);
+        for expected in [
+            "spec.conversion.changes[0]: v1beta1 -> v1: spec.legacy (boolean) of v1beta1 has no place in v1",
+            "spec.conversion.changes[0]: v1beta1 -> v1: spec.port is string in v1beta1 and integer in v1: add a changed rule for spec.port",
+        ] {
+            assert!(stderr.contains(expected), "{command}: {expected:?} in {stderr}");
+        }
+    }
+}
+
+#[test]
+fn a_covered_conversion_plans_and_shows_the_accepted_loss() {
+    let (_dir, policy_path, crd_path) = files(&policy(COMPLETE));
+    let output = run(
+        &[
+            "plan",
+            "--policy",
+            &policy_path,
+            "--crd",
+            &crd_path,
+            "-o",
+            "markdown",
+        ],
+        None,
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let page = text(&output.stdout);
+    assert!(
+        page.contains("- dropped on purpose `spec.legacy`: never read by the controller"),
+        "{page}"
+    );
+    let output = run(
+        &[
+            "plan",
+            "--policy",
+            &policy_path,
+            "--crd",
+            &crd_path,
+            "-o",
+            "table",
+        ],
+        None,
+    );
+    assert!(
+        text(&output.stdout)
+            .contains("v1beta1 -> v1 drops spec.legacy on purpose: never read by the controller"),
+        "{}",
+        text(&output.stdout)
+    );
+}
+
+#[test]
+fn test_passes_for_the_bundled_example_and_a_covered_policy() {
+    let output = run(
+        &[
+            "test",
+            "--policy",
+            "examples/conversion/policy.yaml",
+            "--crd",
+            "examples/conversion/crd.yaml",
+            "--objects",
+            "examples/conversion",
+            "--cases",
+            "60",
+        ],
+        None,
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}{}",
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+    assert!(text(&output.stdout).starts_with("ok: 183 objects (60 generated per version, seed 1)"));
+    // The same seed, the same objects: a failure can be reproduced.
+    let (_dir, policy_path, crd_path) = files(&policy(COMPLETE));
+    let output = run(
+        &[
+            "test",
+            "--policy",
+            &policy_path,
+            "--crd",
+            &crd_path,
+            "--seed",
+            "7",
+        ],
+        None,
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stdout));
+}
+
+#[test]
+fn test_prints_the_smallest_failing_object_and_its_conversion() {
+    // `string(self + 1)` does not invert `int(self)`: every port comes back one higher.
+    let lossy = COMPLETE.replace("downgrade: \"string(self)\"", "downgrade: \"string(self + 1)\"");
+    let (_dir, policy_path, crd_path) = files(&policy(&lossy));
+    let output = run(&["test", "--policy", &policy_path, "--crd", &crd_path], None);
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = text(&output.stdout);
+    assert!(stdout.starts_with("FAIL v1 -> v1beta1"), "{stdout}");
+    assert!(stdout.contains("field: spec.port"), "{stdout}");
+    // Shrunk: only the field that fails is left, with a value as small as still fails.
+    let object = stdout
+        .split("smallest failing object (v1):\n")
+        .nth(1)
+        .expect("the object");
+    assert!(
+        object.contains("spec:\n  port: 0\n") || object.contains("spec:\n  port: 9999\n"),
+        "{object}"
+    );
+    assert!(!object.contains("replicas"), "{object}");
+}
+
+#[test]
+fn a_golden_corpus_catches_a_conversion_that_changed() {
+    let (dir, policy_path, crd_path) = files(&policy(COMPLETE));
+    let corpus = dir.path("golden");
+    let record = run(
+        &[
+            "test",
+            "--policy",
+            &policy_path,
+            "--crd",
+            &crd_path,
+            "--cases",
+            "20",
+            "--record",
+            &corpus,
+        ],
+        None,
+    );
+    assert_eq!(record.status.code(), Some(0), "{}", text(&record.stderr));
+    assert!(std::path::Path::new(&corpus).join("v1beta1.json").exists());
+    let same = run(
+        &[
+            "test",
+            "--policy",
+            &policy_path,
+            "--crd",
+            &crd_path,
+            "--golden",
+            &corpus,
+        ],
+        None,
+    );
+    assert_eq!(same.status.code(), Some(0), "{}", text(&same.stdout));
+    // Renaming the field's target changes what v1 objects look like.
+    let changed = policy(COMPLETE).replace("to: spec.replicas", "to: spec.count");
+    let crd = CRD.replace("replicas: {type: integer}", "count: {type: integer}");
+    let policy_path = dir.write("changed.yaml", &changed);
+    let crd_path = dir.write("changed-crd.yaml", &crd);
+    let different = run(
+        &[
+            "test",
+            "--policy",
+            &policy_path,
+            "--crd",
+            &crd_path,
+            "--golden",
+            &corpus,
+        ],
+        None,
+    );
+    assert_eq!(different.status.code(), Some(1), "{}", text(&different.stdout));
+    let stdout = text(&different.stdout);
+    // v1 inputs recorded with spec.replicas no longer fit v1; v1beta1 inputs now convert to
+    // spec.count: either way the corpus says what changed.
+    assert!(
+        stdout.contains("(golden ") && stdout.contains("spec.replicas"),
+        "{stdout}"
+    );
+}
