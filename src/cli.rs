@@ -130,6 +130,11 @@ pub struct ConvertArgs {
     /// The objects (YAML or JSON, several documents allowed); `-` or nothing for stdin.
     #[arg(value_name = "FILE", default_value = "-")]
     pub objects: String,
+
+    /// The CRD (manifest): the conversion must cover its schemas, and every converted
+    /// object must fit the target version's schema (nothing pruned or rejected).
+    #[arg(long, value_name = "FILE")]
+    pub crd: Option<String>,
 }
 
 /// Arguments of `crd-lifecycle migrate`.
@@ -346,6 +351,11 @@ pub struct StandaloneWebhookArgs {
     /// Serve these policies (repeatable) instead of the cluster's VersionPolicies.
     #[arg(long, value_name = "FILE")]
     pub policy: Vec<String>,
+
+    /// The CRD (manifest) the policies convert: each policy's conversion must then cover
+    /// every field that differs between its versions' schemas, or the webhook does not start.
+    #[arg(long, value_name = "FILE", requires = "policy")]
+    pub crd: Option<String>,
 
     /// Serving certificate (PEM); with --key-file. Without it a self-signed one is made
     /// for the --name values.

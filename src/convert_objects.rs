@@ -48,6 +48,9 @@ pub struct ConvertSettings {
     pub output: ObjectFormat,
     /// The objects (YAML or JSON, several documents allowed; `-` for stdin).
     pub objects: String,
+    /// The CRD: coverage of its schemas, and every output validated against the target
+    /// version's schema.
+    pub crd: Option<String>,
 }
 
 /// Converts every document of the input and writes them out, in order.
@@ -65,9 +68,24 @@ pub fn run(args: &ConvertSettings, out: &mut impl Write) -> Result<(), Error> {
             origin: policy_origin.clone(),
         })?;
     let converter = Converter::for_spec(spec).map_err(|errors| Error::InvalidConversion {
-        origin: policy_origin,
+        origin: policy_origin.clone(),
         errors,
     })?;
+    let schemas = match &args.crd {
+        Some(crd) => {
+            let crd = manifest::read_document(crd)?;
+            let schemas = crate::schema::version_schemas(&crd);
+            let uncovered = crate::conversion::coverage::check(spec, &converter, &schemas);
+            if !uncovered.is_empty() {
+                return Err(Error::InvalidConversion {
+                    origin: policy_origin,
+                    errors: uncovered,
+                });
+            }
+            schemas
+        }
+        None => Default::default(),
+    };
     let origin = origin_of(&args.objects);
     // A `List` (as `kubectl get -o yaml` prints) stands for its items.
     let documents: Vec<Value> = manifest::parse_documents(&manifest::read_source(&args.objects)?, &origin)?
@@ -87,12 +105,25 @@ pub fn run(args: &ConvertSettings, out: &mut impl Write) -> Result<(), Error> {
         .iter()
         .enumerate()
         .map(|(index, object)| {
-            converter.convert(object, &args.to).map_err(|e| Error::Object {
+            let object_error = |message: String| Error::Object {
                 origin: origin.clone(),
                 index: index + 1,
                 name: describe(object),
-                message: e.to_string(),
-            })
+                message,
+            };
+            let converted = converter
+                .convert(object, &args.to)
+                .map_err(|e| object_error(e.to_string()))?;
+            // What the apiserver would prune or reject in the target version.
+            if let Some(schema) = schemas.get(&args.to)
+                && let Some(problem) = crate::schema::validate(schema, &converted).into_iter().next()
+            {
+                return Err(object_error(format!(
+                    "the converted object does not fit {}'s schema: {problem}",
+                    args.to
+                )));
+            }
+            Ok(converted)
         })
         .collect::<Result<Vec<Value>, Error>>()?;
     let text = match args.output {

@@ -53,6 +53,15 @@ pub fn read_source(path: &str) -> Result<String, Error> {
 }
 
 /// How a source is named in messages.
+/// The first document of a file (`-` for stdin), e.g. a CRD manifest.
+pub fn read_document(path: &str) -> Result<Value, Error> {
+    let origin = origin_of(path);
+    parse_documents(&read_source(path)?, &origin)?
+        .into_iter()
+        .next()
+        .ok_or(Error::DocumentCount { origin, count: 0 })
+}
+
 pub fn origin_of(path: &str) -> String {
     if path == "-" {
         "<stdin>".to_owned()

@@ -10,6 +10,7 @@ pub fn run(args: &cli::ConvertArgs) -> Result<(), CommandError> {
         policy: args.policy.clone(),
         to: args.to.clone(),
         objects: args.objects.clone(),
+        crd: args.crd.clone(),
         output: match args.output {
             cli::ObjectFormat::Yaml => ObjectFormat::Yaml,
             cli::ObjectFormat::Json => ObjectFormat::Json,

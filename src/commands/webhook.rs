@@ -24,6 +24,7 @@ pub async fn run(args: StandaloneWebhookArgs) -> Result<(), CommandError> {
         key_file: args.key_file,
         name: args.name,
         ca_out: args.ca_out,
+        crd: args.crd,
         limits: crd_lifecycle::webhook::Limits {
             max_review_bytes: args.max_review_bytes,
             ..Default::default()

@@ -94,6 +94,11 @@ pub fn check(
     errors
 }
 
+/// As [`check`], for a CRD manifest (JSON): its versions' schemas.
+pub fn check_crd(spec: &ConversionSpec, converter: &Converter, crd: &serde_json::Value) -> FieldErrors {
+    check(spec, converter, &crate::schema::version_schemas(crd))
+}
+
 /// `path` is `root` or below it.
 fn within(path: &str, root: &str) -> bool {
     path == root || path.strip_prefix(root).is_some_and(|rest| rest.starts_with('.'))

@@ -72,13 +72,15 @@ pub fn version_of(object: &Value) -> Option<&str> {
 }
 
 /// Converts `object` to every other version and back; the case, or the first failure.
-pub fn check(converter: &Converter, crd: &Crd, object: &Value) -> Result<Case, Failure> {
+pub fn check(converter: &Converter, crd: &Crd, object: &Value) -> Result<Case, Box<Failure>> {
     let from = version_of(object).unwrap_or_default().to_owned();
-    let fail = |conversion: String, path: String, message: String| Failure {
-        conversion,
-        path,
-        message,
-        object: object.clone(),
+    let fail = |conversion: String, path: String, message: String| {
+        Box::new(Failure {
+            conversion,
+            path,
+            message,
+            object: object.clone(),
+        })
     };
     if let Some(schema) = crd.schemas.get(&from)
         && let Some(problem) = validate(schema, object).into_iter().next()
@@ -235,7 +237,7 @@ pub fn shrink(converter: &Converter, crd: &Crd, failure: Failure) -> Failure {
             return None;
         }
         match check(converter, crd, candidate) {
-            Err(f) if f.conversion == failure.conversion => Some(f),
+            Err(f) if f.conversion == failure.conversion => Some(*f),
             _ => None,
         }
     };

@@ -75,13 +75,7 @@ pub fn run(settings: &TestSettings, out: &mut impl Write) -> Result<Outcome, Err
             origin: policy_origin.clone(),
         })?;
     let crd_origin = origin_of(&settings.crd);
-    let crd_json: Value = manifest::parse_documents(&manifest::read_source(&settings.crd)?, &crd_origin)?
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::Crd {
-            crd: crd_origin.clone(),
-            message: "no document".into(),
-        })?;
+    let crd_json = manifest::read_document(&settings.crd)?;
     let mut crd = crd_of(&crd_json).map_err(|message| Error::Crd {
         crd: crd_origin.clone(),
         message,
@@ -129,7 +123,7 @@ pub fn run(settings: &TestSettings, out: &mut impl Write) -> Result<Outcome, Err
                 corpus.entry(version).or_default().push(case);
             }
             Err(failure) => {
-                let failure = shrink(&converter, &crd, failure);
+                let failure = shrink(&converter, &crd, *failure);
                 report_failure(out, &failure);
                 return Ok(Outcome {
                     checked: objects.len(),
@@ -209,21 +203,31 @@ pub fn crd_of(crd: &Value) -> Result<Crd, String> {
     })
 }
 
-fn read_objects(dir: &str, crd: &Crd) -> Result<Vec<Value>, Error> {
-    let file_error = |path: &Path, message: String| Error::File {
+fn file_error(path: &Path, message: String) -> Error {
+    Error::File {
         path: path.display().to_string(),
         message,
-    };
+    }
+}
+
+/// The files of `dir` with one of these extensions, sorted.
+fn files_in(dir: &str, extensions: &[&str]) -> Result<Vec<std::path::PathBuf>, Error> {
     let mut paths: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| file_error(Path::new(dir), e.to_string()))?
         .flatten()
         .map(|entry| entry.path())
         .filter(|path| {
             path.extension()
-                .is_some_and(|ext| ext == "yaml" || ext == "yml" || ext == "json")
+                .and_then(|ext| ext.to_str())
+                .is_some_and(|ext| extensions.contains(&ext))
         })
         .collect();
     paths.sort();
+    Ok(paths)
+}
+
+fn read_objects(dir: &str, crd: &Crd) -> Result<Vec<Value>, Error> {
+    let paths = files_in(dir, &["yaml", "yml", "json"])?;
     let mut objects = Vec::new();
     for path in paths {
         let origin = path.display().to_string();
@@ -251,13 +255,9 @@ fn read_objects(dir: &str, crd: &Crd) -> Result<Vec<Value>, Error> {
 }
 
 fn record(dir: &str, corpus: &BTreeMap<String, Vec<Case>>) -> Result<(), Error> {
-    let file_error = |path: &str, message: String| Error::File {
-        path: path.to_owned(),
-        message,
-    };
-    std::fs::create_dir_all(dir).map_err(|e| file_error(dir, e.to_string()))?;
+    std::fs::create_dir_all(dir).map_err(|e| file_error(Path::new(dir), e.to_string()))?;
     for (version, cases) in corpus {
-        let path = format!("{dir}/{version}.json");
+        let path = Path::new(dir).join(format!("{version}.json"));
         let mut text = serde_json::to_string_pretty(cases).map_err(|e| file_error(&path, e.to_string()))?;
         text.push('\n');
         std::fs::write(&path, text).map_err(|e| file_error(&path, e.to_string()))?;
@@ -268,17 +268,7 @@ fn record(dir: &str, corpus: &BTreeMap<String, Vec<Case>>) -> Result<(), Error> 
 /// Converts every recorded input again; the first output that differs from the recorded
 /// one.
 fn compare_golden(converter: &Converter, crd: &Crd, dir: &str) -> Result<Option<Failure>, Error> {
-    let file_error = |path: &Path, message: String| Error::File {
-        path: path.display().to_string(),
-        message,
-    };
-    let mut paths: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| file_error(Path::new(dir), e.to_string()))?
-        .flatten()
-        .map(|entry| entry.path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "json"))
-        .collect();
-    paths.sort();
+    let paths = files_in(dir, &["json"])?;
     if paths.is_empty() {
         return Err(file_error(
             Path::new(dir),

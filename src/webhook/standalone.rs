@@ -19,6 +19,8 @@ pub struct StandaloneSettings {
     pub name: Vec<String>,
     /// Where to write the self-signed CA (the CRD's caBundle).
     pub ca_out: Option<String>,
+    /// The CRD the policies convert: their conversions must cover its schemas.
+    pub crd: Option<String>,
     /// What one review may cost.
     pub limits: super::Limits,
 }
@@ -82,8 +84,27 @@ pub async fn run(args: &StandaloneSettings, client: Option<kube::Client>) -> Res
             let policy = manifest::parse_policy(&text, &origin)?;
             // Refused at start, not at every review.
             if let Some(spec) = &policy.spec.conversion {
-                crate::conversion::Converter::for_spec(spec)
-                    .map_err(|errors| Error::InvalidConversion { origin, errors })?;
+                let converter = crate::conversion::Converter::for_spec(spec).map_err(|errors| {
+                    Error::InvalidConversion {
+                        origin: origin.clone(),
+                        errors,
+                    }
+                })?;
+                if let Some(crd) = &args.crd {
+                    let crd =
+                        manifest::parse_documents(&manifest::read_source(crd)?, &manifest::origin_of(crd))?
+                            .into_iter()
+                            .next()
+                            .unwrap_or_default();
+                    let schemas = crate::schema::version_schemas(&crd);
+                    let uncovered = crate::conversion::coverage::check(spec, &converter, &schemas);
+                    if !uncovered.is_empty() {
+                        return Err(Error::InvalidConversion {
+                            origin,
+                            errors: uncovered,
+                        });
+                    }
+                }
             }
             loaded.push(policy);
         }

@@ -225,3 +225,60 @@ fn removals_are_one_patch_highest_index_first() {
         ]
     );
 }
+
+#[test]
+fn a_conversion_that_leaves_a_field_of_the_live_crd_uncovered_is_an_invalid_policy() {
+    // The live CRD's v1 has no spec.color, which v1beta1 has: without a rule the apiserver
+    // would prune it from every object converted to v1.
+    let without_color = |c: &mut serde_json::Value| {
+        let fields =
+            c["spec"]["versions"][2]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+                .as_object_mut()
+                .expect("v1's spec fields");
+        fields.remove("color");
+    };
+    let uncovered = policy(|p| {
+        p["spec"]["conversion"] = json!({"webhook": {"enabled": true}, "changes": [
+            {"from": "v1alpha1", "to": "v1beta1"},
+            {"from": "v1beta1", "to": "v1"},
+        ]})
+    });
+    let decision = decide(
+        &uncovered,
+        &crd(without_color),
+        &GateInputs::default(),
+        &WebhookConversion::NotWanted,
+        at("2026-03-01T00:00:00Z"),
+    );
+    assert_eq!(reasons(&decision.blocked), ["InvalidPolicy"]);
+    let (_, message) = &decision.blocked[0];
+    assert!(
+        message.contains(
+            "spec.conversion.changes[1]: v1beta1 -> v1: spec.color (string) of v1beta1 has no place in v1"
+        ),
+        "{message}"
+    );
+    assert!(
+        decision.ops.is_empty(),
+        "the CRD is not pointed at the webhook, nothing is applied"
+    );
+    // Saying where it goes (or that it is dropped on purpose) makes the policy valid.
+    let covered = policy(|p| {
+        p["spec"]["conversion"] = json!({"webhook": {"enabled": true}, "changes": [
+            {"from": "v1alpha1", "to": "v1beta1"},
+            {"from": "v1beta1", "to": "v1", "removed": ["spec.color"]},
+        ]})
+    });
+    let decision = decide(
+        &covered,
+        &crd(without_color),
+        &GateInputs::default(),
+        &WebhookConversion::NotWanted,
+        at("2026-03-01T00:00:00Z"),
+    );
+    assert!(
+        !reasons(&decision.blocked).contains(&"InvalidPolicy"),
+        "{:?}",
+        decision.blocked
+    );
+}

@@ -307,3 +307,73 @@ fn a_golden_corpus_catches_a_conversion_that_changed() {
         "{stdout}"
     );
 }
+
+#[test]
+fn webhook_and_convert_check_the_crd_they_are_given() {
+    let (dir, policy_path, crd_path) = files(&policy(""));
+    let output = run(
+        &[
+            "webhook",
+            "--policy",
+            &policy_path,
+            "--crd",
+            &crd_path,
+            "--port",
+            "0",
+        ],
+        None,
+    );
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output.stderr).contains("v1beta1 -> v1: spec.legacy (boolean) of v1beta1 has no place in v1"),
+        "{}",
+        text(&output.stderr)
+    );
+    // A converted object that the target version's schema would reject.
+    let policy_path = dir.write("complete.yaml", &policy(COMPLETE));
+    let object = dir.write(
+        "thing.yaml",
+        "apiVersion: example.com/v1beta1\nkind: Thing\nmetadata: {name: t, namespace: d}\nspec: {size: 1, port: \"0100\"}\n",
+    );
+    let fits = run(
+        &[
+            "convert",
+            "--policy",
+            &policy_path,
+            "--crd",
+            &crd_path,
+            "--to",
+            "v1",
+            &object,
+        ],
+        None,
+    );
+    assert_eq!(fits.status.code(), Some(0), "{}", text(&fits.stderr));
+    assert!(text(&fits.stdout).contains("port: 100"), "{}", text(&fits.stdout));
+    let wide = dir.write(
+        "wide.yaml",
+        "apiVersion: example.com/v1\nkind: Thing\nmetadata: {name: w, namespace: d}\nspec: {port: 99999}\n",
+    );
+    let crd_path = dir.write("wide-crd.yaml", &CRD.replace("maximum: 9999", "maximum: 99999"));
+    let rejected = run(
+        &[
+            "convert",
+            "--policy",
+            &policy_path,
+            "--crd",
+            &crd_path,
+            "--to",
+            "v1beta1",
+            &wide,
+        ],
+        None,
+    );
+    assert_eq!(rejected.status.code(), Some(2));
+    assert!(
+        text(&rejected.stderr).contains(
+            "the converted object does not fit v1beta1's schema: spec.port: Invalid value: \"99999\": should match '^[0-9]{1,4}$'"
+        ),
+        "{}",
+        text(&rejected.stderr)
+    );
+}
