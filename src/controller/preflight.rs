@@ -79,6 +79,9 @@ impl Migrations {
             qps: policy.spec.migration.qps,
             mode: Mode::Preflight,
             through_version: Some(version.clone()),
+            // The CRD converts through the operator's webhook: check what it produces
+            // against the schema too (the apiserver prunes silently on read).
+            preflight_conversion: policy.spec.conversion.clone().filter(|c| c.webhook.enabled),
             retry: self.retry.clone(),
             settle: self.settle.clone(),
             ..migrate::Settings::default()

@@ -124,13 +124,15 @@ impl Step {
                 s.absent.remove(&key);
                 s.values.remove(&key)
             });
-            let value = match restored {
-                Some(value) => value,
-                None if !was_absent && path.get(object).is_none() => default.clone(),
+            let (value, from_saved) = match restored {
+                Some(value) => (value, true),
+                None if !was_absent && path.get(object).is_none() => (default.clone(), false),
                 None => continue,
             };
             let created = path.set_creating(object, value)?;
-            if !created.is_empty() {
+            // Parents a restored value needs are the object's own (the apiserver may have
+            // pruned them in a version without them) or still recorded from before.
+            if !from_saved && !created.is_empty() {
                 saved.entry(self.to.clone()).or_default().created.extend(created);
             }
         }
@@ -150,10 +152,17 @@ impl Step {
                 .map(|s| std::mem::take(&mut s.created))
                 .unwrap_or_default();
             let taken = path.take(object, |parent| created.contains(parent));
-            // A record goes once its object is gone (another added field may still be in it).
+            // A record goes once its object is gone (another added field may still be in
+            // it), unless this field's value is kept: converting back recreates the parent
+            // for it, and it is still one conversion created.
+            let value_kept = taken.as_ref().is_some_and(|value| value != default);
+            let key = path.to_string();
             let remaining: std::collections::BTreeSet<String> = created
                 .into_iter()
-                .filter(|c| FieldPath::parse(c).is_ok_and(|p| p.get(object).is_some()))
+                .filter(|c| {
+                    (value_kept && key.starts_with(&format!("{c}.")))
+                        || FieldPath::parse(c).is_ok_and(|p| p.get(object).is_some())
+                })
                 .collect();
             if !remaining.is_empty() {
                 saved.entry(self.to.clone()).or_default().created = remaining;

@@ -137,11 +137,20 @@ pub fn convert_as_served(
     let mut pruned = Vec::new();
     if let Some(schema) = crd.schemas.get(to) {
         for problem in validate(schema, &converted) {
-            let accepted = crd.accepted_losses.iter().any(|loss| within(&problem.path, loss));
-            if accepted && problem.message.starts_with("unknown field") {
-                remove_path(&mut converted, &problem.path);
-                pruned.push(problem.path);
-                continue;
+            if problem.message.starts_with("unknown field") {
+                // An empty object loses nothing when pruned (the conversion keeps parents
+                // the object had; converting back brings them back): whether anything was
+                // lost shows in the round trip.
+                let empty = get_path(&converted, &problem.path)
+                    .is_some_and(|v| v.as_object().is_some_and(Map::is_empty));
+                let accepted = crd.accepted_losses.iter().any(|loss| within(&problem.path, loss));
+                if empty || accepted {
+                    remove_path(&mut converted, &problem.path);
+                    if accepted {
+                        pruned.push(problem.path);
+                    }
+                    continue;
+                }
             }
             return Err((problem.path.clone(), problem.to_string()));
         }
@@ -165,6 +174,10 @@ fn round_trip_difference(expected: &Value, actual: &Value) -> Option<(String, St
 
 fn within(path: &str, root: &str) -> bool {
     path == root || path.strip_prefix(root).is_some_and(|rest| rest.starts_with('.'))
+}
+
+fn get_path<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(value, |v, segment| v.get(segment))
 }
 
 /// Removes a dotted field path (object fields only).

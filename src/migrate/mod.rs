@@ -184,13 +184,16 @@ pub async fn migrate(
             observer,
             failures: Mutex::new(Vec::new()),
             converter: match settings.mode {
-                Mode::CleanManagedFields => settings
-                    .managed_fields
-                    .conversion
-                    .as_ref()
-                    .and_then(|spec| crate::conversion::Converter::for_spec(spec).ok()),
-                Mode::Rewrite | Mode::Preflight => None,
-            },
+                Mode::CleanManagedFields => settings.managed_fields.conversion.as_ref(),
+                Mode::Preflight => settings.preflight_conversion.as_ref(),
+                Mode::Rewrite => None,
+            }
+            .and_then(|spec| crate::conversion::Converter::for_spec(spec).ok()),
+            preflight_schema: target
+                .schemas
+                .get(&target.version)
+                .filter(|_| settings.mode == Mode::Preflight && settings.preflight_conversion.is_some())
+                .map(crate::schema::Schema::parse),
         };
         let pass = run.all_objects(resume.take()).await?;
         restarts += pass.restarts;

@@ -213,17 +213,22 @@ impl Requester<'_> {
         self.answer(request).await
     }
 
+    /// The whole object, read through the target's version.
+    pub async fn object(&self, target: &Target, object: &ObjectKey) -> Result<Value, Answer> {
+        let request = kube::core::Request::new(target.collection_path(object.namespace.as_deref()))
+            .get(&object.name, &Default::default())
+            .map_err(|e| Answer::Transport(e.to_string()))?;
+        serde_json::from_slice(&self.send(request).await?)
+            .map_err(|e| Answer::Transport(format!("cannot decode {object}: {e}")))
+    }
+
     /// The object's resourceVersion and managedFields, read again.
     pub async fn managed_fields(
         &self,
         target: &Target,
         object: &ObjectKey,
     ) -> Result<(String, Vec<Value>), Answer> {
-        let request = kube::core::Request::new(target.collection_path(object.namespace.as_deref()))
-            .get(&object.name, &Default::default())
-            .map_err(|e| Answer::Transport(e.to_string()))?;
-        let body: Value = serde_json::from_slice(&self.send(request).await?)
-            .map_err(|e| Answer::Transport(format!("cannot decode {object}: {e}")))?;
+        let body = self.object(target, object).await?;
         let resource_version = body["metadata"]["resourceVersion"]
             .as_str()
             .unwrap_or_default()

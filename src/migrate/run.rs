@@ -26,9 +26,12 @@ pub(super) struct Run<'a> {
     pub(super) settings: &'a Settings,
     pub(super) observer: &'a dyn Observer,
     pub(super) failures: Mutex<Vec<Failure>>,
-    /// With `Mode::CleanManagedFields`: the policy's conversion, to translate field paths
-    /// (built once per run, not per object).
+    /// With `Mode::CleanManagedFields`: the policy's conversion, to translate field paths;
+    /// with `Mode::Preflight`: the conversion the webhook serves (built once per run, not
+    /// per object).
     pub(super) converter: Option<crate::conversion::Converter>,
+    /// With `Mode::Preflight` and a conversion: the schema of the version read through.
+    pub(super) preflight_schema: Option<crate::schema::Schema>,
 }
 
 /// What became of one object.
@@ -285,6 +288,27 @@ impl Run<'_> {
         (page, processed, key)
     }
 
+    /// With a declarative conversion: the object read through the storage version and
+    /// converted as the webhook converts it, checked against the target version's schema.
+    /// A problem says what the apiserver would prune or reject, and where.
+    async fn fits_target_schema(&self, key: &ObjectKey) -> Result<Option<String>, Answer> {
+        let (Some(converter), Some(schema)) = (&self.converter, &self.preflight_schema) else {
+            return Ok(None);
+        };
+        let mut at_storage = self.target.clone();
+        at_storage.version = self.target.storage_version.clone();
+        let stored = self.requester.object(&at_storage, key).await?;
+        let pair = format!("{} -> {}", self.target.storage_version, self.target.version);
+        let converted = match converter.convert(&stored, &self.target.version) {
+            Ok(converted) => converted,
+            Err(error) => return Ok(Some(format!("{pair}: {error}"))),
+        };
+        Ok(crate::schema::validate(schema, &converted)
+            .into_iter()
+            .next()
+            .map(|problem| format!("{pair}: {problem}")))
+    }
+
     fn list_error(&self, message: String) -> Error {
         Error::List {
             crd: self.target.crd.clone(),
@@ -301,7 +325,14 @@ impl Run<'_> {
                 attempts.fetch_add(1, Ordering::Relaxed);
                 let answer = match self.settings.mode {
                     Mode::Rewrite => self.requester.rewrite(self.target, key).await,
-                    Mode::Preflight => self.requester.read(self.target, key).await,
+                    Mode::Preflight => match self.requester.read(self.target, key).await {
+                        Answer::Ok => match self.fits_target_schema(key).await {
+                            Ok(None) => Answer::Ok,
+                            Ok(Some(problem)) => return Ok(Processed::Failed(problem)),
+                            Err(answer) => answer,
+                        },
+                        answer => answer,
+                    },
                     Mode::CleanManagedFields => match self.clean_managed_fields(key).await {
                         Ok(true) => Answer::Ok,
                         Ok(false) => return Ok(Processed::Skipped),

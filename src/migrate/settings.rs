@@ -91,6 +91,11 @@ pub struct Settings {
     /// With `Mode::Preflight`: read through this version instead of the storage version
     /// (the version a `store` is about to switch to).
     pub through_version: Option<String>,
+    /// With `Mode::Preflight`: the declarative conversion the CRD's webhook serves. Each
+    /// object is then also read through the storage version, converted with it, and checked
+    /// against the target version's schema, so that a field the apiserver would prune (or a
+    /// value it would reject) fails the preflight naming the object and the path.
+    pub preflight_conversion: Option<crate::api::ConversionSpec>,
     /// With `Mode::Rewrite`: send rewrites to the `/status` subresource.
     pub through_status: bool,
     /// With `Mode::CleanManagedFields`: which entries.
@@ -112,6 +117,7 @@ impl Default for Settings {
             max_restarts: 3,
             max_expired_in_a_row: 10,
             through_version: None,
+            preflight_conversion: None,
             through_status: false,
             managed_fields: ManagedFieldsCleanup::default(),
         }

@@ -24,6 +24,8 @@ pub struct Target {
     pub subresource: Option<String>,
     /// Every version in the CRD's `spec.versions`.
     pub versions: Vec<String>,
+    /// Each version's `schema.openAPIV3Schema` (JSON), where it has one.
+    pub schemas: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 impl Target {
@@ -61,6 +63,15 @@ impl Target {
                 .unwrap_or_default(),
             subresource: None,
             versions: crd.spec.versions.iter().map(|v| v.name.clone()).collect(),
+            schemas: crd
+                .spec
+                .versions
+                .iter()
+                .filter_map(|v| {
+                    let schema = v.schema.as_ref()?.open_api_v3_schema.as_ref()?;
+                    Some((v.name.clone(), serde_json::to_value(schema).ok()?))
+                })
+                .collect(),
         })
     }
 

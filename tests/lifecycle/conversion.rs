@@ -592,3 +592,101 @@ proptest! {
         }
     }
 }
+
+// ---- schema coverage, property tests ----
+
+/// The schema of a version whose objects may have `fields` (string leaves; a nested field's
+/// parent requires it, so that no object holds an empty parent).
+fn schema_for(fields: &[String]) -> Value {
+    let mut root = json!({"type": "object", "properties": {}});
+    for path in fields {
+        let mut node = &mut root;
+        for segment in path.split('.') {
+            node = node["properties"]
+                .as_object_mut()
+                .expect("properties")
+                .entry(segment.to_owned())
+                .or_insert_with(|| json!({"type": "object", "properties": {}}));
+        }
+        *node = json!({"type": "string"});
+    }
+    // A nested parent (below spec) requires its fields.
+    fn require_children(node: &mut Value, depth: usize) {
+        let Some(properties) = node.get_mut("properties").and_then(Value::as_object_mut) else {
+            return;
+        };
+        let names: Vec<String> = properties.keys().cloned().collect();
+        for child in properties.values_mut() {
+            require_children(child, depth + 1);
+        }
+        if depth >= 2 {
+            node["required"] = json!(names);
+        }
+    }
+    require_children(&mut root, 0);
+    root
+}
+
+fn chain_crd(chain: &Chain) -> crd_lifecycle::conversion_test::Crd {
+    let versions: Vec<String> = (0..chain.fields.len()).map(|i| format!("v{i}")).collect();
+    crd_lifecycle::conversion_test::Crd {
+        group: "example.com".into(),
+        kind: "Widget".into(),
+        namespaced: true,
+        schemas: versions
+            .iter()
+            .zip(&chain.fields)
+            .map(|(v, fields)| {
+                (
+                    v.clone(),
+                    crd_lifecycle::schema::Schema::parse(&schema_for(fields)),
+                )
+            })
+            .collect(),
+        versions,
+        accepted_losses: Vec::new(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// For generated schemas and generated policies: coverage holds exactly when every
+    /// field difference has its rule, and then every object generated from every version's
+    /// schema converts to every other version (fitting its schema) and back exactly.
+    #[test]
+    fn test_passes_exactly_when_coverage_holds(chain in chain(), seed in any::<u64>(), drop in any::<usize>()) {
+        let crd = chain_crd(&chain);
+        let converter = Converter::new(&chain.spec, &crd.versions, &[]).expect("valid chain");
+        let problems = crd_lifecycle::conversion::coverage::check(&chain.spec, &converter, &crd.schemas);
+        prop_assert!(problems.is_empty(), "{}", problems);
+        let mut rng = crd_lifecycle::schema::Rng::new(seed);
+        for version in &crd.versions {
+            for i in 0..8 {
+                let fields = crd_lifecycle::schema::generate(&crd.schemas[version], &mut rng).expect("generated");
+                let object = crd.object(version, &format!("o{i}"), fields);
+                let checked = crd_lifecycle::conversion_test::check(&converter, &crd, &object);
+                prop_assert!(checked.is_ok(), "{:?}", checked.err());
+            }
+        }
+        // Without any one of its rules, coverage fails.
+        let rules: usize = chain.spec.changes.iter().map(|s| s.renamed.len() + s.added.len() + s.removed.len()).sum();
+        if rules > 0 {
+            let mut spec = chain.spec.clone();
+            let mut pick = drop % rules;
+            'steps: for step in &mut spec.changes {
+                for list in 0..3 {
+                    let len = match list { 0 => step.renamed.len(), 1 => step.added.len(), _ => step.removed.len() };
+                    if pick < len {
+                        match list { 0 => { step.renamed.remove(pick); } 1 => { step.added.remove(pick); } _ => { step.removed.remove(pick); } }
+                        break 'steps;
+                    }
+                    pick -= len;
+                }
+            }
+            let converter = Converter::new(&spec, &crd.versions, &[]).expect("still a chain");
+            let problems = crd_lifecycle::conversion::coverage::check(&spec, &converter, &crd.schemas);
+            prop_assert!(!problems.is_empty(), "dropping a rule of {:?} went unnoticed", chain.spec);
+        }
+    }
+}

@@ -1455,3 +1455,55 @@ async fn the_migrate_command_exits_2_naming_a_missing_permission() {
     assert!(fake.object_requests().is_empty());
     server.abort();
 }
+
+/// With the declarative conversion the CRD's webhook serves, a preflight also converts each
+/// object as the webhook does and checks it against the target version's schema: a value
+/// the apiserver would reject (or a field it would prune) fails the preflight naming the
+/// object and the path, before the `store` switches anything.
+#[tokio::test(start_paused = true)]
+async fn a_preflight_with_a_declarative_conversion_checks_the_target_schema() {
+    let fake = cluster(10);
+    // Stored as v1alpha1 {spec.size}; v1 calls it spec.replicas, at most 5.
+    fake.edit_crd(CRD, |crd| {
+        crd["spec"]["versions"][0]["storage"] = json!(true);
+        crd["spec"]["versions"][1]["storage"] = json!(false);
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"] = json!({"type": "object", "properties": {
+            "spec": {"type": "object", "properties": {"size": {"type": "integer"}}}}});
+        crd["spec"]["versions"][1]["schema"]["openAPIV3Schema"] = json!({"type": "object", "properties": {
+            "spec": {"type": "object", "properties": {"replicas": {"type": "integer", "maximum": 5}}}}});
+    });
+    let conversion: crd_lifecycle::api::ConversionSpec = serde_json::from_value(json!({
+        "webhook": {"enabled": true},
+        "changes": [{"from": "v1alpha1", "to": "v1", "renamed": [{"from": "spec.size", "to": "spec.replicas"}]}]
+    }))
+    .expect("conversion");
+    let report = migrate::migrate(
+        &fake.client(),
+        CRD,
+        &Settings {
+            mode: Mode::Preflight,
+            through_version: Some("v1".into()),
+            preflight_conversion: Some(conversion),
+            ..settings(10)
+        },
+        &migrate::Quiet,
+    )
+    .await
+    .expect("runs");
+    assert_eq!(report.outcome, Outcome::Failed, "{}", report.summary());
+    // Sizes 6 to 9 do not fit v1's maximum.
+    assert_eq!(report.counts.failed, 4);
+    let failure = report
+        .failures
+        .iter()
+        .find(|f| f.object.ends_with("/w00006"))
+        .expect("w00006 fails");
+    assert_eq!(
+        failure.message,
+        "v1alpha1 -> v1: spec.replicas: Invalid value: 6: should be less than or equal to 5"
+    );
+    assert!(
+        fake.object_requests().iter().all(|r| r.method == "GET"),
+        "a preflight writes nothing"
+    );
+}
