@@ -463,8 +463,51 @@ impl VersionSchedule {
     }
 }
 
-/// The VersionPolicy CRD, as `crd-lifecycle crd` prints it.
-pub fn versionpolicy_crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
+/// Formats the apiserver knows for integers (kube-openapi's validate and strfmt: `int32`,
+/// `int64`; v1.36 warns "unrecognized format" for others, apiserver-samples/34).
+pub const KNOWN_INTEGER_FORMATS: [&str; 2] = ["int32", "int64"];
+
+/// The VersionPolicy CRD, as `crd-lifecycle crd` prints it and as it is installed: schemars
+/// gives unsigned fields `format: uint32` / `uint64`, which the apiserver does not know
+/// (v1.36 prints a warning for each, sample 34); they become `int64` (their `minimum: 0`
+/// stays, and every value they take fits).
+pub fn versionpolicy_crd() -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition
+{
     use kube::CustomResourceExt;
-    serde_saphyr::to_string(&VersionPolicy::crd())
+    let mut crd = VersionPolicy::crd();
+    for version in &mut crd.spec.versions {
+        if let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) {
+            known_formats_only(schema);
+        }
+    }
+    crd
+}
+
+fn known_formats_only(schema: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps) {
+    if schema.type_.as_deref() == Some("integer")
+        && schema
+            .format
+            .as_deref()
+            .is_some_and(|format| !KNOWN_INTEGER_FORMATS.contains(&format))
+    {
+        schema.format = Some("int64".to_owned());
+    }
+    for child in schema.properties.iter_mut().flat_map(|p| p.values_mut()) {
+        known_formats_only(child);
+    }
+    if let Some(k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaPropsOrArray::Schema(items)) =
+        schema.items.as_mut()
+    {
+        known_formats_only(items);
+    }
+    if let Some(k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaPropsOrBool::Schema(values)) =
+        schema.additional_properties.as_mut()
+    {
+        known_formats_only(values);
+    }
+}
+
+/// The VersionPolicy CRD as YAML.
+pub fn versionpolicy_crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
+    serde_saphyr::to_string(&versionpolicy_crd())
 }

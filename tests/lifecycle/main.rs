@@ -6,6 +6,7 @@ mod flags;
 mod cel_parity;
 mod cli;
 mod conversion;
+mod crd_formats;
 mod example;
 mod fixtures;
 mod gates;
