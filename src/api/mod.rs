@@ -350,6 +350,37 @@ pub struct MigrationSettings {
     /// subresource. Unset: the main resource.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subresource: Option<RewriteSubresource>,
+
+    /// Who rewrites the objects: `Internal` (the operator's own migrator, default) or
+    /// `StorageVersionMigration` (Kubernetes' built-in migrator, storagemigration.k8s.io,
+    /// beta and off by default in 1.35-1.36: the operator creates a
+    /// StorageVersionMigration and follows it).
+    #[serde(default, skip_serializing_if = "is_internal")]
+    pub engine: MigrationEngine,
+}
+
+/// Who rewrites a CRD's objects into a new storage version.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+pub enum MigrationEngine {
+    /// The operator's own migrator.
+    #[default]
+    Internal,
+    /// Kubernetes' built-in StorageVersionMigration (kube-controller-manager's `svm`
+    /// controller).
+    StorageVersionMigration,
+}
+
+impl MigrationEngine {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigrationEngine::Internal => "Internal",
+            MigrationEngine::StorageVersionMigration => "StorageVersionMigration",
+        }
+    }
+}
+
+fn is_internal(engine: &MigrationEngine) -> bool {
+    *engine == MigrationEngine::Internal
 }
 
 /// A subresource the migrator's rewrites can go through.
@@ -369,6 +400,7 @@ impl Default for MigrationSettings {
             qps: 0,
             preflight: true,
             subresource: None,
+            engine: MigrationEngine::Internal,
         }
     }
 }
@@ -471,19 +503,25 @@ pub const KNOWN_INTEGER_FORMATS: [&str; 2] = ["int32", "int64"];
 /// gives unsigned fields `format: uint32` / `uint64`, which the apiserver does not know
 /// (v1.36 prints a warning for each, sample 34); they become `int64` (their `minimum: 0`
 /// stays, and every value they take fits).
-pub fn versionpolicy_crd() -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition
-{
+pub fn versionpolicy_crd()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
     use kube::CustomResourceExt;
     let mut crd = VersionPolicy::crd();
     for version in &mut crd.spec.versions {
-        if let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) {
+        if let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        {
             known_formats_only(schema);
         }
     }
     crd
 }
 
-fn known_formats_only(schema: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps) {
+fn known_formats_only(
+    schema: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps,
+) {
     if schema.type_.as_deref() == Some("integer")
         && schema
             .format
@@ -495,13 +533,19 @@ fn known_formats_only(schema: &mut k8s_openapi::apiextensions_apiserver::pkg::ap
     for child in schema.properties.iter_mut().flat_map(|p| p.values_mut()) {
         known_formats_only(child);
     }
-    if let Some(k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaPropsOrArray::Schema(items)) =
-        schema.items.as_mut()
+    if let Some(
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaPropsOrArray::Schema(
+            items,
+        ),
+    ) = schema.items.as_mut()
     {
         known_formats_only(items);
     }
-    if let Some(k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaPropsOrBool::Schema(values)) =
-        schema.additional_properties.as_mut()
+    if let Some(
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaPropsOrBool::Schema(
+            values,
+        ),
+    ) = schema.additional_properties.as_mut()
     {
         known_formats_only(values);
     }

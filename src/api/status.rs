@@ -241,6 +241,10 @@ pub struct MigrationStatus {
     /// A human-readable summary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// With `spec.migration.engine: StorageVersionMigration`: the StorageVersionMigration
+    /// the built-in migrator runs (storagemigration.k8s.io).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_version_migration: Option<String>,
 }
 
 /// Where an interrupted migration resumes: valid only while the CRD still has the

@@ -39,10 +39,13 @@ pub enum ConditionReason {
     /// The controller may not do what a migration, preflight or cleanup needs on the
     /// CRD's objects (SelfSubjectAccessReview); nothing was touched.
     MissingPermission,
+    /// `spec.migration.engine: StorageVersionMigration`, and the apiserver does not serve
+    /// storagemigration.k8s.io.
+    StorageVersionMigrationUnavailable,
 }
 
 impl ConditionReason {
-    pub const ALL: [ConditionReason; 14] = [
+    pub const ALL: [ConditionReason; 15] = [
         ConditionReason::CrdNotFound,
         ConditionReason::InvalidPolicy,
         ConditionReason::Conflict,
@@ -57,6 +60,7 @@ impl ConditionReason {
         ConditionReason::ReleasingCrd,
         ConditionReason::AwaitingManagedFieldsCleanup,
         ConditionReason::MissingPermission,
+        ConditionReason::StorageVersionMigrationUnavailable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -75,6 +79,7 @@ impl ConditionReason {
             ConditionReason::ReleasingCrd => "ReleasingCRD",
             ConditionReason::AwaitingManagedFieldsCleanup => "AwaitingManagedFieldsCleanup",
             ConditionReason::MissingPermission => "MissingPermission",
+            ConditionReason::StorageVersionMigrationUnavailable => "StorageVersionMigrationUnavailable",
         }
     }
 }
@@ -92,7 +97,8 @@ impl ConditionReason {
             | ConditionReason::AwaitingApproval
             | ConditionReason::ConversionPreflightFailed
             | ConditionReason::WebhookNotConfigured
-            | ConditionReason::MissingPermission => true,
+            | ConditionReason::MissingPermission
+            | ConditionReason::StorageVersionMigrationUnavailable => true,
             ConditionReason::AwaitingMigration => !migrations_enabled,
             ConditionReason::Suspended
             | ConditionReason::VersionInUse

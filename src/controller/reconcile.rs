@@ -25,7 +25,7 @@ use super::patch::as_json_patch;
 use super::permissions::RECHECK_MISSING_AFTER;
 use super::release::{ensure_finalizer, let_go, release};
 use super::status::{Observation, apply_status, build_status, policy_state, recorded_history, write_status};
-use crate::api::{FIELD_MANAGER, MilestoneKind, TrafficStatus, VersionPolicy};
+use crate::api::{FIELD_MANAGER, MigrationEngine, MilestoneKind, TrafficStatus, VersionPolicy};
 use crate::lifecycle::{BlockReason, CrdState, Evaluation, Transition};
 use crate::migrate::Mode;
 
@@ -83,6 +83,9 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
     let mut evaluation: Option<Evaluation> = None;
     let mut drift = Vec::new();
     let mut missing_permissions: Vec<String> = Vec::new();
+    // A block that only an outside change lifts (the built-in migrator's API enabled,
+    // another migrator finishing): checked again soon.
+    let mut unavailable_recheck = false;
 
     if let Some(owner) = competing_owner(policy, &ctx.policies) {
         observation.blocked.push((
@@ -138,9 +141,60 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
             && policy.spec.migration.enabled
             && !policy.spec.dry_run
         {
-            match ctx.migrations.check_permissions(policy, Mode::Rewrite).await {
-                Ok(()) => observation.migrating = ctx.migrations.ensure(policy, storage),
-                Err(message) => missing_permissions.push(message),
+            let engine = policy.spec.migration.engine;
+            // Ours, under way with this engine: nothing to check again.
+            let ours_under_way = ctx.migrations.running_goal(&crd_name).is_some_and(|goal| {
+                goal == match engine {
+                    MigrationEngine::Internal => storage.to_owned(),
+                    MigrationEngine::StorageVersionMigration => format!("builtin {storage}"),
+                }
+            });
+            // Never two migrators at once: with the internal engine every unfinished
+            // StorageVersionMigration counts (one this policy made under the other engine
+            // too), with the built-in one those of others.
+            let foreign = match (ours_under_way, engine) {
+                (true, _) => None,
+                (false, MigrationEngine::Internal) => {
+                    ctx.migrations.unfinished_migration(policy, false).await
+                }
+                (false, MigrationEngine::StorageVersionMigration) => {
+                    ctx.migrations.unfinished_migration(policy, true).await
+                }
+            };
+            if ours_under_way {
+                observation.migrating = true;
+            } else if let Some(foreign) = foreign {
+                observation.blocked.push((
+                    ConditionReason::AwaitingMigration,
+                    format!(
+                        "waiting for StorageVersionMigration {foreign} of {crd_name} to finish before migrating (only one migrator at a time)"
+                    ),
+                ));
+                unavailable_recheck = true;
+            } else {
+                match engine {
+                    MigrationEngine::Internal => {
+                        match ctx.migrations.check_permissions(policy, Mode::Rewrite).await {
+                            Ok(()) => observation.migrating = ctx.migrations.ensure(policy, storage),
+                            Err(message) => missing_permissions.push(message),
+                        }
+                    }
+                    MigrationEngine::StorageVersionMigration => match ctx.migrations.builtin_api().await {
+                        Some(api) => {
+                            observation.migrating = ctx.migrations.ensure_builtin(policy, storage, api)
+                        }
+                        None => {
+                            observation.blocked.insert(
+                                0,
+                                (
+                                    ConditionReason::StorageVersionMigrationUnavailable,
+                                    crate::controller::migrations::BUILTIN_MIGRATION_ENABLE_HINT.to_owned(),
+                                ),
+                            );
+                            unavailable_recheck = true;
+                        }
+                    },
+                }
             }
         }
         // A due removal waits until no object's managedFields names the version: rewrite
@@ -207,7 +261,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
     // Wake at the next transition, or when a held one may proceed by time alone.
     let wake_at = evaluation.as_ref().and_then(|e| e.wake_at);
     // A missing grant is checked again soon: granting it changes nothing we watch.
-    let recheck = (!missing_permissions.is_empty())
+    let recheck = (!missing_permissions.is_empty() || unavailable_recheck)
         .then(|| now.checked_add(RECHECK_MISSING_AFTER).ok())
         .flatten();
     let wake = [next, wake_at, recheck].into_iter().flatten().min();

@@ -7,6 +7,7 @@
 //! requests while the next page is fetched. Progress is checkpointed per page (the continue
 //! token after the last page whose objects are all done), so a run can resume.
 
+pub mod builtin;
 pub mod command;
 mod discovery;
 pub mod managed_fields;
@@ -306,6 +307,27 @@ async fn read_crd(
     )
     .await?
     .ok_or_else(|| Error::CrdNotFound(crd_name.to_owned()))
+}
+
+/// After another migrator (Kubernetes' built-in one) rewrote every object: trims
+/// `status.storedVersions` to the storage version with the same guards as a run's last step
+/// (the storage version confirmed through discovery, the CRD unchanged meanwhile, a
+/// resourceVersion precondition). `Trimmed` (empty `previous` if it already was) or
+/// `NotTrimmed` with the reason.
+pub async fn trim_after(client: &Client, crd_name: &str, settings: &Settings) -> Result<Outcome, Error> {
+    let requester = Requester {
+        client,
+        limiter: None,
+        timeout: settings.request_timeout,
+    };
+    let target = read_target(client, crd_name, None, settings).await?;
+    Ok(match trim(&requester, &target, settings).await? {
+        TrimResult::Trimmed(previous) => Outcome::Trimmed { previous },
+        TrimResult::NotTrimmed(reason) => Outcome::NotTrimmed { reason },
+        TrimResult::StorageChanged(now) => Outcome::NotTrimmed {
+            reason: format!("the storage version changed to {now} meanwhile"),
+        },
+    })
 }
 
 async fn read_target(

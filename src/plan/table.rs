@@ -167,6 +167,16 @@ fn detail(policy: &VersionPolicy, transition: &Transition) -> String {
     if transition.milestone == MilestoneKind::Store && migration.enabled && migration.preflight {
         parts.push("gate: conversion preflight".to_owned());
     }
+    // Who rewrites the objects afterwards.
+    if transition.milestone == MilestoneKind::Store {
+        parts.push(match (migration.enabled, migration.engine) {
+            (false, _) => "no migration (spec.migration.enabled: false)".to_owned(),
+            (true, crate::api::MigrationEngine::Internal) => "migration: Internal".to_owned(),
+            (true, crate::api::MigrationEngine::StorageVersionMigration) => {
+                "migration: StorageVersionMigration (built-in)".to_owned()
+            }
+        });
+    }
     // Every removal waits until no object's managedFields names the version.
     if transition.milestone == MilestoneKind::Remove {
         parts.push("after: managedFields cleanup".to_owned());

@@ -7,6 +7,7 @@
 //! operator deployed from `deploy/` instead. Everything the suite creates carries a unique
 //! run id and is deleted afterwards, on success and on failure.
 
+mod builtin_migration;
 mod env;
 #[path = "../support/flags.rs"]
 mod flags;
@@ -34,6 +35,9 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("managed_fields", |env| Box::pin(scenarios::managed_fields(env))),
     ("least_privilege", |env| {
         Box::pin(least_privilege::least_privilege(env))
+    }),
+    ("builtin_migration", |env| {
+        Box::pin(builtin_migration::builtin_migration(env))
     }),
 ];
 

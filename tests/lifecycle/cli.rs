@@ -576,3 +576,40 @@ fn refuse_upgrade(upgrade: &str, problem: &str) {
         assert!(stderr.contains(problem), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn plan_table_says_which_engine_migrates_after_each_store() {
+    let output = plan(&["--at", "2026-06-29T00:00:00Z", "-o", "table"]);
+    let table = text(&output.stdout);
+    assert!(
+        table.contains("gate: conversion preflight; migration: Internal"),
+        "{table}"
+    );
+    let policy = std::fs::read_to_string(format!("{}/{EXAMPLE_POLICY}", env!("CARGO_MANIFEST_DIR")))
+        .expect("example")
+        .replace(
+            "  migration:\n",
+            "  migration:\n    engine: StorageVersionMigration\n",
+        );
+    assert!(policy.contains("engine: StorageVersionMigration"), "{policy}");
+    let output = run(
+        &[
+            "plan",
+            "--policy",
+            "-",
+            "--crd",
+            EXAMPLE_CRD,
+            "--at",
+            "2026-06-29T00:00:00Z",
+            "-o",
+            "table",
+        ],
+        Some(&policy),
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stdout).contains("migration: StorageVersionMigration (built-in)"),
+        "{}",
+        text(&output.stdout)
+    );
+}

@@ -8,9 +8,35 @@ use serde_json::Value;
 /// formats) and the numeric formats its validator checks (`int32`, `int64`, `float`,
 /// `double`), as listed in the Kubernetes docs on CRD validation.
 const KNOWN_FORMATS: &[&str] = &[
-    "bsonobjectid", "uri", "email", "hostname", "ipv4", "ipv6", "cidr", "mac", "uuid", "uuid3", "uuid4",
-    "uuid5", "isbn", "isbn10", "isbn13", "creditcard", "ssn", "hexcolor", "rgbcolor", "byte", "password",
-    "date", "duration", "datetime", "date-time", "int32", "int64", "float", "double",
+    "bsonobjectid",
+    "uri",
+    "email",
+    "hostname",
+    "ipv4",
+    "ipv6",
+    "cidr",
+    "mac",
+    "uuid",
+    "uuid3",
+    "uuid4",
+    "uuid5",
+    "isbn",
+    "isbn10",
+    "isbn13",
+    "creditcard",
+    "ssn",
+    "hexcolor",
+    "rgbcolor",
+    "byte",
+    "password",
+    "date",
+    "duration",
+    "datetime",
+    "date-time",
+    "int32",
+    "int64",
+    "float",
+    "double",
 ];
 
 fn formats(schema: &Value, path: &str, found: &mut Vec<(String, String)>) {
@@ -47,7 +73,9 @@ fn installed_crds_use_only_formats_the_apiserver_knows() {
                 continue;
             }
             let text = std::fs::read_to_string(&path).expect("read");
-            let Ok(documents) = serde_saphyr::from_multiple::<Value>(&text) else { continue };
+            let Ok(documents) = serde_saphyr::from_multiple::<Value>(&text) else {
+                continue;
+            };
             for document in documents {
                 if document["kind"] != "CustomResourceDefinition" {
                     continue;

@@ -2,8 +2,11 @@
 //! bounded number at once), independent of reconciles, with progress checkpointed in the
 //! policy's `status.migration` so that a restarted controller resumes where it stopped.
 
+mod builtin;
 mod job;
 mod progress;
+
+pub use builtin::ENABLE_HINT as BUILTIN_MIGRATION_ENABLE_HINT;
 
 use crate::sync::lock;
 use std::collections::HashMap;
@@ -103,6 +106,8 @@ pub struct Migrations {
     pub(super) retry: migrate::RetryPolicy,
     pub(super) settle: migrate::SettleCheck,
     pub(super) retry_after_failure: Duration,
+    /// Whether the built-in migrator's API is served, and when that was asked.
+    pub(super) builtin_api: Mutex<Option<(Instant, Option<migrate::builtin::Migrations>)>>,
 }
 
 impl Migrations {
@@ -121,6 +126,7 @@ impl Migrations {
             retry: migrate::RetryPolicy::default(),
             settle: migrate::SettleCheck::default(),
             retry_after_failure: RETRY_AFTER_FAILURE,
+            builtin_api: Mutex::new(None),
         }
     }
 
@@ -148,6 +154,15 @@ impl Migrations {
     pub fn with_progress_interval(mut self, interval: Duration) -> Self {
         self.progress_interval = interval;
         self
+    }
+
+    /// What the migration of this CRD under way works towards (`v1`, or `builtin v1` for
+    /// a followed StorageVersionMigration).
+    pub fn running_goal(&self, crd: &str) -> Option<String> {
+        lock(&self.running)
+            .get(crd)
+            .filter(|r| !r.handle.is_finished())
+            .map(|r| r.goal.clone())
     }
 
     /// Whether a migration of this CRD is under way.
@@ -253,6 +268,7 @@ impl Migrations {
             checkpoint: None,
             failures: Vec::new(),
             message: None,
+            storage_version_migration: None,
         };
         let what = match &job {
             Job::Migrate => format!("the migration of {crd} to {storage_version}"),

@@ -7,6 +7,7 @@
 mod access;
 mod crds;
 mod leases;
+mod migrations;
 mod objects;
 mod policies;
 
@@ -112,6 +113,17 @@ pub struct State {
     before_crd_patch: VecDeque<Hook>,
     /// Canned failures for the next CRD patches: (status code, message).
     crd_patch_failures: VecDeque<(u16, String)>,
+    /// Whether `storagemigration.k8s.io/v1beta1` is served (1.35+ with the feature on).
+    pub svm_served: bool,
+    /// StorageVersionMigrations by name.
+    pub svms: BTreeMap<String, Value>,
+    /// The built-in migrator makes no progress (its controller is not running).
+    pub svm_paused: bool,
+    /// The next migrations fail with this message.
+    pub svm_fail: Option<String>,
+    /// The built-in migrator succeeds without trimming `storedVersions` (so that the
+    /// operator's own trim shows).
+    pub svm_leaves_stored_versions: bool,
 }
 
 impl State {
@@ -475,6 +487,9 @@ impl FakeApiserver {
                 .body(Body::from(state.metrics_text.clone().into_bytes()))
                 .unwrap_or_else(|_| Response::new(Body::from(Vec::new())));
         }
+        if recorded.method == "GET" && segments == ["apis", migrations::GROUP] && !state.svm_served {
+            return plain_not_found();
+        }
         let (code, reply) = route(&mut state, &recorded, &segments, body);
         respond(code, &reply)
     }
@@ -653,6 +668,25 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
         ("POST", ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"]) => {
             review_access(state, body)
         }
+        ("GET", ["apis", migrations::GROUP]) if state.svm_served => {
+            (200, migrations::api_group(state).unwrap_or_default())
+        }
+        ("POST", ["apis", migrations::GROUP, "v1beta1", "storageversionmigrations"]) if state.svm_served => {
+            migrations::create(state, body)
+        }
+        ("GET", ["apis", migrations::GROUP, "v1beta1", "storageversionmigrations"]) if state.svm_served => {
+            migrations::list(state)
+        }
+        (
+            "GET",
+            [
+                "apis",
+                migrations::GROUP,
+                "v1beta1",
+                "storageversionmigrations",
+                name,
+            ],
+        ) if state.svm_served => migrations::get(state, name),
         // Not 404: that would read as "does not exist" and let a wrong path pass a test.
         _ => {
             state

@@ -1,0 +1,244 @@
+//! Kubernetes' built-in storage version migrator: `StorageVersionMigration` objects of
+//! `storagemigration.k8s.io` (beta in 1.35-1.36, off by default; needs the
+//! kube-controller-manager's `svm` controller). A migration names a group and resource (no
+//! version); its conditions go `Running=True/MigrationRunning`, then
+//! `Running=False/MigrationCompleted` with `Succeeded=True`, or `Failed=True`; on success the
+//! CRD's `status.storedVersions` is trimmed to the storage version (apiserver-samples/35).
+
+use jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
+use serde_json::{Value, json};
+
+/// The API group.
+pub const GROUP: &str = "storagemigration.k8s.io";
+
+/// Label on the migrations a policy creates: its name.
+pub const POLICY_LABEL: &str = "crdlifecycle.io/policy";
+
+/// Label on the migrations a policy creates: the storage version they migrate into.
+pub const STORAGE_VERSION_LABEL: &str = "crdlifecycle.io/storage-version";
+
+/// Versions of the API this operator speaks, newest first (v1 has the v1beta1 shape).
+const KNOWN_VERSIONS: [&str; 2] = ["v1", "v1beta1"];
+
+/// Where one migration is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Created, no condition yet.
+    Pending,
+    Running,
+    Succeeded,
+    /// `Failed=True`, with its message.
+    Failed(String),
+}
+
+impl State {
+    pub fn is_finished(&self) -> bool {
+        matches!(self, State::Succeeded | State::Failed(_))
+    }
+}
+
+/// One StorageVersionMigration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Migration {
+    pub name: String,
+    pub group: String,
+    pub resource: String,
+    pub state: State,
+    /// The policy that created it (its label), if one did.
+    pub policy: Option<String>,
+    /// The storage version it migrates into (its label), if a policy created it.
+    pub storage_version: Option<String>,
+    pub created: Option<Timestamp>,
+    /// When its last condition changed.
+    pub changed: Option<Timestamp>,
+}
+
+impl Migration {
+    /// Reads a StorageVersionMigration (JSON).
+    pub fn from_json(object: &Value) -> Migration {
+        let text = |pointer: &str| object.pointer(pointer).and_then(Value::as_str).map(str::to_owned);
+        let conditions: Vec<&Value> = object
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .map(|c| c.iter().collect())
+            .unwrap_or_default();
+        let is_true = |kind: &str| {
+            conditions
+                .iter()
+                .find(|c| c["type"] == kind)
+                .filter(|c| c["status"] == "True")
+        };
+        let state = if let Some(failed) = is_true("Failed") {
+            State::Failed(failed["message"].as_str().unwrap_or_default().to_owned())
+        } else if is_true("Succeeded").is_some() {
+            State::Succeeded
+        } else if is_true("Running").is_some() {
+            State::Running
+        } else {
+            State::Pending
+        };
+        let changed = conditions
+            .iter()
+            .filter_map(|c| c["lastTransitionTime"].as_str()?.parse::<Timestamp>().ok())
+            .max();
+        Migration {
+            name: text("/metadata/name").unwrap_or_default(),
+            group: text("/spec/resource/group").unwrap_or_default(),
+            resource: text("/spec/resource/resource").unwrap_or_default(),
+            state,
+            policy: text(&format!("/metadata/labels/{}", POLICY_LABEL.replace('/', "~1"))),
+            storage_version: text(&format!(
+                "/metadata/labels/{}",
+                STORAGE_VERSION_LABEL.replace('/', "~1")
+            )),
+            created: text("/metadata/creationTimestamp").and_then(|t| t.parse().ok()),
+            changed,
+        }
+    }
+}
+
+/// The API, at one served version.
+#[derive(Clone)]
+pub struct Migrations {
+    api: Api<DynamicObject>,
+    /// e.g. `v1beta1`.
+    pub version: String,
+}
+
+impl Migrations {
+    /// The newest served version of the API that this operator speaks, or `None` when the
+    /// apiserver does not serve it.
+    pub async fn discover(client: &Client) -> Result<Option<Migrations>, kube::Error> {
+        let request = http::Request::get(format!("/apis/{GROUP}"))
+            .body(Vec::new())
+            .map_err(kube::Error::HttpError)?;
+        let group: Value = match client.request(request).await {
+            Ok(group) => group,
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        let served: Vec<&str> = group["versions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v["version"].as_str())
+            .collect();
+        let Some(version) = KNOWN_VERSIONS.into_iter().find(|v| served.contains(v)) else {
+            return Ok(None);
+        };
+        let resource = ApiResource {
+            group: GROUP.to_owned(),
+            version: version.to_owned(),
+            api_version: format!("{GROUP}/{version}"),
+            kind: "StorageVersionMigration".to_owned(),
+            plural: "storageversionmigrations".to_owned(),
+        };
+        Ok(Some(Migrations {
+            api: Api::all_with(client.clone(), &resource),
+            version: version.to_owned(),
+        }))
+    }
+
+    /// Every migration of `group`/`resource`, oldest first.
+    pub async fn of_resource(&self, group: &str, resource: &str) -> Result<Vec<Migration>, kube::Error> {
+        let list = self.api.list(&ListParams::default()).await?;
+        let mut found: Vec<Migration> = list
+            .items
+            .iter()
+            .filter_map(|object| serde_json::to_value(object).ok())
+            .map(|object| Migration::from_json(&object))
+            .filter(|m| m.group == group && m.resource == resource)
+            .collect();
+        found.sort_by_key(|m| (m.created, m.name.clone()));
+        Ok(found)
+    }
+
+    /// Creates a migration of `group`/`resource`, labelled with the policy and storage
+    /// version.
+    pub async fn create(
+        &self,
+        name: &str,
+        group: &str,
+        resource: &str,
+        policy: &str,
+        storage_version: &str,
+    ) -> Result<Migration, kube::Error> {
+        let object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": format!("{GROUP}/{}", self.version),
+            "kind": "StorageVersionMigration",
+            "metadata": {"name": name, "labels": {POLICY_LABEL: policy, STORAGE_VERSION_LABEL: storage_version}},
+            "spec": {"resource": {"group": group, "resource": resource}},
+        }))
+        .map_err(kube::Error::SerdeError)?;
+        let created = self.api.create(&PostParams::default(), &object).await?;
+        Ok(Migration::from_json(
+            &serde_json::to_value(created).map_err(kube::Error::SerdeError)?,
+        ))
+    }
+
+    pub async fn get(&self, name: &str) -> Result<Migration, kube::Error> {
+        let object = self.api.get(name).await?;
+        Ok(Migration::from_json(
+            &serde_json::to_value(object).map_err(kube::Error::SerdeError)?,
+        ))
+    }
+}
+
+/// The name of a policy's `attempt`th migration into `storage_version`: deterministic, so
+/// that a restarted controller finds it, and a DNS subdomain of at most 253 characters.
+pub fn migration_name(crd: &str, storage_version: &str, attempt: u32) -> String {
+    let suffix = format!("-{storage_version}-{attempt}");
+    let head: String = format!("crd-lifecycle.{crd}")
+        .chars()
+        .take(253 - suffix.len())
+        .collect();
+    format!("{}{suffix}", head.trim_end_matches(['.', '-']))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recorded_lifecycle_reads_as_running_then_succeeded() {
+        // apiserver-samples/35: the conditions seen while polling.
+        let with = |conditions: Value| {
+            Migration::from_json(
+                &json!({"metadata": {"name": "m"}, "spec": {"resource": {"group": "g", "resource": "r"}},
+                                          "status": {"conditions": conditions}}),
+            )
+            .state
+        };
+        assert_eq!(with(json!([])), State::Pending);
+        assert_eq!(
+            with(json!([{"type": "Running", "status": "True", "reason": "MigrationRunning"}])),
+            State::Running
+        );
+        assert_eq!(
+            with(
+                json!([{"type": "Running", "status": "False", "reason": "MigrationCompleted"},
+                        {"type": "Succeeded", "status": "True", "reason": "StorageVersionMigrationSucceeded"}])
+            ),
+            State::Succeeded
+        );
+        assert_eq!(
+            with(
+                json!([{"type": "Running", "status": "False"}, {"type": "Failed", "status": "True", "message": "boom"}])
+            ),
+            State::Failed("boom".into())
+        );
+    }
+
+    #[test]
+    fn names_are_deterministic_dns_subdomains() {
+        assert_eq!(
+            migration_name("widgets.example.com", "v1", 1),
+            "crd-lifecycle.widgets.example.com-v1-1"
+        );
+        let long = format!("{}.example.com", "a".repeat(260));
+        let name = migration_name(&long, "v1", 12);
+        assert!(name.len() <= 253 && name.ends_with("-v1-12"), "{name}");
+    }
+}

@@ -1,0 +1,136 @@
+//! Kubernetes' built-in StorageVersionMigration (`storagemigration.k8s.io/v1beta1`) and the
+//! kube-controller-manager's `svm` controller behind it, as apiserver-samples/35 recorded
+//! them on v1.36:
+//! - `POST .../storageversionmigrations` answers 201 with the object and `status: {}`;
+//! - its conditions go `Running=True/MigrationRunning`, then `Running=False/MigrationCompleted`
+//!   with `Succeeded=True/StorageVersionMigrationSucceeded`;
+//! - on success every object of the resource is stored in the storage version and the CRD's
+//!   `status.storedVersions` is trimmed to it.
+//!
+//! The controller's progress is modelled as one step per GET of the migration (the sample
+//! polled and saw each stage in turn). A failure (`Failed=True` with a message) is a knob:
+//! sample 35 shows none, so its exact shape is the API's documented one.
+//! Where the API is not served (v1.24, or 1.35+ without the feature), `GET
+//! /apis/storagemigration.k8s.io` answers the plain-text 404 of a path nobody serves (as
+//! sample 15 for an unserved version).
+
+use serde_json::{Value, json};
+
+use super::{State, not_found, status_body};
+
+pub(super) const GROUP: &str = "storagemigration.k8s.io";
+
+/// `GET /apis/storagemigration.k8s.io`: the APIGroup (v1beta1 only, as in 1.35-1.36).
+pub(super) fn api_group(state: &State) -> Option<Value> {
+    state.svm_served.then(|| {
+        let version = json!({"groupVersion": format!("{GROUP}/v1beta1"), "version": "v1beta1"});
+        json!({"kind": "APIGroup", "apiVersion": "v1", "name": GROUP,
+               "versions": [version], "preferredVersion": version})
+    })
+}
+
+pub(super) fn create(state: &mut State, mut body: Value) -> (u16, Value) {
+    let name = body["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    if state.svms.contains_key(&name) {
+        return (
+            409,
+            status_body(
+                409,
+                "AlreadyExists",
+                &format!("storageversionmigrations.storagemigration.k8s.io \"{name}\" already exists"),
+            ),
+        );
+    }
+    body["metadata"]["resourceVersion"] = state.next_resource_version().into();
+    body["metadata"]["uid"] = json!(format!("svm-{name}"));
+    body["metadata"]["creationTimestamp"] = json!(jiff::Timestamp::now().to_string());
+    body["status"] = json!({});
+    state.svms.insert(name, body.clone());
+    (201, body)
+}
+
+pub(super) fn list(state: &State) -> (u16, Value) {
+    (
+        200,
+        json!({"kind": "StorageVersionMigrationList", "apiVersion": format!("{GROUP}/v1beta1"),
+               "metadata": {"resourceVersion": state.resource_version.to_string()},
+               "items": state.svms.values().cloned().collect::<Vec<_>>()}),
+    )
+}
+
+/// One GET: the svm controller takes its next step, then the object as it is.
+pub(super) fn get(state: &mut State, name: &str) -> (u16, Value) {
+    let Some(object) = state.svms.get(name).cloned() else {
+        return not_found("storageversionmigrations.storagemigration.k8s.io", name);
+    };
+    let advanced = advance(state, object);
+    state.svms.insert(name.to_owned(), advanced.clone());
+    (200, advanced)
+}
+
+fn condition(kind: &str, status: &str, reason: &str, message: &str) -> Value {
+    json!({"type": kind, "status": status, "lastTransitionTime": jiff::Timestamp::now().to_string(),
+           "reason": reason, "message": message})
+}
+
+fn advance(state: &mut State, mut object: Value) -> Value {
+    let conditions = object["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let running = conditions
+        .iter()
+        .any(|c| c["type"] == "Running" && c["status"] == "True");
+    let finished = conditions
+        .iter()
+        .any(|c| (c["type"] == "Succeeded" || c["type"] == "Failed") && c["status"] == "True");
+    if state.svm_paused || finished {
+        return object;
+    }
+    if !running {
+        object["status"]["conditions"] = json!([condition("Running", "True", "MigrationRunning", "")]);
+        return object;
+    }
+    if let Some(message) = state.svm_fail.clone() {
+        object["status"]["conditions"] = json!([
+            condition("Running", "False", "MigrationFailed", ""),
+            condition("Failed", "True", "StorageVersionMigrationFailed", &message),
+        ]);
+        return object;
+    }
+    let group = object["spec"]["resource"]["group"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let resource = object["spec"]["resource"]["resource"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let crd_name = format!("{resource}.{group}");
+    let storage = state.crds.get(&crd_name).and_then(|crd| {
+        crd["spec"]["versions"]
+            .as_array()?
+            .iter()
+            .find(|v| v["storage"] == true)
+            .and_then(|v| v["name"].as_str())
+            .map(str::to_owned)
+    });
+    if let Some(storage) = storage {
+        for ((crd, _, _), stored) in state.objects.iter_mut() {
+            if *crd == crd_name {
+                stored.encoded_as = storage.clone();
+            }
+        }
+        if !state.svm_leaves_stored_versions
+            && let Some(crd) = state.crds.get_mut(&crd_name)
+        {
+            crd["status"]["storedVersions"] = json!([storage]);
+        }
+    }
+    object["status"]["conditions"] = json!([
+        condition("Running", "False", "MigrationCompleted", "Migration completed"),
+        condition("Succeeded", "True", "StorageVersionMigrationSucceeded", ""),
+    ]);
+    object["status"]["resourceVersion"] = json!(state.next_resource_version());
+    object
+}
