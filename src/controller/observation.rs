@@ -21,6 +21,8 @@ pub struct Observation<'a> {
     pub dry_run_patch: Option<String>,
     /// Whether a storage-version migration of the CRD is running.
     pub migrating: bool,
+    /// Whether a managedFields cleanup of the CRD is running.
+    pub cleaning: bool,
     /// `status.history` as the apiserver has it now (read fresh, not from the cache, which
     /// may lag behind our own last write).
     pub recorded_history: Vec<HistoryEntry>,

@@ -226,7 +226,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
                 .check_permissions(policy, Mode::CleanManagedFields)
                 .await
             {
-                Ok(()) => ctx.migrations.ensure_cleanup(policy, storage, awaiting),
+                Ok(()) => observation.cleaning = ctx.migrations.ensure_cleanup(policy, storage, awaiting),
                 Err(message) => missing_permissions.push(message),
             }
         }

@@ -142,7 +142,8 @@ pub fn merge_history(recorded: &[HistoryEntry], cached: &[HistoryEntry]) -> Vec<
 /// with every reason that holds the policy back.
 fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<ConditionState> {
     let crd_name = &policy.spec.crd_name;
-    let migrations_enabled = policy.spec.migration.enabled;
+    // A dry run never migrates: nothing is pending on the operator.
+    let migrations_enabled = policy.spec.migration.enabled && !policy.spec.dry_run;
     let messages = |filter: &dyn Fn(ConditionReason) -> bool| {
         observation
             .blocked
@@ -194,6 +195,26 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
             })
     });
 
+    // The last managedFields cleanup a removal waits for failed (after its bounded
+    // retries): retried later, but a human must look at the objects it names.
+    let failed_cleanup = observation
+        .blocked
+        .iter()
+        .any(|(reason, _)| *reason == ConditionReason::AwaitingManagedFieldsCleanup)
+        .then(|| policy.status.as_ref().and_then(|s| s.managed_fields_cleanup.as_ref()))
+        .flatten()
+        .filter(|c| !observation.cleaning && c.phase == crate::api::MigrationPhase::Failed)
+        .map(|c| {
+            let mut message = c
+                .message
+                .clone()
+                .unwrap_or_else(|| "the managedFields cleanup failed".to_owned());
+            if !c.failures.is_empty() {
+                message.push_str(&format!("; {}", c.failures.join("; ")));
+            }
+            message
+        });
+
     let stalled_reason = observation
         .blocked
         .iter()
@@ -211,6 +232,15 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
             true,
             "MigrationFailed",
             format!("the last migration of {crd_name} failed and is retried later: {message}"),
+        ),
+        (None, None) if failed_cleanup.is_some() => ConditionState::new(
+            ConditionType::Stalled,
+            true,
+            "ManagedFieldsCleanupFailed",
+            format!(
+                "the last rewrite of {crd_name}'s managedFields entries failed and is retried later: {}",
+                failed_cleanup.clone().unwrap_or_default()
+            ),
         ),
         _ => ConditionState::new(
             ConditionType::Stalled,
@@ -305,6 +335,35 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
             format!("{crd_name} does not match the policy yet"),
         )
     };
+    // A dry run is done once its patch is computed: the operator will never act, so kstatus
+    // (and `kubectl wait --for=condition=Ready`) must settle. Only an error that leaves
+    // nothing to show (no patch, invalid policy, missing CRD) is not Ready.
+    if policy.spec.dry_run && (observation.dry_run_patch.is_some() || in_sync) {
+        let held = messages(&|_| true);
+        let message = match (&observation.dry_run_patch, held.is_empty()) {
+            (Some(_), true) => format!("dry run: the changes to {crd_name} in status.dryRunPatch were not applied"),
+            (Some(_), false) => format!(
+                "dry run: the changes to {crd_name} in status.dryRunPatch were not applied; a real run would also wait: {held}"
+            ),
+            (None, _) => format!("dry run: {crd_name} already matches the policy"),
+        };
+        return vec![
+            ConditionState::new(ConditionType::Ready, true, "DryRun", message),
+            ConditionState::new(
+                ConditionType::Reconciling,
+                false,
+                "DryRun",
+                "dry run: the operator changes nothing".to_owned(),
+            ),
+            ConditionState::new(
+                ConditionType::Stalled,
+                false,
+                "NotStalled",
+                "nothing needs a human".to_owned(),
+            ),
+            blocked,
+        ];
+    }
     vec![ready, reconciling, stalled, blocked]
 }
 

@@ -260,6 +260,7 @@ async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
 
 mod builtin_migration;
 mod decide;
+mod findings;
 mod gates;
 mod kstatus;
 mod lifecycle;

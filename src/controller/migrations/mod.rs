@@ -181,13 +181,14 @@ impl Migrations {
     /// Starts rewriting the managedFields entries that name `versions` (versions whose
     /// removal is due) into the storage version, unless that already runs or failed
     /// recently; the result goes to `status.managedFieldsCleanup`.
+    /// Returns whether a cleanup is under way now.
     pub fn ensure_cleanup(
         self: &Arc<Self>,
         policy: &VersionPolicy,
         storage_version: &str,
         versions: Vec<String>,
-    ) {
-        self.start(policy, storage_version, Job::CleanManagedFields { versions });
+    ) -> bool {
+        self.start(policy, storage_version, Job::CleanManagedFields { versions })
     }
 
     /// Starts `job` for the policy's CRD towards `storage_version` unless the same run is

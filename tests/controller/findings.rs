@@ -1,0 +1,90 @@
+//! Findings from review (issue "Conditions and rotations that never lie"), each with the
+//! test that fails without its fix.
+
+use serde_json::json;
+
+use super::{Harness, wait_until};
+#[allow(unused_imports)]
+use super::CRD;
+
+/// A dry run never migrates, so it never waits for a migration: once its patch is computed
+/// it is Ready (reason DryRun), and kstatus and `kubectl wait --for=condition=Ready` settle.
+#[tokio::test(start_paused = true)]
+async fn a_dry_run_with_stale_stored_versions_is_ready() {
+    let mut h = Harness::with_example_and_objects(20);
+    h.edit_policy("widgets", |p| p["spec"]["dryRun"] = json!(true));
+    // The CRD still lists v1alpha1 although v1beta1 stores: a migration would be due.
+    h.fake.edit_crd(super::CRD, |crd| {
+        crd["spec"]["versions"][0]["storage"] = json!(false);
+        crd["spec"]["versions"][1]["storage"] = json!(true);
+        crd["status"]["storedVersions"] = json!(["v1alpha1", "v1beta1"]);
+    });
+    h.at("2026-02-15T00:00:00Z");
+    h.reconcile("widgets").await;
+    assert!(h.fake.crd_writes().is_empty(), "nothing applied");
+    assert!(h.status("widgets")["dryRunPatch"].is_string(), "{:#}", h.status("widgets"));
+    let (ready, reason, message) = h.condition("widgets", "Ready");
+    assert_eq!((ready.as_str(), reason.as_str()), ("True", "DryRun"), "{message}");
+    assert!(message.contains("status.dryRunPatch"), "{message}");
+    assert_eq!(h.condition("widgets", "Reconciling").0, "False");
+    assert_eq!(h.condition("widgets", "Stalled").0, "False");
+    // And no migration was started.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(h.fake.object_requests().iter().all(|r| r.method == "GET"));
+}
+
+/// Sets up objects whose managedFields name v1alpha1, with v1alpha1 due for removal and
+/// `storedVersions` already `[v1]`: only the managedFields cleanup holds the removal.
+async fn awaiting_cleanup(objects: usize, prepare: impl FnOnce(&Harness)) -> Harness {
+    let mut h = Harness::with_example_and_objects(objects);
+    let keys: Vec<(String, String)> =
+        h.fake.lock().objects.keys().map(|(_, ns, name)| (ns.clone(), name.clone())).collect();
+    for (ns, name) in &keys {
+        h.fake.set_managed_fields(
+            CRD,
+            ns,
+            name,
+            vec![json!({"apiVersion": "example.com/v1alpha1", "fieldsType": "FieldsV1",
+                        "fieldsV1": {"f:spec": {"f:size": {}}}, "manager": "gitops", "operation": "Apply"})],
+        );
+    }
+    h.edit_policy("widgets", |p| {
+        p["spec"]["migration"] = json!({"enabled": false, "concurrency": 2, "pageSize": 50, "preflight": false})
+    });
+    prepare(&h);
+    h.at("2026-06-29T00:00:00Z");
+    h.reconcile("widgets").await;
+    h.trim_stored_versions(&["v1"]);
+    h
+}
+
+/// A cleanup that fails after its bounded retries is Stalled, naming the object and the
+/// apiserver's message, like a failed migration; not "entries are being rewritten" forever.
+#[tokio::test(start_paused = true)]
+async fn a_failed_managed_fields_cleanup_is_stalled_naming_the_objects() {
+    let mut h = awaiting_cleanup(6, |h| {
+        h.fake.set_fault(
+            "ns1",
+            "w00001",
+            crate::apiserver::ObjectFault::Transient { code: 500, times: 10_000, retry_after: None },
+        )
+    })
+    .await;
+    h.reconcile("widgets").await;
+    // Reconciled right after the failure, before the (test's 100 ms) retry wait is over.
+    wait_until("the cleanup fails", || {
+        h.status("widgets")["managedFieldsCleanup"]["phase"] == "Failed"
+    })
+    .await;
+    h.reconcile("widgets").await;
+    let (stalled, reason, message) = h.condition("widgets", "Stalled");
+    assert_eq!(
+        (stalled.as_str(), reason.as_str()),
+        ("True", "ManagedFieldsCleanupFailed"),
+        "{message}: {:#}",
+        h.status("widgets")
+    );
+    assert!(message.contains("ns1/w00001") && message.contains("500"), "{message}");
+    assert_eq!(h.condition("widgets", "Reconciling").0, "False");
+    assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS", "the removal stays held");
+}
