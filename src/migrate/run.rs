@@ -272,8 +272,16 @@ impl Run<'_> {
                 .await
             {
                 Answer::Ok => return Ok(true),
-                Answer::Status { code: 422, .. } => {
+                // A 422 is a lost race (the `test` of the resourceVersion failed, sample 03)
+                // only if the object changed: re-read it. Unchanged, the apiserver refused the
+                // object itself (invalid under the current schema): a permanent failure of
+                // this object, reported once with the apiserver's message, not retried.
+                invalid @ Answer::Status { code: 422, .. } => {
+                    let previous = resource_version.clone();
                     (resource_version, entries) = self.requester.managed_fields(self.target, key).await?;
+                    if resource_version == previous {
+                        return Err(invalid);
+                    }
                 }
                 other => return Err(other),
             }

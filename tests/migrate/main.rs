@@ -1507,3 +1507,43 @@ async fn a_preflight_with_a_declarative_conversion_checks_the_target_schema() {
         "a preflight writes nothing"
     );
 }
+
+/// A 422 whose object did not change since it was read is the apiserver refusing the
+/// object itself (invalid under the current schema), not a lost race: one failure, reported
+/// once with the apiserver's message, after one re-read, not ~36 requests and "kept
+/// changing".
+#[tokio::test(start_paused = true)]
+async fn a_cleanup_tells_an_invalid_object_from_a_lost_race() {
+    let fake = cluster(3);
+    for i in 0..3 {
+        fake.set_managed_fields(
+            CRD,
+            &format!("ns{}", i % 3),
+            &format!("w{i:05}"),
+            vec![applied_through("v1alpha1", "gitops", "size")],
+        );
+    }
+    fake.set_fault(
+        "ns1",
+        "w00001",
+        apiserver::ObjectFault::Invalid("spec.size: Invalid value: 3: must be less than or equal to 2".into()),
+    );
+    let report = migrate::migrate(&fake.client(), CRD, &cleanup(Some(vec!["v1alpha1"]), None), &migrate::Quiet)
+        .await
+        .expect("runs");
+    assert_eq!(report.outcome, Outcome::Failed, "{}", report.summary());
+    assert_eq!((report.counts.rewritten, report.counts.failed), (2, 1));
+    assert_eq!(report.failures.len(), 1);
+    assert_eq!(report.failures[0].object, "ns1/w00001");
+    assert_eq!(
+        report.failures[0].message,
+        "422 Invalid: Widget \"w00001\" is invalid: spec.size: Invalid value: 3: must be less than or equal to 2"
+    );
+    let requests: Vec<String> = fake
+        .object_requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/w00001"))
+        .map(|r| r.method.clone())
+        .collect();
+    assert_eq!(requests, ["PATCH", "GET"], "one attempt and one re-read");
+}

@@ -31,6 +31,11 @@ pub enum ObjectFault {
     },
     /// The next `times` requests never get an answer (a hung connection).
     Stall { times: u32 },
+    /// Every write is refused as invalid under the current schema (e.g. a schema tightened
+    /// after the object was written): 422 `Invalid` with the field errors, the Status the
+    /// apiserver answers for an object that fails validation (as samples 04, 05 and 22 show
+    /// for CRDs); reads still work.
+    Invalid(String),
 }
 
 /// What the fake answers for the next list request of custom objects instead of a page.
@@ -189,6 +194,10 @@ pub(super) fn serve_custom(state: &mut State, request: &Recorded, target: &Custo
                 &json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
                                         "status": "Failure", "message": message, "code": 500}),
             );
+        }
+        Some(ObjectFault::Invalid(message)) if request.method == "PATCH" => {
+            let message = format!("{} \"{name}\" is invalid: {message}", target.kind);
+            return respond(422, &status_body(422, "Invalid", &message));
         }
         Some(ObjectFault::Transient {
             code,
