@@ -88,3 +88,33 @@ async fn a_failed_managed_fields_cleanup_is_stalled_naming_the_objects() {
     assert_eq!(h.condition("widgets", "Reconciling").0, "False");
     assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS", "the removal stays held");
 }
+
+/// A reconcile from a lagging cache, right after a cleanup succeeded, starts no second
+/// full cleanup (the guard preflights have).
+#[tokio::test(start_paused = true)]
+async fn a_stale_cache_starts_no_second_cleanup() {
+    use crd_lifecycle::api::VersionPolicy;
+    use crd_lifecycle::controller::reconcile;
+    use kube::core::DeserializeGuard;
+    let stale = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let keep = stale.clone();
+    // The cache as it is before the cleanup's status writes (captured before it starts).
+    let h = awaiting_cleanup(40, move |h| {
+        let policy: DeserializeGuard<VersionPolicy> =
+            serde_json::from_value(h.fake.policy("widgets")).expect("decodes");
+        *keep.lock().expect("lock") = Some(policy);
+    })
+    .await;
+    wait_until("the cleanup succeeds", || {
+        h.status("widgets")["managedFieldsCleanup"]["phase"] == "Succeeded"
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let lists = h.fake.metadata_lists().len();
+    let stale = stale.lock().expect("lock").take().expect("captured");
+    reconcile(std::sync::Arc::new(stale), h.ctx.clone())
+        .await
+        .expect("reconciles");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(h.fake.metadata_lists().len(), lists, "no second cleanup listed the objects");
+}

@@ -24,6 +24,15 @@ impl Job {
         }
     }
 
+    /// What a run of it works towards: the storage version (and, for a cleanup, its
+    /// versions).
+    pub(super) fn goal(&self, storage_version: &str) -> String {
+        match self {
+            Job::Migrate => storage_version.to_owned(),
+            Job::CleanManagedFields { versions } => format!("{storage_version} {}", versions.join(",")),
+        }
+    }
+
     /// Its status field and field manager.
     pub(super) fn status_field(&self) -> (&'static str, &'static str) {
         match self {

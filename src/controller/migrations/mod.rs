@@ -106,6 +106,8 @@ pub struct Migrations {
     pub(super) retry: migrate::RetryPolicy,
     pub(super) settle: migrate::SettleCheck,
     pub(super) retry_after_failure: Duration,
+    /// The goal each job (by key) last succeeded towards, and when.
+    pub(super) succeeded_at: Mutex<HashMap<String, (String, Instant)>>,
     /// Whether the built-in migrator's API is served, and when that was asked.
     pub(super) builtin_api: Mutex<Option<(Instant, Option<migrate::builtin::Migrations>)>>,
 }
@@ -127,6 +129,7 @@ impl Migrations {
             settle: migrate::SettleCheck::default(),
             retry_after_failure: RETRY_AFTER_FAILURE,
             builtin_api: Mutex::new(None),
+            succeeded_at: Mutex::new(HashMap::new()),
         }
     }
 
@@ -196,10 +199,7 @@ impl Migrations {
     /// the last one failed recently. Returns whether a run is under way now.
     fn start(self: &Arc<Self>, policy: &VersionPolicy, storage_version: &str, job: Job) -> bool {
         let key = job.key(&policy.spec.crd_name);
-        let goal = match &job {
-            Job::Migrate => storage_version.to_owned(),
-            Job::CleanManagedFields { versions } => format!("{storage_version} {}", versions.join(",")),
-        };
+        let goal = job.goal(storage_version);
         let mut running = lock(&self.running);
         if let Some(current) = running.get(&key)
             && !current.handle.is_finished()
@@ -208,6 +208,15 @@ impl Migrations {
                 return true;
             }
             current.handle.abort();
+        }
+        // A reconcile from a lagging cache (the cleanup's status write not seen yet) starts
+        // no second full cleanup right after one succeeded, as for preflights.
+        if matches!(job, Job::CleanManagedFields { .. })
+            && lock(&self.succeeded_at)
+                .get(&key)
+                .is_some_and(|(done, at)| *done == goal && at.elapsed() < PREFLIGHT_STANDS_FOR)
+        {
+            return false;
         }
         if lock(&self.failed_at)
             .get(&key)
@@ -444,6 +453,7 @@ impl Migrations {
         self.record_result(job, crd, end.label());
         if succeeded {
             lock(&self.failed_at).remove(&job.key(crd));
+            lock(&self.succeeded_at).insert(job.key(crd), (job.goal(&status.storage_version), Instant::now()));
         } else {
             lock(&self.failed_at).insert(job.key(crd), Instant::now());
         }
