@@ -21,6 +21,12 @@ const PERMITTED_FOR: Duration = Duration::from_secs(300);
 pub const RECHECK_MISSING_AFTER: Duration = Duration::from_secs(60);
 
 impl Migrations {
+    /// Forgets every cached "allowed" for the CRD's objects (a run found one revoked).
+    pub fn forget_permissions(&self, crd: &str) {
+        let prefix = format!("{crd}/");
+        lock(&self.permitted_at).retain(|key, _| !key.starts_with(&prefix));
+    }
+
     /// `Ok` when this controller may run `mode` over the policy's CRD; otherwise the
     /// message naming each missing verb and the ClusterRole that grants it. A review that
     /// fails (not a denial) is logged and does not block: the run reports what it meets.

@@ -118,3 +118,49 @@ async fn a_stale_cache_starts_no_second_cleanup() {
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     assert_eq!(h.fake.metadata_lists().len(), lists, "no second cleanup listed the objects");
 }
+
+/// A grant revoked after the controller's cached check said "allowed": the run's own check
+/// finds it missing. That is `MissingPermission` (Stalled, with the role to add, and a
+/// Warning event of that reason), not a generic `MigrationFailed`, and the cached answer is
+/// dropped, so the next reconcile asks the apiserver again.
+#[tokio::test(start_paused = true)]
+async fn a_revoked_permission_is_reported_as_missing_permission() {
+    let mut h = Harness::with_example_and_objects(30);
+    h.at("2026-01-05T00:00:00Z");
+    h.reconcile_through_preflight("widgets").await;
+    wait_until("migrated to v1beta1", || h.stored_versions() == json!(["v1beta1"])).await;
+    // Allowed, and cached; then revoked.
+    h.fake.deny("patch", "example.com", "widgets", "");
+    h.at("2026-02-01T00:00:00Z");
+    h.reconcile_through_preflight("widgets").await;
+    wait_until("the run ends", || {
+        h.status("widgets")["migration"]["storageVersion"] == "v1" && h.status("widgets")["migration"]["phase"] == "Failed"
+    })
+    .await;
+    assert!(
+        h.status("widgets")["migration"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("missing permission on the objects of widgets.example.com: patch widgets"),
+        "{:#}",
+        h.status("widgets")["migration"]
+    );
+    assert!(
+        h.fake
+            .event_summaries()
+            .iter()
+            .any(|(t, r, _)| t == "Warning" && r == "MissingPermission"),
+        "{:?}",
+        h.fake.event_summaries()
+    );
+    // The next reconcile asks again (the cached "allowed" is gone) and blocks.
+    let asked = h.fake.lock().access_reviews.len();
+    h.reconcile("widgets").await;
+    assert!(h.fake.lock().access_reviews.len() > asked, "asked the apiserver again");
+    assert_eq!(h.condition("widgets", "Stalled").1, "MissingPermission");
+    assert_eq!(h.condition("widgets", "Blocked").1, "MissingPermission");
+    assert!(
+        h.fake.object_requests().iter().all(|r| r.method != "PATCH" || !r.path.contains("/v1/")),
+        "nothing rewritten into v1"
+    );
+}

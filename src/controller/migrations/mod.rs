@@ -63,10 +63,18 @@ enum RunEnd {
     Failed,
     /// The run stopped before it could report per object.
     Error,
+    /// The run's own access check found a grant missing (revoked since the controller's
+    /// cached check said allowed).
+    MissingPermission,
 }
 
 impl RunEnd {
-    const ALL: [RunEnd; 3] = [RunEnd::Succeeded, RunEnd::Failed, RunEnd::Error];
+    const ALL: [RunEnd; 4] = [
+        RunEnd::Succeeded,
+        RunEnd::Failed,
+        RunEnd::Error,
+        RunEnd::MissingPermission,
+    ];
 
     /// Its `result` label value.
     fn label(self) -> &'static str {
@@ -74,6 +82,7 @@ impl RunEnd {
             RunEnd::Succeeded => "succeeded",
             RunEnd::Failed => "failed",
             RunEnd::Error => "error",
+            RunEnd::MissingPermission => "missing_permission",
         }
     }
 }
@@ -379,6 +388,15 @@ impl Migrations {
             .observe(started.elapsed().as_secs_f64());
         match result {
             Ok(report) => self.finish(&name, &reference, &job, status, &report).await,
+            Err(migrate::Error::MissingPermission(message)) => {
+                // The cached "allowed" no longer holds: forget it, so that the next
+                // reconcile asks again and blocks with MissingPermission.
+                warn!(crd, "{what} cannot start: {message}");
+                self.forget_permissions(&crd);
+                status.message = Some(message);
+                self.conclude(&name, &reference, &job, &crd, status, RunEnd::MissingPermission)
+                    .await;
+            }
             Err(error) => {
                 warn!(crd, error = %error, "{what} failed");
                 status.message = Some(error.to_string());
@@ -435,7 +453,7 @@ impl Migrations {
             RunEnd::Succeeded => info!(crd, "{message}"),
             RunEnd::Failed => warn!(crd, "{message}"),
             // Logged where the error is at hand.
-            RunEnd::Error => {}
+            RunEnd::Error | RunEnd::MissingPermission => {}
         }
         status.phase = if succeeded {
             MigrationPhase::Succeeded
@@ -444,12 +462,12 @@ impl Migrations {
         };
         status.finished_at = Some(Time(Timestamp::now()));
         self.write(name, job, &status).await;
-        let (type_, stage) = if succeeded {
-            (EventType::Normal, "Succeeded")
-        } else {
-            (EventType::Warning, "Failed")
+        let (type_, reason) = match end {
+            RunEnd::Succeeded => (EventType::Normal, job.reason("Succeeded")),
+            RunEnd::MissingPermission => (EventType::Warning, "MissingPermission".to_owned()),
+            RunEnd::Failed | RunEnd::Error => (EventType::Warning, job.reason("Failed")),
         };
-        self.event(reference, type_, &job.reason(stage), message).await;
+        self.event(reference, type_, &reason, message).await;
         self.record_result(job, crd, end.label());
         if succeeded {
             lock(&self.failed_at).remove(&job.key(crd));
