@@ -76,7 +76,7 @@ pub struct Metrics {
     pub leader: Gauge,
     pub objects_migrated: Family<CrdLabels, Counter>,
     pub objects_failed: Family<CrdLabels, Counter>,
-    pub objects_remaining: Family<CrdLabels, Gauge>,
+    pub objects_remaining: Family<JobLabels, Gauge>,
     pub job_objects_done: Family<JobLabels, Gauge>,
     pub job_objects_expected: Family<JobLabels, Gauge>,
     pub job_objects_per_second: Family<JobLabels, Gauge<f64, AtomicU64>>,
@@ -148,10 +148,10 @@ impl Default for Metrics {
             "Objects that could not be rewritten",
             objects_failed.clone(),
         );
-        let objects_remaining = Family::<CrdLabels, Gauge>::default();
+        let objects_remaining = Family::<JobLabels, Gauge>::default();
         registry.register(
             "migration_objects_remaining",
-            "Objects listed but not yet rewritten by the running migration",
+            "Objects not yet done by the running job (a migration or a managedFields cleanup), by crd and job",
             objects_remaining.clone(),
         );
         let job_objects_done = Family::<JobLabels, Gauge>::default();
@@ -285,6 +285,7 @@ impl Metrics {
 
     /// Forgets the progress gauges of a job that ended.
     pub fn forget_job(&self, labels: &JobLabels) {
+        self.objects_remaining.remove(labels);
         self.job_objects_done.remove(labels);
         self.job_objects_expected.remove(labels);
         self.job_objects_per_second.remove(labels);

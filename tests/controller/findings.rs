@@ -164,3 +164,24 @@ async fn a_revoked_permission_is_reported_as_missing_permission() {
         "nothing rewritten into v1"
     );
 }
+
+/// `migration_objects_remaining` has one series per job: a cleanup ending deletes its own,
+/// never the running migration's.
+#[test]
+fn each_job_owns_its_remaining_objects_series() {
+    use crd_lifecycle::controller::metrics::{JobLabels, Metrics};
+    let metrics = Metrics::default();
+    let job = |job: &str| JobLabels {
+        crd: "widgets.example.com".into(),
+        job: job.into(),
+    };
+    metrics.objects_remaining.get_or_create(&job("migration")).set(700);
+    metrics.objects_remaining.get_or_create(&job("managed_fields_cleanup")).set(3);
+    metrics.forget_job(&job("managed_fields_cleanup"));
+    let text = metrics.encode();
+    assert!(
+        text.contains(r#"crd_lifecycle_migration_objects_remaining{crd="widgets.example.com",job="migration"} 700"#),
+        "{text}"
+    );
+    assert!(!text.contains(r#"job="managed_fields_cleanup"} 3"#), "{text}");
+}

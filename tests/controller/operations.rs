@@ -264,7 +264,7 @@ async fn the_dashboard_alerts_and_readme_use_only_exported_metrics() {
     metrics.leader.set(1);
     metrics.objects_migrated.get_or_create(&crd).inc();
     metrics.objects_failed.get_or_create(&crd).inc();
-    metrics.objects_remaining.get_or_create(&crd).set(1);
+    metrics.objects_remaining.get_or_create(&job).set(1);
     metrics.objects_repaired.get_or_create(&crd).inc();
     metrics.job_objects_done.get_or_create(&job).set(1);
     metrics.job_objects_expected.get_or_create(&job).set(2);

@@ -381,7 +381,7 @@ impl Migrations {
         }
         drop(reporter);
 
-        self.metrics.objects_remaining.remove(&labels);
+        // Each job forgets only its own series (a cleanup ending leaves a migration's).
         self.metrics.forget_job(&job_labels);
         self.metrics
             .migration_duration

@@ -122,7 +122,7 @@ impl migrate::Observer for TaskProgress {
             let remaining = i64::try_from(total.saturating_sub(counts.done())).unwrap_or(i64::MAX);
             self.metrics
                 .objects_remaining
-                .get_or_create(&self.labels)
+                .get_or_create(&self.job_labels)
                 .set(remaining);
         }
     }
