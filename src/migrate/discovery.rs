@@ -56,6 +56,10 @@ pub enum Expect {
     Storage,
     /// The apiserver serves the resource through the target's version.
     Served,
+    /// The apiserver no longer serves the resource through this version (index into the
+    /// target's `versions`): a managedFields cleanup's final pass waits for it, so that no
+    /// apiserver of an HA control plane still accepts a server-side apply through it.
+    Unserved(usize),
 }
 
 /// Waits until `confirmations` discovery answers in a row show what `expect` asks.
@@ -69,6 +73,7 @@ pub async fn wait(
     let version = match expect {
         Expect::Storage => &target.storage_version,
         Expect::Served => &target.version,
+        Expect::Unserved(i) => target.versions.get(i).unwrap_or(&target.version),
     };
     let started = Instant::now();
     let mut agreeing = 0;
@@ -78,6 +83,11 @@ pub async fn wait(
         let seen = requester.discover(&target.group, version, &target.plural).await;
         let confirmed = match (&seen, expect) {
             (Ok(Discovered::Served { .. }), Expect::Served) => true,
+            (Ok(Discovered::Absent), Expect::Unserved(_)) => true,
+            (Ok(Discovered::Served { .. }), Expect::Unserved(_)) => {
+                last = format!("{}/{version} still serves {}", target.group, target.plural);
+                false
+            }
             (
                 Ok(Discovered::Served {
                     storage_version_hash: Some(hash),
@@ -119,6 +129,7 @@ pub async fn wait(
             let what = match expect {
                 Expect::Storage => format!("storing {} as {}", target.plural, target.storage_version),
                 Expect::Served => format!("serving {}/{version}", target.group),
+                Expect::Unserved(_) => format!("no longer serving {}/{version}", target.group),
             };
             return Err(Error::NotSettled {
                 crd: target.crd.clone(),

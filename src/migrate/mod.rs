@@ -167,14 +167,27 @@ pub async fn migrate(
         }
         // Only rewrite once the apiserver answering re-encodes into the storage version; a
         // preflight only reads through a version the apiserver already serves.
-        // A managedFields cleanup writes entries, not encodings, through the long-served
-        // storage version: nothing to wait for.
-        let expect = match settings.mode {
-            Mode::Rewrite => Some(Expect::Storage),
-            Mode::Preflight => Some(Expect::Served),
-            Mode::CleanManagedFields => None,
+        // A managedFields cleanup writes entries through the long-served storage version,
+        // but an HA peer that has not seen the unserve would still accept a server-side
+        // apply through the old version after its objects were cleaned (adding entries that
+        // name it again): its pass starts once every apiserver answering has stopped
+        // serving each (unserved) version it cleans, with the same settle rule.
+        let expect: Vec<Expect> = match settings.mode {
+            Mode::Rewrite => vec![Expect::Storage],
+            Mode::Preflight => vec![Expect::Served],
+            Mode::CleanManagedFields => settings
+                .managed_fields
+                .versions
+                .iter()
+                .flatten()
+                // Versions the CRD no longer serves (cleaning a served one is the caller's
+                // choice: nothing to wait for).
+                .filter(|v| !target.served.contains(v))
+                .filter_map(|v| target.versions.iter().position(|known| known == v))
+                .map(Expect::Unserved)
+                .collect(),
         };
-        if let Some(expect) = expect {
+        for expect in expect {
             discovery::wait(&requester, &target, expect, &settings.settle).await?;
         }
         info!(crd = crd_name, storage = %target.storage_version, mode = ?settings.mode, "migration started");

@@ -24,6 +24,8 @@ pub struct Target {
     pub subresource: Option<String>,
     /// Every version in the CRD's `spec.versions`.
     pub versions: Vec<String>,
+    /// The versions the CRD serves.
+    pub served: Vec<String>,
     /// Each version's `schema.openAPIV3Schema` (JSON), where it has one.
     pub schemas: std::collections::BTreeMap<String, serde_json::Value>,
 }
@@ -63,6 +65,13 @@ impl Target {
                 .unwrap_or_default(),
             subresource: None,
             versions: crd.spec.versions.iter().map(|v| v.name.clone()).collect(),
+            served: crd
+                .spec
+                .versions
+                .iter()
+                .filter(|v| v.served)
+                .map(|v| v.name.clone())
+                .collect(),
             schemas: crd
                 .spec
                 .versions

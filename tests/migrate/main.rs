@@ -1547,3 +1547,45 @@ async fn a_cleanup_tells_an_invalid_object_from_a_lost_race() {
         .collect();
     assert_eq!(requests, ["PATCH", "GET"], "one attempt and one re-read");
 }
+
+/// A cleanup of a version just unserved waits until the apiserver answering has stopped
+/// serving it (the same settle rule as a migration's): an HA peer that has not seen the
+/// unserve would still accept a server-side apply through it, naming it again after the
+/// object was cleaned.
+#[tokio::test(start_paused = true)]
+async fn a_cleanup_waits_until_no_apiserver_serves_the_version() {
+    let fake = cluster(6);
+    for i in 0..6 {
+        fake.set_managed_fields(
+            CRD,
+            &format!("ns{}", i % 3),
+            &format!("w{i:05}"),
+            vec![applied_through("v1alpha1", "gitops", "size")],
+        );
+    }
+    // v1alpha1 is unserved; the apiserver answering sees that only 6 requests later.
+    fake.lock().switch_lag = 6;
+    fake.edit_crd(CRD, |crd| crd["spec"]["versions"][0]["served"] = json!(false));
+    fake.clear_requests();
+    let report = migrate::migrate(&fake.client(), CRD, &cleanup(Some(vec!["v1alpha1"]), None), &migrate::Quiet)
+        .await
+        .expect("runs");
+    assert_eq!(report.outcome, Outcome::ManagedFieldsCleaned, "{}", report.summary());
+    let requests = fake.requests();
+    let first_write = requests
+        .iter()
+        .position(|r| r.method == "PATCH")
+        .expect("entries rewritten");
+    let absent_before: usize = requests[..first_write]
+        .iter()
+        .filter(|r| r.path == "/apis/example.com/v1alpha1")
+        .count();
+    // Discovery asked until v1alpha1 was gone for the confirmations in a row, before any
+    // entry was rewritten.
+    assert!(absent_before >= 2, "{absent_before} discovery requests before the first rewrite");
+    let last_discovery = requests
+        .iter()
+        .rposition(|r| r.path == "/apis/example.com/v1alpha1")
+        .expect("discovery");
+    assert!(last_discovery < first_write, "settled before the pass");
+}
