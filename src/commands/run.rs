@@ -70,6 +70,11 @@ fn webhook_settings(args: &RunArgs) -> Result<Option<WebhookSettings>, CommandEr
             name: flags.webhook_secret.clone(),
         },
     };
+    // Three certificate refreshes (every minute with files, every hour with the Secret).
+    let record_ttl = match &certificates {
+        CertificateSource::Files { .. } => std::time::Duration::from_secs(180),
+        CertificateSource::Secret { .. } => std::time::Duration::from_secs(3 * 3600),
+    };
     Ok(Some(WebhookSettings {
         address: std::net::SocketAddr::from(([0, 0, 0, 0], port)),
         target,
@@ -78,6 +83,12 @@ fn webhook_settings(args: &RunArgs) -> Result<Option<WebhookSettings>, CommandEr
             max_review_bytes: args.webhook.webhook_max_review_bytes,
             ..Default::default()
         },
+        record: Some(crd_lifecycle::controller::rotation_record::RotationRecord {
+            namespace: args.lease_namespace.clone(),
+            secret: flags.webhook_secret.clone(),
+            replica: args.identity.clone().unwrap_or_else(default_identity),
+            ttl: record_ttl,
+        }),
     }))
 }
 

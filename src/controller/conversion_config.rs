@@ -112,22 +112,59 @@ impl WebhookEndpoint {
             else {
                 return true;
             };
-            let ours = match &self.target {
-                WebhookTarget::Service { namespace, name, .. } => config
-                    .service
-                    .as_ref()
-                    .is_some_and(|s| s.namespace == *namespace && s.name == *name),
-                WebhookTarget::Url(base) => config
-                    .url
-                    .as_deref()
-                    .is_some_and(|u| u.starts_with(base.trim_end_matches('/'))),
-            };
-            !ours
+            !self.is_ours(config)
                 || config
                     .ca_bundle
                     .as_ref()
                     .is_some_and(|bundle| String::from_utf8_lossy(&bundle.0).contains(ca.trim()))
         }))
+    }
+
+    /// The CAs (PEM) in the `caBundle` of the CRDs pointed at this webhook, each once.
+    pub async fn crd_cas(&self, client: &kube::Client) -> Result<Vec<String>, kube::Error> {
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let list = crds.list(&Default::default()).await?;
+        let mut cas: Vec<String> = Vec::new();
+        for crd in &list.items {
+            let Some(config) = crd
+                .spec
+                .conversion
+                .as_ref()
+                .and_then(|c| c.webhook.as_ref())
+                .and_then(|w| w.client_config.as_ref())
+                .filter(|config| self.is_ours(config))
+            else {
+                continue;
+            };
+            let bundle = config
+                .ca_bundle
+                .as_ref()
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+                .unwrap_or_default();
+            for ca in pem_blocks(&bundle) {
+                if !cas.iter().any(|known| same_ca(known, &ca)) {
+                    cas.push(ca);
+                }
+            }
+        }
+        Ok(cas)
+    }
+
+    /// Whether a CRD's webhook client config points at this webhook.
+    fn is_ours(
+        &self,
+        config: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::WebhookClientConfig,
+    ) -> bool {
+        match &self.target {
+            WebhookTarget::Service { namespace, name, .. } => config
+                .service
+                .as_ref()
+                .is_some_and(|s| s.namespace == *namespace && s.name == *name),
+            WebhookTarget::Url(base) => config
+                .url
+                .as_deref()
+                .is_some_and(|u| u.starts_with(base.trim_end_matches('/'))),
+        }
     }
 
     /// The CRD's `spec.conversion` for a policy, once the CA bundle is known.
@@ -177,38 +214,48 @@ pub enum Rotation {
 }
 
 /// The CAs the CRDs must trust and the certificate served, across CA rotations: a new CA
-/// reaches `caBundle`, appended to the one in use, before the serving certificate it signed
-/// is used (otherwise the apiserver would refuse the webhook until every CRD is updated).
+/// reaches `caBundle`, appended to the ones in use, before the serving certificate it signed
+/// is used (otherwise the apiserver would refuse the webhook until every CRD is updated). It
+/// starts from what the CRDs trust (shared by every replica and kept across restarts, unlike
+/// this process's memory), and a CA leaves the bundle only once no live replica serves a
+/// certificate it signed.
 #[derive(Debug, Default)]
 pub struct CaRotation {
-    /// The last two CAs seen, oldest first.
+    /// The CAs the bundle holds, oldest first.
     trusted: Vec<String>,
     serving: Option<CertificateSet>,
     pending: Option<CertificateSet>,
 }
 
+fn same_ca(a: &str, b: &str) -> bool {
+    a.trim() == b.trim()
+}
+
 impl CaRotation {
-    /// A set was read (from files, or a Secret).
-    pub fn load(&mut self, set: CertificateSet) -> Rotation {
-        let known = self.trusted.iter().any(|ca| ca.trim() == set.ca.trim());
-        // At once: the first set, or one the CA in use signed (a renewal). Any other CA,
-        // even one already in the bundle, waits until every CRD is seen to trust it.
-        if self.serving.as_ref().is_none_or(|s| s.ca.trim() == set.ca.trim()) {
-            if !known {
-                self.trusted = vec![set.ca.clone()];
+    /// A set was read (from files, or a Secret). `crd_cas` are the CAs the CRDs pointed at
+    /// this webhook trust now; `trusted_by_every_crd` whether each of them trusts the set's
+    /// CA.
+    pub fn load(&mut self, set: CertificateSet, crd_cas: &[String], trusted_by_every_crd: bool) -> Rotation {
+        // What the CRDs trust stays trusted until no replica needs it (see `prune`).
+        for ca in crd_cas {
+            if !self.trusted.iter().any(|t| same_ca(t, ca)) {
+                self.trusted.push(ca.clone());
             }
+        }
+        if !self.trusted.iter().any(|t| same_ca(t, &set.ca)) {
+            self.trusted.push(set.ca.clone());
+        }
+        // At once: one the CA in use signed (a renewal), or, first in this process, one
+        // every CRD already trusts (a restart mid-rotation must not serve a certificate the
+        // CRDs cannot verify yet). Any other waits until every CRD trusts its CA.
+        let renewal = self.serving.as_ref().is_some_and(|s| same_ca(&s.ca, &set.ca));
+        if renewal || (self.serving.is_none() && trusted_by_every_crd) {
             if self.serving.as_ref() == Some(&set) {
                 return Rotation::Unchanged;
             }
             self.pending = None;
             self.serving = Some(set.clone());
             return Rotation::Serve(set);
-        }
-        if !known {
-            self.trusted.push(set.ca.clone());
-            if self.trusted.len() > 2 {
-                self.trusted.remove(0);
-            }
         }
         self.pending = Some(set);
         Rotation::Pending
@@ -219,12 +266,31 @@ impl CaRotation {
         self.pending.as_ref().map(|p| p.ca.as_str())
     }
 
-    /// Every CRD trusts the pending CA: serve its set. The previous CA stays in the bundle,
-    /// for replicas that switch a little later.
+    /// Every CRD trusts the pending CA: serve its set. The previous CA stays in the bundle
+    /// while replicas still serve certificates it signed.
     pub fn promote(&mut self) -> Option<CertificateSet> {
         let set = self.pending.take()?;
         self.serving = Some(set.clone());
         Some(set)
+    }
+
+    /// The fingerprint of the CA whose certificate this replica serves.
+    pub fn serving_fingerprint(&self) -> Option<String> {
+        self.serving
+            .as_ref()
+            .map(|s| super::rotation_record::fingerprint(&s.ca))
+    }
+
+    /// Drops every CA that no live replica serves a certificate of (`live`: their
+    /// fingerprints), except the one this replica serves and the one it waits to serve.
+    pub fn prune(&mut self, live: &[String]) {
+        let keep = |ca: &String| {
+            live.contains(&super::rotation_record::fingerprint(ca))
+                || self.serving.as_ref().is_some_and(|s| same_ca(&s.ca, ca))
+                || self.pending.as_ref().is_some_and(|p| same_ca(&p.ca, ca))
+        };
+        let kept: Vec<String> = self.trusted.iter().filter(|ca| keep(ca)).cloned().collect();
+        self.trusted = kept;
     }
 
     /// The `caBundle`: every trusted CA, oldest first.
@@ -236,40 +302,69 @@ impl CaRotation {
     }
 }
 
-/// Reads a certificate set, and serves it or waits until the CRDs trust its CA. `serve`
-/// installs a set in the TLS server.
+/// The PEM certificates of a bundle.
+fn pem_blocks(bundle: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current = String::new();
+    for line in bundle.lines() {
+        current.push_str(line);
+        current.push('\n');
+        if line.starts_with("-----END ") {
+            blocks.push(std::mem::take(&mut current));
+        }
+    }
+    blocks
+}
+
+/// Reads a certificate set, and serves it or waits until the CRDs trust its CA; records
+/// what this replica serves in `record` and keeps in the bundle exactly the CAs that the
+/// set, a pending set or a live replica needs. `serve` installs a set in the TLS server.
 pub async fn refresh(
     set: CertificateSet,
     rotation: &Mutex<CaRotation>,
     endpoint: &WebhookEndpoint,
     client: &kube::Client,
+    record: Option<&super::rotation_record::RotationRecord>,
     serve: impl Fn(&CertificateSet) -> Result<(), String>,
 ) -> Result<Rotation, String> {
-    let outcome = crate::sync::lock(rotation).load(set);
+    let crd_cas = endpoint.crd_cas(client).await.map_err(|e| e.to_string())?;
+    let trusted = endpoint
+        .crds_trust(client, &set.ca)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut outcome = crate::sync::lock(rotation).load(set, &crd_cas, trusted);
+    match &outcome {
+        Rotation::Serve(set) => serve(set)?,
+        Rotation::Pending => {
+            let pending = crate::sync::lock(rotation).pending_ca().map(str::to_owned);
+            if let Some(ca) = pending
+                && endpoint
+                    .crds_trust(client, &ca)
+                    .await
+                    .map_err(|e| e.to_string())?
+                && let Some(set) = crate::sync::lock(rotation).promote()
+            {
+                serve(&set)?;
+                tracing::info!("every CRD trusts the new CA: serving the certificate it signed");
+                outcome = Rotation::Serve(set);
+            } else {
+                tracing::info!(
+                    "a new CA is in caBundle; the certificate it signed is served once every CRD trusts it"
+                );
+            }
+        }
+        Rotation::Unchanged => {}
+    }
+    if let Some(record) = record {
+        let serving = crate::sync::lock(rotation).serving_fingerprint();
+        let live = record
+            .publish(client, serving.as_deref(), jiff::Timestamp::now())
+            .await?;
+        crate::sync::lock(rotation).prune(&live);
+    }
     let bundle = crate::sync::lock(rotation).bundle();
     endpoint.set_ca_bundle(bundle);
-    if let Rotation::Serve(set) = &outcome {
-        serve(set)?;
-        return Ok(outcome);
-    }
-    let pending = crate::sync::lock(rotation).pending_ca().map(str::to_owned);
-    let Some(ca) = pending else {
-        return Ok(outcome);
-    };
-    if endpoint
-        .crds_trust(client, &ca)
-        .await
-        .map_err(|e| e.to_string())?
-    {
-        let promoted = crate::sync::lock(rotation).promote();
-        if let Some(set) = promoted {
-            serve(&set)?;
-            tracing::info!("every CRD trusts the new CA: serving the certificate it signed");
-            return Ok(Rotation::Serve(set));
-        }
-    }
-    tracing::info!("a new CA is in caBundle; the certificate it signed is served once every CRD trusts it");
-    Ok(Rotation::Pending)
+    Ok(outcome)
 }
 
 #[cfg(test)]
@@ -328,25 +423,56 @@ mod tests {
 
     #[test]
     fn a_new_ca_is_trusted_before_its_certificate_is_served() {
+        use crate::controller::rotation_record::fingerprint;
         let mut rotation = CaRotation::default();
-        assert_eq!(rotation.load(set(1, 1)), Rotation::Serve(set(1, 1)));
+        assert_eq!(rotation.load(set(1, 1), &[], true), Rotation::Serve(set(1, 1)));
         assert_eq!(rotation.bundle(), "CA-1\n");
-        assert_eq!(rotation.load(set(1, 1)), Rotation::Unchanged);
+        let one = ["CA-1".to_owned()];
+        assert_eq!(rotation.load(set(1, 1), &one, true), Rotation::Unchanged);
         // Renewed by the same CA: served at once.
-        assert_eq!(rotation.load(set(2, 1)), Rotation::Serve(set(2, 1)));
+        assert_eq!(rotation.load(set(2, 1), &one, true), Rotation::Serve(set(2, 1)));
         // A new CA: appended to the bundle, the certificate waits.
-        assert_eq!(rotation.load(set(3, 2)), Rotation::Pending);
+        assert_eq!(rotation.load(set(3, 2), &one, false), Rotation::Pending);
         assert_eq!(rotation.bundle(), "CA-1\nCA-2\n");
         assert_eq!(rotation.pending_ca(), Some("CA-2"));
-        assert_eq!(rotation.load(set(3, 2)), Rotation::Pending, "still waiting");
+        assert_eq!(
+            rotation.load(set(3, 2), &one, false),
+            Rotation::Pending,
+            "still waiting"
+        );
         assert_eq!(rotation.promote(), Some(set(3, 2)));
+        // The old CA stays while a replica serves a certificate it signed...
+        rotation.prune(&[fingerprint("CA-1"), fingerprint("CA-2")]);
         assert_eq!(
             rotation.bundle(),
             "CA-1\nCA-2\n",
             "the old CA stays for slower replicas"
         );
-        // The next rotation drops the oldest.
-        assert_eq!(rotation.load(set(4, 3)), Rotation::Pending);
-        assert_eq!(rotation.bundle(), "CA-2\nCA-3\n");
+        // ...and goes once none does.
+        rotation.prune(&[fingerprint("CA-2")]);
+        assert_eq!(rotation.bundle(), "CA-2\n");
+    }
+
+    /// A replica restarted mid-rotation: its memory is empty, the Secret already holds the
+    /// new CA's set, and the CRDs trust only the old CA, which other replicas still serve.
+    /// It must neither serve the new certificate at once nor drop the old CA.
+    #[test]
+    fn a_restart_mid_rotation_keeps_the_old_ca_and_waits_to_serve_the_new() {
+        use crate::controller::rotation_record::fingerprint;
+        let mut restarted = CaRotation::default();
+        let crds_trust = ["CA-1".to_owned()];
+        assert_eq!(restarted.load(set(3, 2), &crds_trust, false), Rotation::Pending);
+        assert_eq!(
+            restarted.bundle(),
+            "CA-1\nCA-2\n",
+            "the CRDs' CA is kept, the new one appended"
+        );
+        // Another replica still serves CA-1's certificate.
+        restarted.prune(&[fingerprint("CA-1")]);
+        assert_eq!(restarted.bundle(), "CA-1\nCA-2\n");
+        // Once every CRD trusts CA-2, it serves it.
+        let both = ["CA-1".to_owned(), "CA-2".to_owned()];
+        assert_eq!(restarted.load(set(3, 2), &both, true), Rotation::Serve(set(3, 2)));
+        assert_eq!(restarted.pending_ca(), None);
     }
 }

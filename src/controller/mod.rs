@@ -18,6 +18,7 @@ pub mod permissions;
 mod preflight;
 mod reconcile;
 mod release;
+pub mod rotation_record;
 pub mod status;
 pub mod supervise;
 pub mod traffic;

@@ -201,7 +201,12 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
         .blocked
         .iter()
         .any(|(reason, _)| *reason == ConditionReason::AwaitingManagedFieldsCleanup)
-        .then(|| policy.status.as_ref().and_then(|s| s.managed_fields_cleanup.as_ref()))
+        .then(|| {
+            policy
+                .status
+                .as_ref()
+                .and_then(|s| s.managed_fields_cleanup.as_ref())
+        })
         .flatten()
         .filter(|c| !observation.cleaning && c.phase == crate::api::MigrationPhase::Failed)
         .map(|c| {
@@ -341,7 +346,9 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
     if policy.spec.dry_run && (observation.dry_run_patch.is_some() || in_sync) {
         let held = messages(&|_| true);
         let message = match (&observation.dry_run_patch, held.is_empty()) {
-            (Some(_), true) => format!("dry run: the changes to {crd_name} in status.dryRunPatch were not applied"),
+            (Some(_), true) => {
+                format!("dry run: the changes to {crd_name} in status.dryRunPatch were not applied")
+            }
             (Some(_), false) => format!(
                 "dry run: the changes to {crd_name} in status.dryRunPatch were not applied; a real run would also wait: {held}"
             ),

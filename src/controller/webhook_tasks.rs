@@ -24,6 +24,9 @@ pub struct WebhookSettings {
     pub certificates: CertificateSource,
     /// What one review may cost.
     pub limits: crate::webhook::Limits,
+    /// Where each replica records what it serves (so that a CA stays trusted while a
+    /// replica serves a certificate it signed, across restarts).
+    pub record: Option<super::rotation_record::RotationRecord>,
 }
 
 /// Where the webhook's certificates come from.
@@ -48,17 +51,18 @@ pub(super) async fn start_webhook(
     let certs = Arc::new(CertStore::default());
     let rotation = Arc::new(std::sync::Mutex::new(conversion_config::CaRotation::default()));
     let refresh = {
-        let (client, endpoint, certs, source, rotation, metrics) = (
+        let (client, endpoint, certs, source, rotation, metrics, record) = (
             client.clone(),
             endpoint.clone(),
             certs.clone(),
             settings.certificates.clone(),
             rotation.clone(),
             metrics.clone(),
+            settings.record.clone(),
         );
         let names = settings.target.certificate_names();
         move || {
-            let (client, endpoint, certs, source, names, rotation, metrics) = (
+            let (client, endpoint, certs, source, names, rotation, metrics, record) = (
                 client.clone(),
                 endpoint.clone(),
                 certs.clone(),
@@ -66,6 +70,7 @@ pub(super) async fn start_webhook(
                 names.clone(),
                 rotation.clone(),
                 metrics.clone(),
+                record.clone(),
             );
             async move {
                 let loaded = match &source {
@@ -82,7 +87,7 @@ pub(super) async fn start_webhook(
                 let result = match loaded {
                     Ok((cert, key, ca)) => {
                         let set = conversion_config::CertificateSet { cert, key, ca };
-                        conversion_config::refresh(set, &rotation, &endpoint, &client, |s| {
+                        conversion_config::refresh(set, &rotation, &endpoint, &client, record.as_ref(), |s| {
                             certs.set_pem(&s.cert, &s.key)?;
                             // The certificate now served: its expiry for the alert.
                             if let Err(error) = metrics.set_certificate(&s.cert) {

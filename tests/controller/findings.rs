@@ -3,9 +3,9 @@
 
 use serde_json::json;
 
-use super::{Harness, wait_until};
 #[allow(unused_imports)]
 use super::CRD;
+use super::{Harness, wait_until};
 
 /// A dry run never migrates, so it never waits for a migration: once its patch is computed
 /// it is Ready (reason DryRun), and kstatus and `kubectl wait --for=condition=Ready` settle.
@@ -22,7 +22,11 @@ async fn a_dry_run_with_stale_stored_versions_is_ready() {
     h.at("2026-02-15T00:00:00Z");
     h.reconcile("widgets").await;
     assert!(h.fake.crd_writes().is_empty(), "nothing applied");
-    assert!(h.status("widgets")["dryRunPatch"].is_string(), "{:#}", h.status("widgets"));
+    assert!(
+        h.status("widgets")["dryRunPatch"].is_string(),
+        "{:#}",
+        h.status("widgets")
+    );
     let (ready, reason, message) = h.condition("widgets", "Ready");
     assert_eq!((ready.as_str(), reason.as_str()), ("True", "DryRun"), "{message}");
     assert!(message.contains("status.dryRunPatch"), "{message}");
@@ -37,20 +41,31 @@ async fn a_dry_run_with_stale_stored_versions_is_ready() {
 /// `storedVersions` already `[v1]`: only the managedFields cleanup holds the removal.
 async fn awaiting_cleanup(objects: usize, prepare: impl FnOnce(&Harness)) -> Harness {
     let mut h = Harness::with_example_and_objects(objects);
-    let keys: Vec<(String, String)> =
-        h.fake.lock().objects.keys().map(|(_, ns, name)| (ns.clone(), name.clone())).collect();
+    let keys: Vec<(String, String)> = h
+        .fake
+        .lock()
+        .objects
+        .keys()
+        .map(|(_, ns, name)| (ns.clone(), name.clone()))
+        .collect();
     for (ns, name) in &keys {
         h.fake.set_managed_fields(
             CRD,
             ns,
             name,
-            vec![json!({"apiVersion": "example.com/v1alpha1", "fieldsType": "FieldsV1",
-                        "fieldsV1": {"f:spec": {"f:size": {}}}, "manager": "gitops", "operation": "Apply"})],
+            vec![
+                json!({"apiVersion": "example.com/v1alpha1", "fieldsType": "FieldsV1",
+                        "fieldsV1": {"f:spec": {"f:size": {}}}, "manager": "gitops", "operation": "Apply"}),
+            ],
         );
     }
-    h.edit_policy("widgets", |p| {
-        p["spec"]["migration"] = json!({"enabled": false, "concurrency": 2, "pageSize": 50, "preflight": false})
-    });
+    h.edit_policy(
+        "widgets",
+        |p| {
+            p["spec"]["migration"] =
+                json!({"enabled": false, "concurrency": 2, "pageSize": 50, "preflight": false})
+        },
+    );
     prepare(&h);
     h.at("2026-06-29T00:00:00Z");
     h.reconcile("widgets").await;
@@ -66,7 +81,11 @@ async fn a_failed_managed_fields_cleanup_is_stalled_naming_the_objects() {
         h.fake.set_fault(
             "ns1",
             "w00001",
-            crate::apiserver::ObjectFault::Transient { code: 500, times: 10_000, retry_after: None },
+            crate::apiserver::ObjectFault::Transient {
+                code: 500,
+                times: 10_000,
+                retry_after: None,
+            },
         )
     })
     .await;
@@ -84,7 +103,10 @@ async fn a_failed_managed_fields_cleanup_is_stalled_naming_the_objects() {
         "{message}: {:#}",
         h.status("widgets")
     );
-    assert!(message.contains("ns1/w00001") && message.contains("500"), "{message}");
+    assert!(
+        message.contains("ns1/w00001") && message.contains("500"),
+        "{message}"
+    );
     assert_eq!(h.condition("widgets", "Reconciling").0, "False");
     assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS", "the removal stays held");
 }
@@ -116,7 +138,11 @@ async fn a_stale_cache_starts_no_second_cleanup() {
         .await
         .expect("reconciles");
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    assert_eq!(h.fake.metadata_lists().len(), lists, "no second cleanup listed the objects");
+    assert_eq!(
+        h.fake.metadata_lists().len(),
+        lists,
+        "no second cleanup listed the objects"
+    );
 }
 
 /// A grant revoked after the controller's cached check said "allowed": the run's own check
@@ -128,13 +154,17 @@ async fn a_revoked_permission_is_reported_as_missing_permission() {
     let mut h = Harness::with_example_and_objects(30);
     h.at("2026-01-05T00:00:00Z");
     h.reconcile_through_preflight("widgets").await;
-    wait_until("migrated to v1beta1", || h.stored_versions() == json!(["v1beta1"])).await;
+    wait_until("migrated to v1beta1", || {
+        h.stored_versions() == json!(["v1beta1"])
+    })
+    .await;
     // Allowed, and cached; then revoked.
     h.fake.deny("patch", "example.com", "widgets", "");
     h.at("2026-02-01T00:00:00Z");
     h.reconcile_through_preflight("widgets").await;
     wait_until("the run ends", || {
-        h.status("widgets")["migration"]["storageVersion"] == "v1" && h.status("widgets")["migration"]["phase"] == "Failed"
+        h.status("widgets")["migration"]["storageVersion"] == "v1"
+            && h.status("widgets")["migration"]["phase"] == "Failed"
     })
     .await;
     assert!(
@@ -156,11 +186,17 @@ async fn a_revoked_permission_is_reported_as_missing_permission() {
     // The next reconcile asks again (the cached "allowed" is gone) and blocks.
     let asked = h.fake.lock().access_reviews.len();
     h.reconcile("widgets").await;
-    assert!(h.fake.lock().access_reviews.len() > asked, "asked the apiserver again");
+    assert!(
+        h.fake.lock().access_reviews.len() > asked,
+        "asked the apiserver again"
+    );
     assert_eq!(h.condition("widgets", "Stalled").1, "MissingPermission");
     assert_eq!(h.condition("widgets", "Blocked").1, "MissingPermission");
     assert!(
-        h.fake.object_requests().iter().all(|r| r.method != "PATCH" || !r.path.contains("/v1/")),
+        h.fake
+            .object_requests()
+            .iter()
+            .all(|r| r.method != "PATCH" || !r.path.contains("/v1/")),
         "nothing rewritten into v1"
     );
 }
@@ -175,12 +211,20 @@ fn each_job_owns_its_remaining_objects_series() {
         crd: "widgets.example.com".into(),
         job: job.into(),
     };
-    metrics.objects_remaining.get_or_create(&job("migration")).set(700);
-    metrics.objects_remaining.get_or_create(&job("managed_fields_cleanup")).set(3);
+    metrics
+        .objects_remaining
+        .get_or_create(&job("migration"))
+        .set(700);
+    metrics
+        .objects_remaining
+        .get_or_create(&job("managed_fields_cleanup"))
+        .set(3);
     metrics.forget_job(&job("managed_fields_cleanup"));
     let text = metrics.encode();
     assert!(
-        text.contains(r#"crd_lifecycle_migration_objects_remaining{crd="widgets.example.com",job="migration"} 700"#),
+        text.contains(
+            r#"crd_lifecycle_migration_objects_remaining{crd="widgets.example.com",job="migration"} 700"#
+        ),
         "{text}"
     );
     assert!(!text.contains(r#"job="managed_fields_cleanup"} 3"#), "{text}");

@@ -1526,11 +1526,18 @@ async fn a_cleanup_tells_an_invalid_object_from_a_lost_race() {
     fake.set_fault(
         "ns1",
         "w00001",
-        apiserver::ObjectFault::Invalid("spec.size: Invalid value: 3: must be less than or equal to 2".into()),
+        apiserver::ObjectFault::Invalid(
+            "spec.size: Invalid value: 3: must be less than or equal to 2".into(),
+        ),
     );
-    let report = migrate::migrate(&fake.client(), CRD, &cleanup(Some(vec!["v1alpha1"]), None), &migrate::Quiet)
-        .await
-        .expect("runs");
+    let report = migrate::migrate(
+        &fake.client(),
+        CRD,
+        &cleanup(Some(vec!["v1alpha1"]), None),
+        &migrate::Quiet,
+    )
+    .await
+    .expect("runs");
     assert_eq!(report.outcome, Outcome::Failed, "{}", report.summary());
     assert_eq!((report.counts.rewritten, report.counts.failed), (2, 1));
     assert_eq!(report.failures.len(), 1);
@@ -1567,10 +1574,20 @@ async fn a_cleanup_waits_until_no_apiserver_serves_the_version() {
     fake.lock().switch_lag = 6;
     fake.edit_crd(CRD, |crd| crd["spec"]["versions"][0]["served"] = json!(false));
     fake.clear_requests();
-    let report = migrate::migrate(&fake.client(), CRD, &cleanup(Some(vec!["v1alpha1"]), None), &migrate::Quiet)
-        .await
-        .expect("runs");
-    assert_eq!(report.outcome, Outcome::ManagedFieldsCleaned, "{}", report.summary());
+    let report = migrate::migrate(
+        &fake.client(),
+        CRD,
+        &cleanup(Some(vec!["v1alpha1"]), None),
+        &migrate::Quiet,
+    )
+    .await
+    .expect("runs");
+    assert_eq!(
+        report.outcome,
+        Outcome::ManagedFieldsCleaned,
+        "{}",
+        report.summary()
+    );
     let requests = fake.requests();
     let first_write = requests
         .iter()
@@ -1582,7 +1599,10 @@ async fn a_cleanup_waits_until_no_apiserver_serves_the_version() {
         .count();
     // Discovery asked until v1alpha1 was gone for the confirmations in a row, before any
     // entry was rewritten.
-    assert!(absent_before >= 2, "{absent_before} discovery requests before the first rewrite");
+    assert!(
+        absent_before >= 2,
+        "{absent_before} discovery requests before the first rewrite"
+    );
     let last_discovery = requests
         .iter()
         .rposition(|r| r.path == "/apis/example.com/v1alpha1")

@@ -471,7 +471,8 @@ impl Migrations {
         self.record_result(job, crd, end.label());
         if succeeded {
             lock(&self.failed_at).remove(&job.key(crd));
-            lock(&self.succeeded_at).insert(job.key(crd), (job.goal(&status.storage_version), Instant::now()));
+            lock(&self.succeeded_at)
+                .insert(job.key(crd), (job.goal(&status.storage_version), Instant::now()));
         } else {
             lock(&self.failed_at).insert(job.key(crd), Instant::now());
         }
