@@ -40,6 +40,11 @@ pub enum Command {
     /// Convert objects (YAML or JSON, several documents) with a policy's spec.conversion,
     /// offline.
     Convert(ConvertArgs),
+    /// Audit the cluster's CRDs (or the named ones): versions, storedVersions, objects, the
+    /// governing policy, and problems (exit 0 when none, 1 when any, 2 on error).
+    Audit(AuditArgs),
+    /// Print a VersionPolicy for a live CRD that changes nothing when applied.
+    Adopt(AdoptArgs),
     /// Test a policy's conversion against its CRD's schemas: objects generated from each
     /// version's schema (and given examples) convert to every other version and back
     /// exactly, and fit every version's schema (exit 0 when all pass, 1 printing the
@@ -57,6 +62,52 @@ pub enum Command {
     /// crdlifecycle.io/aggregate-to-migrator so that the operator's migrator role
     /// aggregates it (`| kubectl apply -f -`).
     Rbac(RbacArgs),
+}
+
+/// Arguments of `crd-lifecycle audit`.
+#[derive(Args, Debug, Clone)]
+pub struct AuditArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+
+    /// Audit only this CRD (repeatable); default: every CRD.
+    #[arg(long, value_name = "NAME")]
+    pub crd: Vec<String>,
+
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = AuditOutput::Table)]
+    pub output: AuditOutput,
+
+    /// Objects per list page.
+    #[arg(long, value_name = "N", default_value_t = 500)]
+    pub page_size: u32,
+
+    /// CRDs audited at once.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub concurrency: usize,
+}
+
+/// Output formats of `audit`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuditOutput {
+    Table,
+    Json,
+    Markdown,
+}
+
+/// Arguments of `crd-lifecycle adopt`.
+#[derive(Args, Debug, Clone)]
+pub struct AdoptArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+
+    /// The live CRD, e.g. widgets.example.com.
+    #[arg(value_name = "CRD_NAME")]
+    pub crd: String,
+
+    /// The policy's name (default: the CRD's plural).
+    #[arg(long, value_name = "POLICY")]
+    pub name: Option<String>,
 }
 
 /// Arguments of `crd-lifecycle test`.

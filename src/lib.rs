@@ -1,6 +1,8 @@
 //! crd-lifecycle: runs the life of CustomResourceDefinition versions as code.
 
+pub mod adopt;
 pub mod api;
+pub mod audit;
 pub mod controller;
 pub mod conversion;
 pub mod conversion_test;

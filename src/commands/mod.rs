@@ -1,6 +1,8 @@
 //! The binary's subcommands: each turns its arguments into the library's settings and calls
 //! the library.
 
+mod adopt;
+mod audit;
 mod convert;
 mod migrate;
 mod plan;
@@ -47,6 +49,8 @@ pub fn dispatch(cli: Cli) -> Result<(), CommandError> {
         Command::Plan(args) => plan::run(&args),
         Command::Convert(args) => convert::run(&args),
         Command::Test(args) => test::run(&args),
+        Command::Audit(args) => block_on(audit::run(args)),
+        Command::Adopt(args) => block_on(adopt::run(args)),
         Command::Crd => crd_lifecycle::api::versionpolicy_crd_yaml()
             .map_err(CommandError::failed)
             .and_then(|yaml| {

@@ -258,6 +258,7 @@ async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
     panic!("timed out waiting until {what}");
 }
 
+mod audit;
 mod builtin_migration;
 mod decide;
 mod findings;

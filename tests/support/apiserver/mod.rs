@@ -604,6 +604,13 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
         ("DELETE", ["apis", "crdlifecycle.io", "v1alpha1", "versionpolicies", name]) => {
             delete_policy(state, name)
         }
+        // A list, as any list of custom objects (samples 09, 10 show their shape).
+        ("GET", ["apis", "crdlifecycle.io", "v1alpha1", "versionpolicies"]) => (
+            200,
+            json!({"kind": "VersionPolicyList", "apiVersion": "crdlifecycle.io/v1alpha1",
+                   "metadata": {"resourceVersion": state.resource_version.to_string()},
+                   "items": state.policies.values().cloned().collect::<Vec<_>>()}),
+        ),
         ("GET", ["apis", "crdlifecycle.io", "v1alpha1", "versionpolicies", name]) => {
             match state.policies.get(*name) {
                 Some(policy) => (200, policy.clone()),

@@ -1,0 +1,194 @@
+//! `crd-lifecycle audit`: reads every CRD (or the named ones) and tells the truth about it:
+//! its versions and `storedVersions`, how many objects it has, whether a VersionPolicy
+//! governs it, and its problems (stale `storedVersions`, managedFields entries naming
+//! versions that are not served, writers still on deprecated versions). Read-only: paged
+//! metadata-only lists, a bounded number of CRDs at once.
+
+mod findings;
+mod render;
+
+use std::io::IsTerminal;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::Client;
+
+pub use findings::{Collected, CrdAudit, Entry, Problem, VersionFlags, audit};
+pub use render::{AuditFormat, render};
+
+use crate::api::VersionPolicy;
+
+/// What to audit, and how.
+#[derive(Clone, Debug)]
+pub struct AuditSettings {
+    /// CRD names; empty: every CRD.
+    pub crds: Vec<String>,
+    /// Objects per list page.
+    pub page_size: u32,
+    /// CRDs audited at once.
+    pub concurrency: usize,
+}
+
+impl Default for AuditSettings {
+    fn default() -> AuditSettings {
+        AuditSettings {
+            crds: Vec::new(),
+            page_size: 500,
+            concurrency: 4,
+        }
+    }
+}
+
+/// Why an audit could not run (exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("CustomResourceDefinition {0} not found")]
+    NotFound(String),
+    #[error("cannot read CustomResourceDefinitions: {0}")]
+    Crds(#[source] kube::Error),
+}
+
+/// Audits the CRDs; a progress bar on stderr when it is a terminal.
+pub async fn run(client: &Client, settings: &AuditSettings) -> Result<Vec<CrdAudit>, Error> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crds: Vec<CustomResourceDefinition> = if settings.crds.is_empty() {
+        api.list(&ListParams::default()).await.map_err(Error::Crds)?.items
+    } else {
+        let mut found = Vec::new();
+        for name in &settings.crds {
+            match api.get_opt(name).await.map_err(Error::Crds)? {
+                Some(crd) => found.push(crd),
+                None => return Err(Error::NotFound(name.clone())),
+            }
+        }
+        found
+    };
+    let policies = governing_policies(client).await;
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new(crds.len() as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} auditing [{bar:30}] {pos}/{len} CRDs {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let mut audits: Vec<CrdAudit> = futures::stream::iter(crds)
+        .map(|crd| {
+            let policies = &policies;
+            let bar = &bar;
+            async move {
+                let name = crd.metadata.name.clone().unwrap_or_default();
+                let mut collected = collect(client, &crd, settings.page_size).await;
+                collected.governed_by = policies.iter().find(|(_, c)| *c == name).map(|(p, _)| p.clone());
+                if let Some(bar) = bar {
+                    bar.set_message(name);
+                    bar.inc(1);
+                }
+                audit(&collected)
+            }
+        })
+        .buffer_unordered(settings.concurrency.max(1))
+        .collect()
+        .await;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    audits.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(audits)
+}
+
+/// (policy, crdName) of every VersionPolicy; none where the VersionPolicy CRD is not
+/// installed or may not be read.
+async fn governing_policies(client: &Client) -> Vec<(String, String)> {
+    let api: Api<kube::core::DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
+    match api.list(&ListParams::default()).await {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .filter_map(|guard| guard.0.ok())
+            .map(|p| (p.metadata.name.unwrap_or_default(), p.spec.crd_name))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Reads one CRD's versions and its objects' managedFields (metadata-only pages through
+/// the storage version).
+async fn collect(client: &Client, crd: &CustomResourceDefinition, page_size: u32) -> Collected {
+    let versions: Vec<VersionFlags> = crd
+        .spec
+        .versions
+        .iter()
+        .map(|v| VersionFlags {
+            name: v.name.clone(),
+            served: v.served,
+            storage: v.storage,
+            deprecated: v.deprecated.unwrap_or(false),
+        })
+        .collect();
+    let mut collected = Collected {
+        name: crd.metadata.name.clone().unwrap_or_default(),
+        group: crd.spec.group.clone(),
+        stored_versions: crd
+            .status
+            .as_ref()
+            .and_then(|s| s.stored_versions.clone())
+            .unwrap_or_default(),
+        versions,
+        ..Collected::default()
+    };
+    let Some(through) = crd.spec.versions.iter().find(|v| v.storage && v.served).or_else(|| crd.spec.versions.iter().find(|v| v.served)) else {
+        collected.list_error = Some("no version is served".to_owned());
+        return collected;
+    };
+    let resource = ApiResource {
+        group: crd.spec.group.clone(),
+        version: through.name.clone(),
+        api_version: format!("{}/{}", crd.spec.group, through.name),
+        kind: crd.spec.names.kind.clone(),
+        plural: crd.spec.names.plural.clone(),
+    };
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let group = crd.spec.group.clone();
+    let pages = futures::stream::try_unfold(Some(String::new()), |token| {
+        let api = api.clone();
+        async move {
+            let Some(token) = token else { return Ok(None) };
+            let mut params = ListParams::default().limit(page_size);
+            if !token.is_empty() {
+                params = params.continue_token(&token);
+            }
+            let page = api.list_metadata(&params).await?;
+            let next = page.metadata.continue_.clone().filter(|t| !t.is_empty());
+            Ok::<_, kube::Error>(Some((page.items, next)))
+        }
+    });
+    let result = pages
+        .try_for_each(|items| {
+            for item in items {
+                collected.objects += 1;
+                let entries = item
+                    .metadata
+                    .managed_fields
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|entry| {
+                        let (entry_group, version) = entry.api_version.as_deref()?.rsplit_once('/')?;
+                        (entry_group == group).then(|| Entry {
+                            manager: entry.manager.unwrap_or_default(),
+                            version: version.to_owned(),
+                            time: entry.time.map(|t| t.0),
+                        })
+                    })
+                    .collect();
+                collected.entries.push(entries);
+            }
+            futures::future::ready(Ok(()))
+        })
+        .await;
+    if let Err(error) = result {
+        collected.list_error = Some(error.to_string());
+    }
+    collected
+}
