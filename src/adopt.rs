@@ -22,7 +22,12 @@ pub fn adopt(crd: &CustomResourceDefinition, policy_name: &str, now: Timestamp) 
         .as_ref()
         .and_then(|s| s.stored_versions.clone())
         .unwrap_or_default();
-    let storage = crd.spec.versions.iter().find(|v| v.storage).map(|v| v.name.clone());
+    let storage = crd
+        .spec
+        .versions
+        .iter()
+        .find(|v| v.storage)
+        .map(|v| v.name.clone());
     let mut out = format!(
         "# Adopted from the live CRD {crd_name} on {now}: every milestone below is already\n\
          # reached (dated at the CRD's creation), so applying this policy changes nothing.\n\
@@ -56,7 +61,14 @@ pub fn adopt(crd: &CustomResourceDefinition, policy_name: &str, now: Timestamp) 
         if !version.served {
             out.push_str(&format!("    unserve: {{at: {at}}}\n"));
         }
-        for line in suggestions(&version.name, version.served, deprecated, version.storage, &stored, storage.as_deref()) {
+        for line in suggestions(
+            &version.name,
+            version.served,
+            deprecated,
+            version.storage,
+            &stored,
+            storage.as_deref(),
+        ) {
             out.push_str(&format!("    # next: {line}\n"));
         }
     }
@@ -83,13 +95,22 @@ fn suggestions(
     let stage_wait = if name.contains("alpha") {
         ("an alpha version may go at any time", "30d")
     } else if name.contains("beta") {
-        ("a deprecated beta may be unserved 9 months (or 3 releases) after its deprecation", "270d")
+        (
+            "a deprecated beta may be unserved 9 months (or 3 releases) after its deprecation",
+            "270d",
+        )
     } else {
-        ("a deprecated GA version may be unserved 12 months (or 3 releases) after its deprecation", "365d")
+        (
+            "a deprecated GA version may be unserved 12 months (or 3 releases) after its deprecation",
+            "365d",
+        )
     };
     let mut next = Vec::new();
     if served && deprecated {
-        next.push(format!("{}: `unserve: {{after: {}}}`", stage_wait.0, stage_wait.1));
+        next.push(format!(
+            "{}: `unserve: {{after: {}}}`",
+            stage_wait.0, stage_wait.1
+        ));
     }
     if served && !deprecated && !storage {
         next.push(format!(
@@ -128,8 +149,14 @@ mod tests {
         let text = adopt(&crd, "widgets", "2026-11-23T00:00:00Z".parse().expect("now"));
         assert!(text.contains("  - name: v1alpha1\n    deprecate: {at: \"2025-06-01T10:00:00Z\"}\n    unserve: {at: \"2025-06-01T10:00:00Z\"}\n"), "{text}");
         assert!(text.contains("    deprecate: {at: \"2025-06-01T10:00:00Z\", warning: \"use v1\"}\n    # next: a deprecated beta may be unserved 9 months"), "{text}");
-        assert!(text.contains("  - name: v1\n    store: {at: \"2025-06-01T10:00:00Z\"}\n"), "{text}");
-        assert!(text.contains("# v2 is neither served nor deprecated: it is left out"), "{text}");
+        assert!(
+            text.contains("  - name: v1\n    store: {at: \"2025-06-01T10:00:00Z\"}\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# v2 is neither served nor deprecated: it is left out"),
+            "{text}"
+        );
         assert!(!text.contains("name: v2"), "{text}");
     }
 }

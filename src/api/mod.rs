@@ -268,6 +268,13 @@ pub struct UnserveMilestone {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(r"^([0-9]+[dhms])+$"))]
     pub require_no_traffic_for: Option<String>,
+
+    /// Writers gate: the version stops being served only once no field manager has written
+    /// through it for this long, according to its objects' `metadata.managedFields`
+    /// (`7d` is a good window). Needs no access to the apiserver's metrics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^([0-9]+[dhms])+$"))]
+    pub require_no_writers_for: Option<String>,
 }
 
 /// Whether a milestone needs a human's approval.

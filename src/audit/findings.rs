@@ -73,7 +73,11 @@ pub struct CrdAudit {
 
 /// Finds the problems of one CRD.
 pub fn audit(collected: &Collected) -> CrdAudit {
-    let storage = collected.versions.iter().find(|v| v.storage).map(|v| v.name.clone());
+    let storage = collected
+        .versions
+        .iter()
+        .find(|v| v.storage)
+        .map(|v| v.name.clone());
     let served: BTreeSet<&str> = collected
         .versions
         .iter()
@@ -108,7 +112,9 @@ pub fn audit(collected: &Collected) -> CrdAudit {
             version: storage.clone().unwrap_or_default(),
             objects: 0,
             managers: Vec::new(),
-            message: format!("the objects could not be listed, so their managedFields were not checked: {error}"),
+            message: format!(
+                "the objects could not be listed, so their managedFields were not checked: {error}"
+            ),
         });
     }
     // Entries naming versions that are not served (or gone from the CRD).
@@ -127,12 +133,16 @@ pub fn audit(collected: &Collected) -> CrdAudit {
                 }
                 slot.1.insert(entry.manager.clone());
             }
-            let best = newest.entry(entry.manager.clone()).or_insert((None, String::new()));
+            let best = newest
+                .entry(entry.manager.clone())
+                .or_insert((None, String::new()));
             if entry.time >= best.0 {
                 *best = (entry.time, entry.version.clone());
             }
             if deprecated.contains(entry.version.as_str()) {
-                let at = latest.entry((entry.version.clone(), entry.manager.clone())).or_default();
+                let at = latest
+                    .entry((entry.version.clone(), entry.manager.clone()))
+                    .or_default();
                 *at = (*at).max(entry.time);
             }
         }
@@ -223,14 +233,24 @@ mod tests {
             governed_by: None,
             objects: 3,
             entries: vec![
-                vec![entry("gitops", "v1alpha1", "2026-01-01T00:00:00Z"), entry("kubectl", "v1beta1", "2026-02-01T00:00:00Z")],
+                vec![
+                    entry("gitops", "v1alpha1", "2026-01-01T00:00:00Z"),
+                    entry("kubectl", "v1beta1", "2026-02-01T00:00:00Z"),
+                ],
                 vec![entry("gitops", "v1alpha1", "2026-01-02T00:00:00Z")],
-                vec![entry("operator", "v1", "2026-03-01T00:00:00Z"), entry("kubectl", "v1", "2026-01-15T00:00:00Z")],
+                vec![
+                    entry("operator", "v1", "2026-03-01T00:00:00Z"),
+                    entry("kubectl", "v1", "2026-01-15T00:00:00Z"),
+                ],
             ],
             list_error: None,
         };
         let audit = audit(&collected);
-        let kinds: Vec<(&str, &str)> = audit.problems.iter().map(|p| (p.kind, p.version.as_str())).collect();
+        let kinds: Vec<(&str, &str)> = audit
+            .problems
+            .iter()
+            .map(|p| (p.kind, p.version.as_str()))
+            .collect();
         assert_eq!(
             kinds,
             [

@@ -11,8 +11,8 @@ use std::io::IsTerminal;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 
 pub use findings::{Collected, CrdAudit, Entry, Problem, VersionFlags, audit};
 pub use render::{AuditFormat, render};
@@ -138,9 +138,32 @@ async fn collect(client: &Client, crd: &CustomResourceDefinition, page_size: u32
         versions,
         ..Collected::default()
     };
-    let Some(through) = crd.spec.versions.iter().find(|v| v.storage && v.served).or_else(|| crd.spec.versions.iter().find(|v| v.served)) else {
-        collected.list_error = Some("no version is served".to_owned());
-        return collected;
+    match managed_fields_entries(client, crd, page_size).await {
+        Ok(entries) => {
+            collected.objects = entries.len() as u64;
+            collected.entries = entries;
+        }
+        Err(error) => collected.list_error = Some(error),
+    }
+    collected
+}
+
+/// Every object's managedFields entries of the CRD's group (its manager, the version it
+/// wrote through, when), read with paged metadata-only lists through the storage version
+/// (or another served one).
+pub async fn managed_fields_entries(
+    client: &Client,
+    crd: &CustomResourceDefinition,
+    page_size: u32,
+) -> Result<Vec<Vec<Entry>>, String> {
+    let Some(through) = crd
+        .spec
+        .versions
+        .iter()
+        .find(|v| v.storage && v.served)
+        .or_else(|| crd.spec.versions.iter().find(|v| v.served))
+    else {
+        return Err("no version is served".to_owned());
     };
     let resource = ApiResource {
         group: crd.spec.group.clone(),
@@ -164,10 +187,10 @@ async fn collect(client: &Client, crd: &CustomResourceDefinition, page_size: u32
             Ok::<_, kube::Error>(Some((page.items, next)))
         }
     });
-    let result = pages
+    let mut all = Vec::new();
+    pages
         .try_for_each(|items| {
             for item in items {
-                collected.objects += 1;
                 let entries = item
                     .metadata
                     .managed_fields
@@ -182,13 +205,11 @@ async fn collect(client: &Client, crd: &CustomResourceDefinition, page_size: u32
                         })
                     })
                     .collect();
-                collected.entries.push(entries);
+                all.push(entries);
             }
             futures::future::ready(Ok(()))
         })
-        .await;
-    if let Err(error) = result {
-        collected.list_error = Some(error.to_string());
-    }
-    collected
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(all)
 }

@@ -14,8 +14,8 @@ pub enum AuditFormat {
 pub fn render(audits: &[CrdAudit], format: AuditFormat) -> String {
     match format {
         AuditFormat::Json => {
-            let mut text = serde_json::to_string_pretty(&serde_json::json!({ "crds": audits }))
-                .unwrap_or_default();
+            let mut text =
+                serde_json::to_string_pretty(&serde_json::json!({ "crds": audits })).unwrap_or_default();
             text.push('\n');
             text
         }
@@ -30,11 +30,7 @@ fn with_problems(audits: &[CrdAudit]) -> Vec<&CrdAudit> {
 
 fn table(audits: &[CrdAudit]) -> String {
     let flagged = with_problems(audits);
-    let mut out = format!(
-        "{} CRDs audited, {} with problems\n",
-        audits.len(),
-        flagged.len()
-    );
+    let mut out = format!("{} CRDs audited, {} with problems\n", audits.len(), flagged.len());
     if flagged.is_empty() {
         return out;
     }
@@ -47,7 +43,11 @@ fn table(audits: &[CrdAudit]) -> String {
         "PROBLEMS".to_owned(),
     ]];
     for audit in &flagged {
-        let kinds: Vec<String> = audit.problems.iter().map(|p| format!("{} {}", p.kind, p.version)).collect();
+        let kinds: Vec<String> = audit
+            .problems
+            .iter()
+            .map(|p| format!("{} {}", p.kind, p.version))
+            .collect();
         rows.push([
             audit.name.clone(),
             audit.storage_version.clone().unwrap_or_else(|| "-".into()),
@@ -73,7 +73,10 @@ fn table(audits: &[CrdAudit]) -> String {
     for audit in flagged {
         out.push_str(&format!("\n{}\n", audit.name));
         for problem in &audit.problems {
-            out.push_str(&format!("  {} {}: {}\n", problem.kind, problem.version, problem.message));
+            out.push_str(&format!(
+                "  {} {}: {}\n",
+                problem.kind, problem.version, problem.message
+            ));
         }
     }
     out

@@ -18,7 +18,9 @@ pub async fn run(args: AdoptArgs) -> Result<(), CommandError> {
         .get_opt(&args.crd)
         .await
         .map_err(CommandError::failed)?
-        .ok_or_else(|| CommandError::InvalidInput(format!("CustomResourceDefinition {} not found", args.crd)))?;
+        .ok_or_else(|| {
+            CommandError::InvalidInput(format!("CustomResourceDefinition {} not found", args.crd))
+        })?;
     let name = args
         .name
         .clone()

@@ -17,7 +17,9 @@ pub async fn run(args: AuditArgs) -> Result<(), CommandError> {
         page_size: args.page_size,
         concurrency: args.concurrency,
     };
-    let audits = audit::run(&client, &settings).await.map_err(CommandError::invalid)?;
+    let audits = audit::run(&client, &settings)
+        .await
+        .map_err(CommandError::invalid)?;
     let format = match args.output {
         AuditOutput::Table => AuditFormat::Table,
         AuditOutput::Json => AuditFormat::Json,

@@ -86,10 +86,61 @@ pub fn gates(policy: &VersionPolicy, crd: &CustomResourceDefinition, traffic: &T
             applied,
             traffic: observed,
             preflight,
+            // Read by `writers` (it needs the objects), where a writers gate waits.
+            writers: Default::default(),
         },
         traffic: traffic_status,
         invalid_approvals,
     }
+}
+
+/// For each governed version whose `unserve` has a writers gate and is still served: every
+/// field manager's last write through it, from the objects' managedFields (one paged
+/// metadata-only list of the CRD's objects). A version whose objects cannot be read is left
+/// out, so its gate holds.
+pub async fn writers(
+    client: &kube::Client,
+    policy: &VersionPolicy,
+    crd: &CustomResourceDefinition,
+) -> std::collections::BTreeMap<String, Vec<(String, jiff::Timestamp)>> {
+    let gated: Vec<&str> = policy
+        .spec
+        .versions
+        .iter()
+        .filter(|v| {
+            v.unserve
+                .as_ref()
+                .is_some_and(|u| u.require_no_writers_for.is_some())
+        })
+        .filter(|v| crd.spec.versions.iter().any(|c| c.name == v.name && c.served))
+        .map(|v| v.name.as_str())
+        .collect();
+    let mut writers = std::collections::BTreeMap::new();
+    if gated.is_empty() {
+        return writers;
+    }
+    let entries = match crate::audit::managed_fields_entries(client, crd, 500).await {
+        Ok(entries) => entries,
+        Err(error) => {
+            tracing::warn!(
+                crd = policy.spec.crd_name,
+                error,
+                "cannot read managedFields for the writers gate"
+            );
+            return writers;
+        }
+    };
+    for version in gated {
+        let mut last: std::collections::BTreeMap<String, jiff::Timestamp> = std::collections::BTreeMap::new();
+        for entry in entries.iter().flatten().filter(|e| e.version == version) {
+            if let Some(time) = entry.time {
+                let slot = last.entry(entry.manager.clone()).or_insert(time);
+                *slot = (*slot).max(time);
+            }
+        }
+        writers.insert(version.to_owned(), last.into_iter().collect());
+    }
+    writers
 }
 
 /// Who set the approval annotation, and when: the field manager that owns it in

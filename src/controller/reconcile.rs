@@ -314,7 +314,8 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             ));
             return Ok(outcome);
         };
-        let gates = gate_inputs::gates(policy, &crd, &ctx.traffic);
+        let mut gates = gate_inputs::gates(policy, &crd, &ctx.traffic);
+        gates.inputs.writers = gate_inputs::writers(&ctx.client, policy, &crd).await;
         if !gates.invalid_approvals.is_empty() {
             warn!(policy = policy.name_any(), entries = ?gates.invalid_approvals, "ignoring approval entries that are not <version>.<milestone>");
         }

@@ -141,8 +141,7 @@ pub fn convert_as_served(
                 // An empty object loses nothing when pruned (the conversion keeps parents
                 // the object had; converting back brings them back): whether anything was
                 // lost shows in the round trip.
-                let empty = get_path(&converted, &problem.path)
-                    .is_some_and(|v| v.as_object().is_some_and(Map::is_empty));
+                let empty = get_path(&converted, &problem.path).is_some_and(holds_nothing);
                 let accepted = crd.accepted_losses.iter().any(|loss| within(&problem.path, loss));
                 if empty || accepted {
                     remove_path(&mut converted, &problem.path);
@@ -174,6 +173,13 @@ fn round_trip_difference(expected: &Value, actual: &Value) -> Option<(String, St
 
 fn within(path: &str, root: &str) -> bool {
     path == root || path.strip_prefix(root).is_some_and(|rest| rest.starts_with('.'))
+}
+
+/// An object holding nothing but (objects holding nothing but) empty objects.
+fn holds_nothing(value: &Value) -> bool {
+    value
+        .as_object()
+        .is_some_and(|fields| fields.values().all(holds_nothing))
 }
 
 fn get_path<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {

@@ -49,6 +49,9 @@ pub struct GateInputs {
     pub traffic: BTreeMap<String, TrafficObservation>,
     /// Conversion preflights, per version they read through.
     pub preflight: BTreeMap<String, PreflightResult>,
+    /// Per version with a writers gate: each field manager's last write through it
+    /// (from managedFields); absent when the objects could not be read.
+    pub writers: BTreeMap<String, Vec<(String, Timestamp)>>,
 }
 
 /// What the controller saw of the requests to one version.
@@ -230,6 +233,36 @@ impl Schedule {
                     BlockReason::VersionInUse,
                     format!(
                         "{name} unserve waits for {window:#} without requests to {name} ({last}); satisfied at {satisfied_at} if no request comes"
+                    ),
+                ));
+            }
+        }
+        if kind == MilestoneKind::Unserve
+            && let Some(window) = version.no_writers_for
+        {
+            let Some(writers) = gates.writers.get(name) else {
+                return Some((
+                    BlockReason::VersionInUse,
+                    format!(
+                        "{name} unserve waits until no field manager has written through {name} for {window:#}; the objects' managedFields are not read yet"
+                    ),
+                ));
+            };
+            let mut recent: Vec<&(String, Timestamp)> =
+                writers.iter().filter(|(_, last)| *last + window > at).collect();
+            if !recent.is_empty() {
+                recent.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+                let satisfied_at = recent.iter().map(|(_, last)| *last + window).max().unwrap_or(at);
+                *wake_at = Some(wake_at.map_or(satisfied_at, |w| w.min(satisfied_at)));
+                let named: Vec<String> = recent
+                    .iter()
+                    .map(|(m, last)| format!("{m} (last write {last})"))
+                    .collect();
+                return Some((
+                    BlockReason::VersionInUse,
+                    format!(
+                        "{name} unserve waits until no field manager has written through {name} for {window:#}: {}; satisfied at {satisfied_at} if nobody writes",
+                        named.join(", ")
                     ),
                 ));
             }

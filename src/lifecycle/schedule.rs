@@ -21,6 +21,8 @@ pub struct ScheduledVersion {
     approvals: [bool; 5],
     /// The traffic gate of `unserve`: no client request for this long first.
     pub no_traffic_for: Option<SignedDuration>,
+    /// The writers gate of its `unserve`: no write through it (managedFields) for this long.
+    pub no_writers_for: Option<SignedDuration>,
 }
 
 impl ScheduledVersion {
@@ -377,6 +379,15 @@ pub(super) fn resolve(spec: &VersionPolicySpec, errors: &mut FieldErrors) -> (Sc
                     .map_err(|message| errors.push(format!("{base}.unserve.requireNoTrafficFor"), message))
                     .ok()
             });
+        let no_writers_for = entry
+            .unserve
+            .as_ref()
+            .and_then(|u| u.require_no_writers_for.as_deref())
+            .and_then(|text| {
+                parse_duration(text)
+                    .map_err(|message| errors.push(format!("{base}.unserve.requireNoWritersFor"), message))
+                    .ok()
+            });
         versions.push(ScheduledVersion {
             name: entry.name.clone(),
             index,
@@ -384,6 +395,7 @@ pub(super) fn resolve(spec: &VersionPolicySpec, errors: &mut FieldErrors) -> (Sc
             warning,
             approvals: MilestoneKind::ALL.map(|kind| entry.needs_approval(kind)),
             no_traffic_for,
+            no_writers_for,
         });
     }
     let schedule = Schedule {

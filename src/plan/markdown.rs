@@ -144,6 +144,14 @@ fn gates(policy: &VersionPolicy, plan: &Plan) -> Vec<String> {
                 version.name
             ));
         }
+        if let Some(quiet) = version.no_writers_for
+            && version.at(MilestoneKind::Unserve).is_some()
+        {
+            gates.push(format!(
+                "- `{}` unserve waits until no field manager has written through it for {quiet:#} (managedFields).",
+                version.name
+            ));
+        }
     }
     let migration = &policy.spec.migration;
     if migration.enabled {

@@ -163,6 +163,14 @@ fn detail(policy: &VersionPolicy, transition: &Transition) -> String {
     {
         parts.push(format!("gate: no requests for {window}"));
     }
+    if transition.milestone == MilestoneKind::Unserve
+        && let Some(window) = entry
+            .unserve
+            .as_ref()
+            .and_then(|u| u.require_no_writers_for.as_deref())
+    {
+        parts.push(format!("gate: no writes for {window}"));
+    }
     let migration = &policy.spec.migration;
     if transition.milestone == MilestoneKind::Store && migration.enabled && migration.preflight {
         parts.push("gate: conversion preflight".to_owned());

@@ -292,3 +292,54 @@ mod deprecation_policy {
         );
     }
 }
+
+const WRITERS_GATED: &str = "  - name: v1\n    introduce: {at: \"2026-01-15T00:00:00Z\"}\n    store: {at: \"2026-02-01T00:00:00Z\"}\n\
+     \x20 - name: v1beta1\n    deprecate: {at: \"2026-03-01T00:00:00Z\"}\n    \
+     unserve: {at: \"2026-04-01T00:00:00Z\", requireNoWritersFor: 7d}\n    remove: {after: 1d}\n";
+
+/// The writers gate holds an unserve while any field manager wrote through the version
+/// within the window (managedFields), naming the managers, and wakes when the window ends.
+#[test]
+fn a_writers_gate_waits_until_nobody_writes_through_the_version() {
+    let crd = three_versions();
+    let schedule = schedule(WRITERS_GATED, &crd);
+    let at = ts("2026-04-01T06:00:00Z");
+    // Not read yet: held.
+    let evaluation = schedule.evaluate_with_gates(&crd, &[], &GateInputs::default(), at);
+    assert_eq!(evaluation.blocked[0].reason, BlockReason::VersionInUse);
+    assert!(
+        evaluation.blocked[0]
+            .message
+            .contains("managedFields are not read yet")
+    );
+    let writes = |list: &[(&str, &str)]| GateInputs {
+        writers: [(
+            "v1beta1".to_owned(),
+            list.iter().map(|(m, t)| ((*m).to_owned(), ts(t))).collect(),
+        )]
+        .into(),
+        ..GateInputs::default()
+    };
+    let gates = writes(&[
+        ("kubectl-edit", "2026-03-30T10:00:00Z"),
+        ("gitops", "2026-03-28T00:00:00Z"),
+        ("old-job", "2026-01-01T00:00:00Z"),
+    ]);
+    let evaluation = schedule.evaluate_with_gates(&crd, &[], &gates, at);
+    assert_eq!(evaluation.blocked[0].reason, BlockReason::VersionInUse);
+    assert_eq!(
+        evaluation.blocked[0].message,
+        "v1beta1 unserve waits until no field manager has written through v1beta1 for 168h: \
+         kubectl-edit (last write 2026-03-30T10:00:00Z), gitops (last write 2026-03-28T00:00:00Z); \
+         satisfied at 2026-04-06T10:00:00Z if nobody writes"
+    );
+    assert!(evaluation.version("v1beta1").is_some_and(|v| v.served));
+    assert_eq!(evaluation.wake_at, Some(ts("2026-04-06T10:00:00Z")));
+    // A week after the last write: unserved.
+    let later = schedule.evaluate_with_gates(&crd, &[], &gates, ts("2026-04-06T10:00:00Z"));
+    assert!(later.blocked.is_empty(), "{:?}", later.blocked);
+    assert!(later.version("v1beta1").is_some_and(|v| !v.served));
+    // Nobody ever wrote through it: unserved at once.
+    let none = schedule.evaluate_with_gates(&crd, &[], &writes(&[]), at);
+    assert!(none.version("v1beta1").is_some_and(|v| !v.served));
+}

@@ -179,6 +179,7 @@ fn schedule_entry(name: &str, choice: &VersionChoice, instants: [Option<i64>; 5]
             after,
             approval: approval(3),
             require_no_traffic_for: choice.traffic_gate.then(|| "1h".to_owned()),
+            require_no_writers_for: choice.traffic_gate.then(|| "2h".to_owned()),
         }),
         remove: milestone(&timings[4], 4),
     }
@@ -427,6 +428,7 @@ fn gate_inputs(versions: usize) -> impl Strategy<Value = GateInputs> {
                     .map(|(i, _)| (name(i / 5), MilestoneKind::ALL[i % 5]))
                     .collect(),
                 applied: Default::default(),
+                writers: Default::default(),
                 preflight: preflight
                     .iter()
                     .enumerate()
