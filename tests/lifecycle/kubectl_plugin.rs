@@ -93,6 +93,15 @@ fn kubectl_finds_and_runs_the_plugin() {
     let convert = kubectl(&dir, &["crd-lifecycle", "convert", "--help"]);
     assert!(convert.status.success());
     assert!(text(&convert.stdout).contains("Usage: kubectl crd-lifecycle convert"));
+    for command in ["audit", "adopt", "test"] {
+        let help = kubectl(&dir, &["crd-lifecycle", command, "--help"]);
+        assert!(help.status.success(), "{command}");
+        assert!(
+            text(&help.stdout).contains(&format!("Usage: kubectl crd-lifecycle {command}")),
+            "{}",
+            text(&help.stdout)
+        );
+    }
     let bad = kubectl(&dir, &["crd-lifecycle", "migrate"]);
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
     assert!(
