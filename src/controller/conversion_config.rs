@@ -100,47 +100,17 @@ impl WebhookEndpoint {
     /// Whether every CRD whose `spec.conversion` points at this webhook trusts `ca` (PEM) in
     /// its `caBundle`: only then may the serving certificate switch to one `ca` signed.
     pub async fn crds_trust(&self, client: &kube::Client, ca: &str) -> Result<bool, kube::Error> {
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        let list = crds.list(&Default::default()).await?;
-        Ok(list.items.iter().all(|crd| {
-            let Some(config) = crd
-                .spec
-                .conversion
-                .as_ref()
-                .and_then(|c| c.webhook.as_ref())
-                .and_then(|w| w.client_config.as_ref())
-            else {
-                return true;
-            };
-            !self.is_ours(config)
-                || config
-                    .ca_bundle
-                    .as_ref()
-                    .is_some_and(|bundle| String::from_utf8_lossy(&bundle.0).contains(ca.trim()))
-        }))
+        Ok(self
+            .our_bundles(client)
+            .await?
+            .iter()
+            .all(|bundle| bundle.contains(ca.trim())))
     }
 
     /// The CAs (PEM) in the `caBundle` of the CRDs pointed at this webhook, each once.
     pub async fn crd_cas(&self, client: &kube::Client) -> Result<Vec<String>, kube::Error> {
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        let list = crds.list(&Default::default()).await?;
         let mut cas: Vec<String> = Vec::new();
-        for crd in &list.items {
-            let Some(config) = crd
-                .spec
-                .conversion
-                .as_ref()
-                .and_then(|c| c.webhook.as_ref())
-                .and_then(|w| w.client_config.as_ref())
-                .filter(|config| self.is_ours(config))
-            else {
-                continue;
-            };
-            let bundle = config
-                .ca_bundle
-                .as_ref()
-                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-                .unwrap_or_default();
+        for bundle in self.our_bundles(client).await? {
             for ca in pem_blocks(&bundle) {
                 if !cas.iter().any(|known| same_ca(known, &ca)) {
                     cas.push(ca);
@@ -148,6 +118,31 @@ impl WebhookEndpoint {
             }
         }
         Ok(cas)
+    }
+
+    /// The `caBundle` (PEM, empty when unset) of every CRD pointed at this webhook.
+    async fn our_bundles(&self, client: &kube::Client) -> Result<Vec<String>, kube::Error> {
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let list = crds.list(&Default::default()).await?;
+        Ok(list
+            .items
+            .iter()
+            .filter_map(|crd| {
+                crd.spec
+                    .conversion
+                    .as_ref()
+                    .and_then(|c| c.webhook.as_ref())
+                    .and_then(|w| w.client_config.as_ref())
+                    .filter(|config| self.is_ours(config))
+            })
+            .map(|config| {
+                config
+                    .ca_bundle
+                    .as_ref()
+                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+                    .unwrap_or_default()
+            })
+            .collect())
     }
 
     /// Whether a CRD's webhook client config points at this webhook.

@@ -52,15 +52,7 @@ impl CrdState {
                 .and_then(|s| s.stored_versions.clone())
                 .unwrap_or_default(),
             managed_fields_pending: Vec::new(),
-            schemas: crd
-                .spec
-                .versions
-                .iter()
-                .filter_map(|v| {
-                    let schema = v.schema.as_ref()?.open_api_v3_schema.as_ref()?;
-                    Some((v.name.clone(), serde_json::to_value(schema).ok()?))
-                })
-                .collect(),
+            schemas: crate::schema::schemas_of(crd),
         }
     }
 

@@ -72,15 +72,7 @@ impl Target {
                 .filter(|v| v.served)
                 .map(|v| v.name.clone())
                 .collect(),
-            schemas: crd
-                .spec
-                .versions
-                .iter()
-                .filter_map(|v| {
-                    let schema = v.schema.as_ref()?.open_api_v3_schema.as_ref()?;
-                    Some((v.name.clone(), serde_json::to_value(schema).ok()?))
-                })
-                .collect(),
+            schemas: crate::schema::schemas_of(crd),
         })
     }
 

@@ -110,6 +110,21 @@ impl Schema {
     }
 }
 
+/// Each version's `schema.openAPIV3Schema` of a CRD, as JSON, by version name; versions
+/// without one are left out.
+pub fn schemas_of(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> BTreeMap<String, Value> {
+    crd.spec
+        .versions
+        .iter()
+        .filter_map(|v| {
+            let schema = v.schema.as_ref()?.open_api_v3_schema.as_ref()?;
+            Some((v.name.clone(), serde_json::to_value(schema).ok()?))
+        })
+        .collect()
+}
+
 /// The schemas of a CRD's versions, by version name, from the CRD manifest (JSON). Versions
 /// without a schema are left out.
 pub fn version_schemas(crd: &Value) -> BTreeMap<String, Schema> {

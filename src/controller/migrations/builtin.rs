@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::job::Job;
-use super::{Migrations, RunEnd, Running};
+use super::{Migrations, RunEnd};
 use crate::api::{MigrationPhase, MigrationStatus, VersionPolicy};
 use crate::migrate::builtin::{self, Migration, State};
 use crate::migrate::{self, Outcome};
@@ -87,27 +87,12 @@ impl Migrations {
     ) -> bool {
         let key = Job::Migrate.key(&policy.spec.crd_name);
         let goal = format!("builtin {storage_version}");
-        let mut running = lock(&self.running);
-        if let Some(current) = running.get(&key)
-            && !current.handle.is_finished()
-        {
-            if current.goal == goal {
-                return true;
-            }
-            current.handle.abort();
-        }
-        if lock(&self.failed_at)
-            .get(&key)
-            .is_some_and(|at| at.elapsed() < self.retry_after_failure)
-        {
-            return false;
-        }
         let this = self.clone();
         let policy = policy.clone();
         let storage = storage_version.to_owned();
-        let handle = tokio::spawn(async move { this.run_builtin(policy, storage, api).await });
-        running.insert(key, Running { goal, handle });
-        true
+        self.launch(key, goal, false, async move {
+            this.run_builtin(policy, storage, api).await
+        })
     }
 
     async fn run_builtin(

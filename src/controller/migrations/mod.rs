@@ -209,6 +209,30 @@ impl Migrations {
     fn start(self: &Arc<Self>, policy: &VersionPolicy, storage_version: &str, job: Job) -> bool {
         let key = job.key(&policy.spec.crd_name);
         let goal = job.goal(storage_version);
+        // A reconcile from a lagging cache (the cleanup's status write not seen yet) starts
+        // no second full cleanup right after one succeeded, as for preflights.
+        let just_done = matches!(job, Job::CleanManagedFields { .. })
+            && lock(&self.succeeded_at)
+                .get(&key)
+                .is_some_and(|(done, at)| *done == goal && at.elapsed() < PREFLIGHT_STANDS_FOR);
+        let this = self.clone();
+        let policy = policy.clone();
+        let storage = storage_version.to_owned();
+        self.launch(key, goal, just_done, async move {
+            this.run(policy, storage, job).await
+        })
+    }
+
+    /// Runs `task` as the run of `key` towards `goal`, unless that run is under way (`true`),
+    /// or `held` or the last run failed recently (`false`). A run towards another goal can
+    /// only end in a restart: it is aborted.
+    pub(super) fn launch(
+        &self,
+        key: String,
+        goal: String,
+        held: bool,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) -> bool {
         let mut running = lock(&self.running);
         if let Some(current) = running.get(&key)
             && !current.handle.is_finished()
@@ -218,25 +242,13 @@ impl Migrations {
             }
             current.handle.abort();
         }
-        // A reconcile from a lagging cache (the cleanup's status write not seen yet) starts
-        // no second full cleanup right after one succeeded, as for preflights.
-        if matches!(job, Job::CleanManagedFields { .. })
-            && lock(&self.succeeded_at)
-                .get(&key)
-                .is_some_and(|(done, at)| *done == goal && at.elapsed() < PREFLIGHT_STANDS_FOR)
-        {
-            return false;
-        }
-        if lock(&self.failed_at)
+        let failed_recently = lock(&self.failed_at)
             .get(&key)
-            .is_some_and(|at| at.elapsed() < self.retry_after_failure)
-        {
+            .is_some_and(|at| at.elapsed() < self.retry_after_failure);
+        if held || failed_recently {
             return false;
         }
-        let this = self.clone();
-        let policy = policy.clone();
-        let storage = storage_version.to_owned();
-        let handle = tokio::spawn(async move { this.run(policy, storage, job).await });
+        let handle = tokio::spawn(task);
         running.insert(key, Running { goal, handle });
         true
     }
