@@ -16,11 +16,31 @@ use crate::sync::lock;
 /// run itself, whose requests would then fail).
 const PERMITTED_FOR: Duration = Duration::from_secs(300);
 
-/// How soon a policy blocked by a missing permission is checked again: granting one
-/// changes no object the controller watches.
+/// How soon a policy blocked because an outside change must happen first (the built-in
+/// migrator's API enabled, another migrator finishing) is checked again.
 pub const RECHECK_MISSING_AFTER: Duration = Duration::from_secs(60);
 
+/// How soon, at most, a policy blocked by a missing permission is checked again: granting
+/// one changes no object the controller watches, so it is asked again after 1 s, then 2, 4,
+/// 8 and from then on every 10 s (a grant is noticed within about 10 s, and a policy that
+/// stays blocked costs a few SelfSubjectAccessReviews a minute).
+pub const RECHECK_GRANT_AT_MOST_AFTER: Duration = Duration::from_secs(10);
+
 impl Migrations {
+    /// When to ask again for a policy whose run is blocked by a missing permission (bounded
+    /// backoff); `None`, and the backoff forgotten, when nothing is missing.
+    pub fn recheck_grant_after(&self, policy: &str, missing: bool) -> Option<Duration> {
+        let mut checks = lock(&self.missing_checks);
+        if !missing {
+            checks.remove(policy);
+            return None;
+        }
+        let attempt = checks.entry(policy.to_owned()).or_insert(0);
+        let delay = Duration::from_secs(1u64 << (*attempt).min(4)).min(RECHECK_GRANT_AT_MOST_AFTER);
+        *attempt = attempt.saturating_add(1);
+        Some(delay)
+    }
+
     /// Forgets every cached "allowed" for the CRD's objects (a run found one revoked).
     pub fn forget_permissions(&self, crd: &str) {
         let prefix = format!("{crd}/");

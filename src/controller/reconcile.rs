@@ -260,11 +260,16 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
     ctx.metrics.set_state(&name, Some(policy_state(&status)));
     // Wake at the next transition, or when a held one may proceed by time alone.
     let wake_at = evaluation.as_ref().and_then(|e| e.wake_at);
-    // A missing grant is checked again soon: granting it changes nothing we watch.
-    let recheck = (!missing_permissions.is_empty() || unavailable_recheck)
+    // A missing grant is checked again soon (bounded backoff): granting it changes nothing
+    // we watch. So is a wait on an outside change.
+    let regrant = ctx
+        .migrations
+        .recheck_grant_after(&name, !missing_permissions.is_empty())
+        .and_then(|delay| now.checked_add(delay).ok());
+    let recheck = unavailable_recheck
         .then(|| now.checked_add(RECHECK_MISSING_AFTER).ok())
         .flatten();
-    let wake = [next, wake_at, recheck].into_iter().flatten().min();
+    let wake = [next, wake_at, regrant, recheck].into_iter().flatten().min();
     Ok(Action::requeue(requeue_after(now, wake, ctx.resync)))
 }
 

@@ -505,11 +505,21 @@ async fn a_missing_grant_blocks_with_the_role_to_add_and_touches_nothing() {
         ("True", "MissingPermission"),
         "{message}"
     );
-    // Granting changes nothing the controller watches: it checks again in a minute (and a
-    // millisecond: requeues round up so that they never wake just before the instant).
+    // Granting changes nothing the controller watches: it checks again soon, backing off
+    // to at most 10 s (and a millisecond: requeues round up so that they never wake just
+    // before the instant).
     assert_eq!(
         action,
-        kube::runtime::controller::Action::requeue(Duration::from_millis(60_001))
+        kube::runtime::controller::Action::requeue(Duration::from_millis(2_001)),
+        "the second check in a row"
+    );
+    for _ in 0..6 {
+        h.reconcile("widgets").await;
+    }
+    assert_eq!(
+        h.reconcile("widgets").await,
+        kube::runtime::controller::Action::requeue(Duration::from_millis(10_001)),
+        "bounded"
     );
     assert!(message.starts_with(MISSING_PATCH), "{message}");
     assert!(

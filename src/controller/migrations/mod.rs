@@ -115,6 +115,8 @@ pub struct Migrations {
     pub(super) retry: migrate::RetryPolicy,
     pub(super) settle: migrate::SettleCheck,
     pub(super) retry_after_failure: Duration,
+    /// How often in a row each policy (by name) was found missing a permission.
+    pub(super) missing_checks: Mutex<HashMap<String, u32>>,
     /// The goal each job (by key) last succeeded towards, and when.
     pub(super) succeeded_at: Mutex<HashMap<String, (String, Instant)>>,
     /// Whether the built-in migrator's API is served, and when that was asked.
@@ -139,6 +141,7 @@ impl Migrations {
             retry_after_failure: RETRY_AFTER_FAILURE,
             builtin_api: Mutex::new(None),
             succeeded_at: Mutex::new(HashMap::new()),
+            missing_checks: Mutex::new(HashMap::new()),
         }
     }
 
