@@ -86,6 +86,8 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
     // A block that only an outside change lifts (the built-in migrator's API enabled,
     // another migrator finishing): checked again soon.
     let mut unavailable_recheck = false;
+    // When the next store's preflight is to start ahead of its instant.
+    let mut preflight_wake: Option<Timestamp> = None;
 
     if let Some(owner) = competing_owner(policy, &ctx.policies) {
         observation.blocked.push((
@@ -117,18 +119,53 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
                     BlockReason::AwaitingPreflight | BlockReason::ConversionPreflightFailed
                 )
         });
-        for blocked in waiting {
+        // Gates that run ahead: a `store` due within PREFLIGHT_LEAD gets its preflight now,
+        // so that it can land on its instant (the preflight itself takes seconds: the
+        // settle check, then every object read).
+        let preflights_wanted = policy.spec.migration.enabled && policy.spec.migration.preflight;
+        let passed = |version: &str| {
+            policy
+                .status
+                .as_ref()
+                .and_then(|s| s.preflight.as_ref())
+                .is_some_and(|p| p.version == version && p.phase == crate::api::MigrationPhase::Succeeded)
+        };
+        let ahead: Vec<String> = evaluation
+            .iter()
+            .flat_map(|e| &e.timeline)
+            .filter(|t| {
+                preflights_wanted
+                    && t.milestone == MilestoneKind::Store
+                    && t.at > now
+                    && t.at.duration_since(now).unsigned_abs() <= PREFLIGHT_LEAD
+                    && !passed(&t.version)
+            })
+            .map(|t| t.version.clone())
+            .collect();
+        let versions = waiting
+            .map(|b| b.version.clone())
+            .chain(ahead)
+            .collect::<std::collections::BTreeSet<String>>();
+        for version in versions {
             if crd_after
                 .as_ref()
-                .and_then(|c| c.version(&blocked.version))
+                .and_then(|c| c.version(&version))
                 .is_some_and(|v| v.served)
             {
                 match ctx.migrations.check_permissions(policy, Mode::Preflight).await {
-                    Ok(()) => ctx.migrations.ensure_preflight(policy, &blocked.version),
+                    Ok(()) => ctx.migrations.ensure_preflight(policy, &version),
                     Err(message) => missing_permissions.push(message),
                 }
             }
         }
+        // Wake when the next store comes within the lead, to start its preflight then.
+        preflight_wake = evaluation
+            .iter()
+            .flat_map(|e| &e.timeline)
+            .filter(|t| preflights_wanted && t.milestone == MilestoneKind::Store)
+            .filter_map(|t| t.at.checked_sub(PREFLIGHT_LEAD).ok())
+            .filter(|start| *start > now)
+            .min();
         observation.approved = outcome.approved;
         observation.approver = gate_inputs::approver(policy);
         drift = outcome.drift;
@@ -269,9 +306,17 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
     let recheck = unavailable_recheck
         .then(|| now.checked_add(RECHECK_MISSING_AFTER).ok())
         .flatten();
-    let wake = [next, wake_at, regrant, recheck].into_iter().flatten().min();
+    let wake = [next, wake_at, regrant, recheck, preflight_wake]
+        .into_iter()
+        .flatten()
+        .min();
     Ok(Action::requeue(requeue_after(now, wake, ctx.resync)))
 }
+
+/// How long before its instant a `store`'s conversion preflight starts, so that the store
+/// lands on its instant: the preflight's settle check alone takes about 5 s, and reading
+/// every object takes a while on a large CRD.
+pub const PREFLIGHT_LEAD: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How long to wait before the next reconcile: until the next transition (so that it lands
 /// on time), at most `resync`.

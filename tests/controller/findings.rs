@@ -229,3 +229,32 @@ fn each_job_owns_its_remaining_objects_series() {
     );
     assert!(!text.contains(r#"job="managed_fields_cleanup"} 3"#), "{text}");
 }
+
+/// Gates that run ahead: a store's conversion preflight starts within a minute before its
+/// instant, so the store lands on its instant, in the reconcile at that instant.
+#[tokio::test(start_paused = true)]
+async fn a_store_lands_on_its_instant_when_its_preflight_ran_ahead() {
+    let mut h = Harness::with_example_and_objects(30);
+    // v1beta1 is stored at 2026-01-05T00:00:00Z; 30 s before, the preflight starts.
+    h.at("2026-01-04T23:59:30Z");
+    let action = h.reconcile("widgets").await;
+    wait_until("the preflight passes ahead of the store", || {
+        h.status("widgets")["preflight"]["phase"] == "Succeeded"
+    })
+    .await;
+    assert_eq!(h.status("widgets")["preflight"]["version"], "v1beta1");
+    assert_eq!(
+        h.flags(),
+        "v1alpha1:sS v1beta1:s v1:-",
+        "nothing switched before the instant"
+    );
+    // The controller wakes at the instant, and one reconcile lands the store.
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::requeue(std::time::Duration::from_millis(30_001))
+    );
+    h.at("2026-01-05T00:00:00Z");
+    h.reconcile("widgets").await;
+    assert_eq!(h.flags(), "v1alpha1:s v1beta1:sS v1:-", "stored at its instant");
+    assert_ne!(h.condition("widgets", "Blocked").1, "AwaitingPreflight");
+}
