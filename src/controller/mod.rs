@@ -88,6 +88,10 @@ pub enum RunError {
     TaskFailed(#[from] supervise::TaskFailed),
 }
 
+/// How long after SIGTERM the controller may take to stop (the kubelet's default grace
+/// period is 30 s; a rollout should not wait for it).
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(4);
+
 /// Runs the controller until SIGTERM / SIGINT (or until leadership is lost).
 pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> {
     let metrics = Arc::new(Metrics::default());
@@ -136,6 +140,8 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
             failed = supervisor.first_failure() => return Err(failed.into()),
         }
         metrics.leader.set(1);
+        // The leader is ready once it has listed the policies (see `controller`).
+        health.ready.store(false, Ordering::Relaxed);
     }
 
     let controller = controller(
@@ -154,8 +160,21 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
             None => std::future::pending().await,
         }
     };
+    // SIGTERM stops the process within SHUTDOWN_GRACE whatever the watches are doing
+    // (refused, retrying, stalled): in-flight reconciles get that long to finish.
+    let deadline = {
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        }
+    };
     let result = tokio::select! {
         result = controller => result,
+        () = deadline => {
+            warn!("the controller did not stop within {SHUTDOWN_GRACE:?} of the shutdown signal; exiting anyway");
+            Ok(())
+        }
         lost = hold => {
             error!(error = %lost, "lost leadership; stopped every writer, exiting so that another replica takes over");
             health.alive.store(false, Ordering::Relaxed);
@@ -251,7 +270,21 @@ async fn controller(
         traffic,
         webhook,
     });
-    health.ready.store(true, Ordering::Relaxed);
+    // Ready once the policies are listed: a controller whose watch is refused (no
+    // VersionPolicy CRD, no permission) is not.
+    let ready_when_listed = {
+        let store = context.policies.clone();
+        let health = health.clone();
+        async move {
+            if store.wait_until_ready().await.is_ok() {
+                health.ready.store(true, Ordering::Relaxed);
+                info!("VersionPolicies listed; ready");
+            }
+        }
+    };
+    // When each kind of watch failure was last reported.
+    let watch_errors: Arc<std::sync::Mutex<std::collections::HashMap<String, tokio::time::Instant>>> =
+        Arc::default();
     info!("controller started");
     let running = controller
         .watches(crds, watcher::Config::default().any_semantic(), move |crd| {
@@ -271,14 +304,30 @@ async fn controller(
         )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)
-        .for_each(|result| async move {
-            match result {
-                // A policy deleted between its event and its reconcile: routine.
-                Err(error @ kube::runtime::controller::Error::ObjectNotFound(_)) => {
-                    tracing::debug!(error = %error, "policy gone before its reconcile");
+        .for_each(move |result| {
+            let watch_errors = watch_errors.clone();
+            async move {
+                match result {
+                    // A policy deleted between its event and its reconcile: routine.
+                    Err(error @ kube::runtime::controller::Error::ObjectNotFound(_)) => {
+                        tracing::debug!(error = %error, "policy gone before its reconcile");
+                    }
+                    // A watch that keeps failing (no VersionPolicy CRD, no permission) is
+                    // retried with backoff; saying so once a minute is enough.
+                    Err(kube::runtime::controller::Error::QueueError(error)) => {
+                        let hint = watch_failure_hint(&error);
+                        let mut last = crate::sync::lock(&watch_errors);
+                        let due = last
+                            .get(&hint)
+                            .is_none_or(|at: &tokio::time::Instant| at.elapsed() >= WATCH_ERROR_EVERY);
+                        if due {
+                            last.insert(hint.clone(), tokio::time::Instant::now());
+                            error!(error = %error, "{hint}");
+                        }
+                    }
+                    Err(error) => warn!(error = %error, "controller error"),
+                    Ok(_) => {}
                 }
-                Err(error) => warn!(error = %error, "controller error"),
-                Ok(_) => {}
             }
         });
     let mut sampler_only = Supervisor::default();
@@ -286,10 +335,27 @@ async fn controller(
     let result = tokio::select! {
         () = running => Ok(()),
         failed = sampler_only.first_failure() => Err(failed.into()),
+        () = async { ready_when_listed.await; std::future::pending::<()>().await } => Ok(()),
     };
     drop(stop_writers);
     info!("controller stopped");
     result
+}
+
+/// How often a watch that keeps failing is reported.
+const WATCH_ERROR_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What a failing watch means for the person reading the log.
+fn watch_failure_hint(error: &kube::runtime::watcher::Error) -> String {
+    let text = error.to_string();
+    if text.contains("404") || text.to_lowercase().contains("not found") {
+        "cannot watch VersionPolicies: the VersionPolicy CRD is not installed (kubectl apply -f crds/versionpolicy.yaml); retrying, not ready".to_owned()
+    } else if text.contains("403") || text.to_lowercase().contains("forbidden") {
+        "cannot watch VersionPolicies or CustomResourceDefinitions: permission denied (apply deploy/rbac.yaml, or `kubectl auth can-i list versionpolicies.crdlifecycle.io`); retrying, not ready".to_owned()
+    } else {
+        "a watch of VersionPolicies or CustomResourceDefinitions keeps failing; retrying, not ready"
+            .to_owned()
+    }
 }
 
 /// The policies in the cache that target `crd_name`, except `except`.

@@ -1609,3 +1609,79 @@ async fn a_cleanup_waits_until_no_apiserver_serves_the_version() {
         .expect("discovery");
     assert!(last_discovery < first_write, "settled before the pass");
 }
+
+/// Without the VersionPolicy CRD the controller says exactly that (once, not at every
+/// retry), is not ready, and SIGTERM stops it within 5 s whatever its watches are doing.
+/// Real time: the binary runs as a child process over a real socket.
+#[tokio::test]
+async fn the_controller_without_its_crd_says_so_is_not_ready_and_stops_on_sigterm() {
+    let fake = cluster(0);
+    fake.lock().policies_unserved = true;
+    let (kubeconfig, _server) = serve_over_http(FakeApiserver::clone(&fake)).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"))
+        .args(["run", "--kubeconfig"])
+        .arg(&kubeconfig.0)
+        .arg(format!("--metrics-addr=127.0.0.1:{port}"))
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starts");
+    // Not ready while the policies cannot be listed (alive all the same).
+    let get = |path: &'static str| async move {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        stream
+            .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+            .await
+            .ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await.ok()?;
+        text.split_whitespace().nth(1).map(str::to_owned)
+    };
+    let mut healthy = None;
+    for _ in 0..100 {
+        healthy = get("/healthz").await;
+        if healthy.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(healthy.as_deref(), Some("200"), "alive");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        get("/readyz").await.as_deref(),
+        Some("503"),
+        "not ready without its CRD"
+    );
+    // SIGTERM: gone within 5 s.
+    let pid = child.id().expect("pid").to_string();
+    let sent = std::time::Instant::now();
+    let killed = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill");
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .expect("stopped within 5 s of SIGTERM")
+        .expect("exit status");
+    assert!(sent.elapsed() < Duration::from_secs(5));
+    assert!(status.success(), "{status:?}");
+    let mut stderr = String::new();
+    use tokio::io::AsyncReadExt;
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .await
+        .expect("stderr");
+    let said = stderr.matches("the VersionPolicy CRD is not installed").count();
+    assert_eq!(said, 1, "said once, not at every retry: {stderr}");
+}

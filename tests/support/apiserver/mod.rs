@@ -113,6 +113,9 @@ pub struct State {
     before_crd_patch: VecDeque<Hook>,
     /// Canned failures for the next CRD patches: (status code, message).
     crd_patch_failures: VecDeque<(u16, String)>,
+    /// VersionPolicies are not served (their CRD is not installed): their paths answer the
+    /// plain-text 404 of a path nobody serves (as sample 15).
+    pub policies_unserved: bool,
     /// Whether `storagemigration.k8s.io/v1beta1` is served (1.35+ with the feature on).
     pub svm_served: bool,
     /// StorageVersionMigrations by name.
@@ -488,6 +491,9 @@ impl FakeApiserver {
                 .unwrap_or_else(|_| Response::new(Body::from(Vec::new())));
         }
         if recorded.method == "GET" && segments == ["apis", migrations::GROUP] && !state.svm_served {
+            return plain_not_found();
+        }
+        if state.policies_unserved && recorded.path.starts_with("/apis/crdlifecycle.io/") {
             return plain_not_found();
         }
         let (code, reply) = route(&mut state, &recorded, &segments, body);
