@@ -248,7 +248,7 @@ pub struct MigrationStatus {
 }
 
 /// Where an interrupted migration resumes: valid only while the CRD still has the
-/// generation and storage version it names, otherwise a fresh run starts.
+/// storage version and conversion it names, otherwise a fresh run starts.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MigrationCheckpoint {
@@ -260,6 +260,9 @@ pub struct MigrationCheckpoint {
     pub crd_generation: Option<i64>,
     /// The storage version objects were rewritten into.
     pub storage_version: String,
+    /// A fingerprint of the conversion the rewrites went through (a resume needs the same).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub conversion: String,
     /// Objects listed before the token.
     #[serde(default)]
     pub listed: u64,

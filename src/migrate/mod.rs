@@ -38,7 +38,7 @@ pub use progress::{Checkpoint, Counts, ObjectResult, Observer, PageTracker, Quie
 pub use report::{Failure, Outcome, Report};
 pub use requests::{Answer, ObjectKey};
 pub use settings::{ManagedFieldsCleanup, Mode, RetryPolicy, Settings};
-pub use target::Target;
+pub use target::{Target, conversion_fingerprint};
 
 use discovery::Expect;
 use requests::Requester;
@@ -152,15 +152,13 @@ pub async fn migrate(
             permitted = true;
         }
         // A checkpoint is only valid for the CRD it was taken from.
-        if let Some(previous) = resume
-            .take_if(|r| r.crd_generation != target.generation || r.storage_version != target.storage_version)
-        {
+        if let Some(previous) = resume.take_if(|r| {
+            r.storage_version != target.storage_version
+                || (!r.conversion.is_empty() && r.conversion != target.conversion)
+        }) {
             let reason = format!(
-                "the CRD changed since the checkpoint (generation {} storing {}, now generation {} storing {}); starting a fresh run",
-                previous.crd_generation.unwrap_or_default(),
-                previous.storage_version,
-                target.generation.unwrap_or_default(),
-                target.storage_version
+                "the CRD's storage version or conversion changed since the checkpoint (storing {}, now {}); starting a fresh run",
+                previous.storage_version, target.storage_version
             );
             warn!(crd = crd_name, "{reason}");
             observer.restarted(&reason);

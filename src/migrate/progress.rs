@@ -38,7 +38,8 @@ pub enum Checkpoint {
 }
 
 /// Where an interrupted run resumes, and what it belongs to: a resume is exact only while
-/// the CRD has the generation and storage version the checkpoint was taken with.
+/// the CRD has the storage version and conversion the checkpoint was taken with (other CRD
+/// changes, a deprecation or a served flag, do not touch what was rewritten).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resume {
     /// The continue token after the last page whose objects are all done.
@@ -50,6 +51,9 @@ pub struct Resume {
     pub crd_generation: Option<i64>,
     /// The storage version objects were rewritten into.
     pub storage_version: String,
+    /// The conversion fingerprint (`Target::conversion`) when the checkpoint was taken;
+    /// empty when unknown (a checkpoint written before it was recorded).
+    pub conversion: String,
 }
 
 /// Told about the run as it goes; implementations must be cheap (called once per object).

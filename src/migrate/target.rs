@@ -18,6 +18,10 @@ pub struct Target {
     pub namespaced: bool,
     /// The CRD's generation when the run started.
     pub generation: Option<i64>,
+    /// What the rewrite's conversion goes through (the CRD's `spec.conversion` without its
+    /// `caBundle`, and the declarative conversion recorded on it), as a fingerprint: only a
+    /// change of it or of the storage version restarts a run.
+    pub conversion: String,
     /// The CRD's `status.storedVersions` when the run started.
     pub stored_versions: Vec<String>,
     /// Rewrites go through this subresource (`status`) instead of the main resource.
@@ -28,6 +32,30 @@ pub struct Target {
     pub served: Vec<String>,
     /// Each version's `schema.openAPIV3Schema` (JSON), where it has one.
     pub schemas: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+/// A fingerprint of what converting an object of the CRD goes through.
+pub fn conversion_fingerprint(crd: &CustomResourceDefinition) -> String {
+    let mut conversion = serde_json::to_value(&crd.spec.conversion).unwrap_or_default();
+    if let Some(config) = conversion
+        .pointer_mut("/webhook/clientConfig")
+        .and_then(|c| c.as_object_mut())
+    {
+        // A rotated CA changes how the webhook is trusted, not how objects convert.
+        config.remove("caBundle");
+    }
+    let recorded = crd
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::conversion::CRD_CONVERSION_ANNOTATION))
+        .cloned()
+        .unwrap_or_default();
+    let digest = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("{conversion}|{recorded}").as_bytes(),
+    );
+    digest.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Target {
@@ -58,6 +86,7 @@ impl Target {
             version: storage.name.clone(),
             namespaced: crd.spec.scope == "Namespaced",
             generation: crd.metadata.generation,
+            conversion: conversion_fingerprint(crd),
             stored_versions: crd
                 .status
                 .as_ref()

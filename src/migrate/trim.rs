@@ -15,7 +15,7 @@ pub(super) enum TrimResult {
 }
 
 /// Sets `status.storedVersions` to the storage version alone, only if the CRD still has
-/// the generation and storage version the run started with, with a resourceVersion
+/// the storage version and conversion the run started with, with a resourceVersion
 /// precondition (the apiserver itself accepts any trim, apiserver-samples/14).
 pub(super) async fn trim(
     requester: &Requester<'_>,
@@ -34,12 +34,13 @@ pub(super) async fn trim(
         if now.storage_version != target.storage_version {
             return Ok(TrimResult::StorageChanged(now.storage_version));
         }
-        if now.generation != target.generation {
-            return Ok(TrimResult::NotTrimmed(format!(
-                "the CRD's generation changed from {} to {} during the run; run the migration again",
-                target.generation.unwrap_or_default(),
-                now.generation.unwrap_or_default()
-            )));
+        // Other changes (a deprecation, a served flag) leave every rewritten object in the
+        // storage version: only a change of what the rewrite converted through asks for a
+        // new run.
+        if now.conversion != target.conversion {
+            return Ok(TrimResult::NotTrimmed(
+                "the CRD's conversion changed during the run; run the migration again".to_owned(),
+            ));
         }
         if now.stored_versions == [target.storage_version.clone()] {
             return Ok(TrimResult::Trimmed(Vec::new()));

@@ -548,9 +548,15 @@ async fn a_preflight_waits_until_the_version_is_served() {
     assert_eq!(report.counts.rewritten, 10);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_resume_after_a_crd_change_starts_a_fresh_run() {
-    let fake = cluster(50);
+/// The fingerprint of the conversion the fake CRD has now.
+fn conversion_now(fake: &FakeApiserver) -> String {
+    let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
+        serde_json::from_value(fake.crd(CRD)).expect("crd");
+    migrate::conversion_fingerprint(&crd)
+}
+
+/// A checkpoint taken part-way through a preflight of the fake's 50 objects.
+async fn checkpoint_of(fake: &FakeApiserver) -> (String, Counts) {
     let first = Recorder::default();
     let _ = migrate::migrate(
         &fake.client(),
@@ -565,8 +571,50 @@ async fn a_resume_after_a_crd_change_starts_a_fresh_run() {
     let (Checkpoint::Continue(token), counts) = first.checkpoints.lock().expect("lock")[1].clone() else {
         panic!("a continue token")
     };
-    // The CRD changes between the checkpoint and the resume.
+    (token, counts)
+}
+
+/// Only a change of the storage version or of the conversion restarts a run: a
+/// deprecation (or a served flag) between the checkpoint and the resume does not.
+#[tokio::test(start_paused = true)]
+async fn a_resume_survives_a_deprecation_but_not_a_conversion_change() {
+    let fake = cluster(50);
+    let conversion = conversion_now(&fake);
+    let (token, counts) = checkpoint_of(&fake).await;
     fake.edit_crd(CRD, |crd| crd["spec"]["versions"][0]["deprecated"] = json!(true));
+    fake.lock().requests.clear();
+    let resume = |token: String, conversion: String| Settings {
+        resume: Some(Resume {
+            continue_token: token,
+            counts,
+            crd_generation: Some(1),
+            storage_version: "v1".into(),
+            conversion,
+        }),
+        ..settings(10)
+    };
+    let observer = Recorder::default();
+    let report = migrate::migrate(&fake.client(), CRD, &resume(token, conversion.clone()), &observer)
+        .await
+        .expect("runs");
+    assert!(report.succeeded(), "{}", report.summary());
+    assert!(
+        observer.restarts.lock().expect("lock").is_empty(),
+        "resumed, not restarted"
+    );
+    assert!(
+        fake.metadata_lists()[0].query.contains("continue="),
+        "listed from the checkpoint"
+    );
+
+    // A conversion change between the checkpoint and the resume: a fresh run.
+    let fake = cluster(50);
+    let (token, counts) = checkpoint_of(&fake).await;
+    let before = conversion_now(&fake);
+    fake.edit_crd(CRD, |crd| {
+        crd["spec"]["conversion"] = json!({"strategy": "Webhook", "webhook": {"conversionReviewVersions": ["v1"],
+            "clientConfig": {"url": "https://hook.example/convert/w"}}})
+    });
     fake.lock().requests.clear();
     let observer = Recorder::default();
     let resumed = Settings {
@@ -575,6 +623,7 @@ async fn a_resume_after_a_crd_change_starts_a_fresh_run() {
             counts,
             crd_generation: Some(1),
             storage_version: "v1".into(),
+            conversion: before,
         }),
         ..settings(10)
     };
@@ -584,7 +633,7 @@ async fn a_resume_after_a_crd_change_starts_a_fresh_run() {
     assert!(report.succeeded(), "{}", report.summary());
     let restarts = observer.restarts.lock().expect("lock").clone();
     assert!(
-        restarts[0].contains("the CRD changed since the checkpoint"),
+        restarts[0].contains("storage version or conversion changed"),
         "{restarts:?}"
     );
     assert!(
@@ -635,6 +684,7 @@ async fn a_resumed_run_after_failures_retries_them_and_succeeds() {
             counts,
             crd_generation: Some(1),
             storage_version: "v1".into(),
+            conversion: String::new(),
         }),
         ..settings(10)
     };
@@ -673,7 +723,10 @@ async fn the_total_comes_from_a_full_list() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_generation_change_mid_run_prevents_the_trim() {
+async fn a_deprecation_mid_run_still_trims_but_a_conversion_change_does_not() {
+    // A CRD change that does not touch what the rewrite goes through (a deprecation, the
+    // operator's own next transition) leaves every rewritten object in the storage
+    // version: the run trims.
     let fake = cluster(30);
     fake.after_next_list_page(|state| {
         let mut crd = state.crds[CRD].clone();
@@ -683,10 +736,30 @@ async fn a_generation_change_mid_run_prevents_the_trim() {
     let report = migrate::migrate(&fake.client(), CRD, &settings(10), &migrate::Quiet)
         .await
         .expect("runs");
+    assert!(
+        matches!(report.outcome, Outcome::Trimmed { .. }),
+        "{:?}",
+        report.outcome
+    );
+    assert_eq!(stored_versions(&fake), json!(["v1"]));
+    // A conversion change mid-run: objects rewritten before it went through the old one.
+    let fake = cluster(30);
+    fake.after_next_list_page(|state| {
+        let mut crd = state.crds[CRD].clone();
+        crd["spec"]["conversion"] = json!({"strategy": "Webhook", "webhook": {"conversionReviewVersions": ["v1"],
+            "clientConfig": {"url": "https://hook.example/convert/w"}}});
+        state.store_crd(crd, true);
+    });
+    let report = migrate::migrate(&fake.client(), CRD, &settings(10), &migrate::Quiet)
+        .await
+        .expect("runs");
     let Outcome::NotTrimmed { reason } = &report.outcome else {
         panic!("{:?}", report.outcome)
     };
-    assert!(reason.contains("generation changed from 1 to 2"), "{reason}");
+    assert!(
+        reason.contains("the CRD's conversion changed during the run"),
+        "{reason}"
+    );
     assert!(!report.succeeded());
     assert_eq!(stored_versions(&fake), json!(["v1alpha1", "v1"]));
 }
@@ -746,6 +819,7 @@ async fn a_run_resumes_from_its_checkpoint() {
             },
             crd_generation: Some(1),
             storage_version: "v1".into(),
+            conversion: String::new(),
         }),
         ..settings(10)
     };

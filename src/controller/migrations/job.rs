@@ -95,6 +95,7 @@ impl Job {
                 },
                 crd_generation: c.crd_generation,
                 storage_version: c.storage_version,
+                conversion: c.conversion,
             })
     }
 }

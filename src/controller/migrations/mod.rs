@@ -378,9 +378,9 @@ impl Migrations {
         ));
         let started = Instant::now();
         let mut result = migrate::migrate(&self.client, &crd, &migrate_settings, progress.as_ref()).await;
-        // The controller's own transitions (a deprecation right after a store) change the
-        // CRD's generation during a run, which forbids the trim: run again at once, with
-        // nothing to resume (bounded).
+        // A conversion change during a run forbids the trim (objects rewritten before it
+        // went through the old one): run again at once, with nothing to resume (bounded).
+        // Other CRD changes, such as the controller's own next transition, do not.
         let fresh = migrate::Settings {
             resume: None,
             ..migrate_settings.clone()

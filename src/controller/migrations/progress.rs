@@ -41,6 +41,7 @@ impl Migrations {
                             counts,
                             crd_generation: target.generation,
                             storage_version: target.storage_version.clone(),
+                            conversion: target.conversion.clone(),
                         }));
                     }
                     (Some((Checkpoint::Finished, _)), _) => status.checkpoint = None,
@@ -146,6 +147,7 @@ pub(super) fn checkpoint_status(resume: &Resume) -> MigrationCheckpoint {
         continue_token: resume.continue_token.clone(),
         crd_generation: resume.crd_generation,
         storage_version: resume.storage_version.clone(),
+        conversion: resume.conversion.clone(),
         listed: resume.counts.listed,
         rewritten: resume.counts.rewritten,
         skipped: resume.counts.skipped,
