@@ -355,6 +355,7 @@ struct Applied {
 async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<Applied, Error> {
     let crd_name = &policy.spec.crd_name;
     let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
+    let mut writers = None;
     for _ in 0..PATCH_ATTEMPTS {
         let mut outcome = Applied::default();
         let Some(crd) = get_crd(ctx, crd_name).await? else {
@@ -365,7 +366,12 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             return Ok(outcome);
         };
         let mut gates = gate_inputs::gates(policy, &crd, &ctx.traffic);
-        gates.inputs.writers = gate_inputs::writers(&ctx.client, policy, &crd).await;
+        // Read once per reconcile: a patch retried after a concurrent CRD change needs no
+        // second list of the objects.
+        if writers.is_none() {
+            writers = Some(gate_inputs::writers(&ctx.client, policy, &crd).await);
+        }
+        gates.inputs.writers = writers.clone().unwrap_or_default();
         if !gates.invalid_approvals.is_empty() {
             warn!(policy = policy.name_any(), entries = ?gates.invalid_approvals, "ignoring approval entries that are not <version>.<milestone>");
         }

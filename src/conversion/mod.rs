@@ -331,6 +331,18 @@ impl Converter {
         to_version: &str,
         budget: &mut Budget,
     ) -> Result<Value, ConversionError> {
+        self.convert_in_place(&mut object, to_version, budget)?;
+        Ok(object)
+    }
+
+    /// Converts one object in place. On an error the object may be half converted (never
+    /// its metadata's name and namespace, for the message): discard it.
+    pub fn convert_in_place(
+        &self,
+        object: &mut Value,
+        to_version: &str,
+        budget: &mut Budget,
+    ) -> Result<(), ConversionError> {
         let api_version = object
             .get("apiVersion")
             .and_then(Value::as_str)
@@ -349,18 +361,18 @@ impl Converter {
         };
         let (from, to) = (index(from_version)?, index(to_version)?);
         let api_version = format!("{group}/{to_version}");
-        let mut saved = take_saved(&mut object)?;
+        let mut saved = take_saved(object)?;
         if from < to {
             for step in &self.steps[from..to] {
-                step.up(&mut object, &mut saved, budget)?;
+                step.up(object, &mut saved, budget)?;
             }
         } else {
             for step in self.steps[to..from].iter().rev() {
-                step.down(&mut object, &mut saved, budget)?;
+                step.down(object, &mut saved, budget)?;
             }
         }
-        put_saved(&mut object, saved);
+        put_saved(object, saved);
         object["apiVersion"] = Value::String(api_version);
-        Ok(object)
+        Ok(())
     }
 }

@@ -259,17 +259,14 @@ pub fn answer(body: &[u8], policy: &str, lookup: Lookup, limits: &Limits) -> Ans
         );
     };
     let mut budget = Budget::new(limits.review_cost, limits.call_cost);
-    let mut converted = Vec::with_capacity(objects.len());
-    for object in objects {
-        let name = object_name(&object);
-        match converter.convert_owned(object, version, &mut budget) {
-            Ok(object) => converted.push(object),
-            Err(error) => {
-                return failure(
-                    format!("cannot convert {name} to {version}: {error}"),
-                    error.is_over_limit(),
-                );
-            }
+    let mut converted = objects;
+    for object in &mut converted {
+        if let Err(error) = converter.convert_in_place(object, version, &mut budget) {
+            // Conversion never touches metadata's name and namespace.
+            return failure(
+                format!("cannot convert {} to {version}: {error}", object_name(object)),
+                error.is_over_limit(),
+            );
         }
     }
     Answer {
