@@ -17,7 +17,7 @@ pub use cases::{Case, Crd, Failure, check, convert_as_served, first_difference, 
 use crate::conversion::{Converter, coverage};
 use crate::field_errors::FieldErrors;
 use crate::manifest::{self, origin_of};
-use crate::schema::{Rng, Schema, generate, version_schemas};
+use crate::schema::{Rng, generate, version_schemas};
 
 /// What `test` checks.
 #[derive(Clone, Debug)]
@@ -305,9 +305,4 @@ fn compare_golden(converter: &Converter, crd: &Crd, dir: &str) -> Result<Option<
         }
     }
     Ok(None)
-}
-
-/// The schemas of a CRD manifest, for callers that have only its JSON.
-pub fn schemas(crd: &Value) -> BTreeMap<String, Schema> {
-    version_schemas(crd)
 }

@@ -103,11 +103,6 @@ impl Schema {
             default: value.get("default").cloned(),
         }
     }
-
-    /// Whether the node is an object whose unknown fields are kept (not pruned).
-    pub fn keeps_unknown_fields(&self) -> bool {
-        self.preserve_unknown_fields
-    }
 }
 
 /// Each version's `schema.openAPIV3Schema` of a CRD, as JSON, by version name; versions

@@ -33,7 +33,7 @@ const fn f(name: &'static str, style: Style, arities: &'static [usize]) -> Funct
 }
 
 /// Every function an expression may call (besides operators and macros). Documented in the
-/// README's conversion section; a test keeps the two in step.
+/// README's conversion section; `the_readme_documents_every_function` keeps the two in step.
 pub(super) const FUNCTIONS: &[Function] = &[
     // Conversions.
     f("int", Style::Global, &[1]),

@@ -257,3 +257,20 @@ fn a_review_budget_is_shared_by_its_evaluations() {
         failure.message
     );
 }
+
+/// Every function the evaluator has is in the README's table (and so documented).
+#[test]
+fn the_readme_documents_every_function() {
+    let readme = include_str!("../../../README.md");
+    let table = readme
+        .split("| kind | functions |")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n").next())
+        .expect("the README's CEL function table");
+    for name in function_names() {
+        assert!(
+            table.contains(&format!("`{name}")) || table.contains(&format!(" {name}(")),
+            "{name} is not in the README's CEL function table"
+        );
+    }
+}
