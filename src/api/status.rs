@@ -247,6 +247,31 @@ pub struct MigrationStatus {
     pub storage_version_migration: Option<String>,
 }
 
+impl MigrationStatus {
+    /// A run that starts now (or started at `started_at`) towards `storage_version`,
+    /// nothing counted yet.
+    pub fn running(storage_version: &str, started_at: Time) -> MigrationStatus {
+        MigrationStatus {
+            phase: MigrationPhase::Running,
+            storage_version: storage_version.to_owned(),
+            versions: Vec::new(),
+            crd_generation: None,
+            started_at: Some(started_at),
+            finished_at: None,
+            listed: 0,
+            rewritten: 0,
+            skipped: 0,
+            failed: 0,
+            total: None,
+            progress: None,
+            checkpoint: None,
+            failures: Vec::new(),
+            message: None,
+            storage_version_migration: None,
+        }
+    }
+}
+
 /// Where an interrupted migration resumes: valid only while the CRD still has the
 /// storage version and conversion it names, otherwise a fresh run starts.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

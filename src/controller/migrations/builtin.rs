@@ -17,7 +17,7 @@ use tracing::{info, warn};
 
 use super::job::Job;
 use super::{Migrations, RunEnd};
-use crate::api::{MigrationPhase, MigrationStatus, VersionPolicy};
+use crate::api::{MigrationStatus, VersionPolicy};
 use crate::migrate::builtin::{self, Migration, State};
 use crate::migrate::{self, Outcome};
 use crate::sync::lock;
@@ -110,24 +110,7 @@ impl Migrations {
         let job = Job::Migrate;
         self.initialize_counters(&job, &crd);
         let started = Instant::now();
-        let mut status = MigrationStatus {
-            phase: MigrationPhase::Running,
-            storage_version: storage_version.clone(),
-            versions: Vec::new(),
-            crd_generation: None,
-            started_at: Some(Time(Timestamp::now())),
-            finished_at: None,
-            listed: 0,
-            rewritten: 0,
-            skipped: 0,
-            failed: 0,
-            total: None,
-            progress: None,
-            checkpoint: None,
-            failures: Vec::new(),
-            message: None,
-            storage_version_migration: None,
-        };
+        let mut status = MigrationStatus::running(&storage_version, Time(Timestamp::now()));
         let end = match self.follow(&policy, &storage_version, &api, &mut status).await {
             Ok(end) => end,
             Err(message) => {

@@ -287,22 +287,9 @@ impl Migrations {
             None => Time(Timestamp::now()),
         };
         let mut status = MigrationStatus {
-            phase: MigrationPhase::Running,
-            storage_version: storage_version.clone(),
             versions: job.versions(),
             crd_generation: resume.as_ref().and_then(|r| r.crd_generation),
-            started_at: Some(started_at),
-            finished_at: None,
-            listed: 0,
-            rewritten: 0,
-            skipped: 0,
-            failed: 0,
-            total: None,
-            progress: None,
-            checkpoint: None,
-            failures: Vec::new(),
-            message: None,
-            storage_version_migration: None,
+            ..MigrationStatus::running(&storage_version, started_at)
         };
         let what = match &job {
             Job::Migrate => format!("the migration of {crd} to {storage_version}"),
