@@ -24,13 +24,7 @@ async fn audit_reports_each_kind_of_problem_with_objects_and_managers() {
         crd["spec"]["versions"][1]["deprecated"] = json!(true);
         crd["status"]["storedVersions"] = json!(["v1alpha1", "v1beta1"]);
     });
-    let keys: Vec<(String, String)> = h
-        .fake
-        .lock()
-        .objects
-        .keys()
-        .map(|(_, ns, name)| (ns.clone(), name.clone()))
-        .collect();
+    let keys = h.fake.object_keys(CRD);
     for (i, (ns, name)) in keys.iter().enumerate() {
         let mut entries = vec![entry("v1beta1", "kubectl-edit", "Update", "2026-11-20T08:00:00Z")];
         if i < 3 {
@@ -176,13 +170,7 @@ async fn the_writers_gate_reads_managed_fields() {
         p["spec"]["versions"][0]["unserve"]["requireNoWritersFor"] = json!("7d");
         p["spec"]["migration"] = json!({"enabled": false, "preflight": false});
     });
-    let keys: Vec<(String, String)> = h
-        .fake
-        .lock()
-        .objects
-        .keys()
-        .map(|(_, ns, name)| (ns.clone(), name.clone()))
-        .collect();
+    let keys = h.fake.object_keys(CRD);
     h.fake.set_managed_fields(
         CRD,
         &keys[0].0,

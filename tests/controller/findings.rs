@@ -3,9 +3,7 @@
 
 use serde_json::json;
 
-#[allow(unused_imports)]
-use super::CRD;
-use super::{Harness, wait_until};
+use super::{CRD, Harness, wait_until};
 
 /// A dry run never migrates, so it never waits for a migration: once its patch is computed
 /// it is Ready (reason DryRun), and kstatus and `kubectl wait --for=condition=Ready` settle.
@@ -14,7 +12,7 @@ async fn a_dry_run_with_stale_stored_versions_is_ready() {
     let mut h = Harness::with_example_and_objects(20);
     h.edit_policy("widgets", |p| p["spec"]["dryRun"] = json!(true));
     // The CRD still lists v1alpha1 although v1beta1 stores: a migration would be due.
-    h.fake.edit_crd(super::CRD, |crd| {
+    h.fake.edit_crd(CRD, |crd| {
         crd["spec"]["versions"][0]["storage"] = json!(false);
         crd["spec"]["versions"][1]["storage"] = json!(true);
         crd["status"]["storedVersions"] = json!(["v1alpha1", "v1beta1"]);
@@ -41,13 +39,7 @@ async fn a_dry_run_with_stale_stored_versions_is_ready() {
 /// `storedVersions` already `[v1]`: only the managedFields cleanup holds the removal.
 async fn awaiting_cleanup(objects: usize, prepare: impl FnOnce(&Harness)) -> Harness {
     let mut h = Harness::with_example_and_objects(objects);
-    let keys: Vec<(String, String)> = h
-        .fake
-        .lock()
-        .objects
-        .keys()
-        .map(|(_, ns, name)| (ns.clone(), name.clone()))
-        .collect();
+    let keys = h.fake.object_keys(CRD);
     for (ns, name) in &keys {
         h.fake.set_managed_fields(
             CRD,

@@ -338,13 +338,7 @@ async fn the_policy_can_send_rewrites_through_status() {
 async fn a_removal_waits_for_the_managed_fields_cleanup_which_resumes_after_a_restart() {
     let mut h = Harness::with_example_and_objects(400);
     // Every object was server-side applied through v1alpha1 (sample 29's entry).
-    let keys: Vec<(String, String)> = h
-        .fake
-        .lock()
-        .objects
-        .keys()
-        .map(|(_, ns, name)| (ns.clone(), name.clone()))
-        .collect();
+    let keys = h.fake.object_keys(CRD);
     for (ns, name) in &keys {
         h.fake.set_managed_fields(
             CRD,

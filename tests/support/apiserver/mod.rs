@@ -333,6 +333,16 @@ impl FakeApiserver {
         }
     }
 
+    /// (namespace, name) of every object of the CRD, in order.
+    pub fn object_keys(&self, crd: &str) -> Vec<(String, String)> {
+        self.lock()
+            .objects
+            .keys()
+            .filter(|(c, _, _)| c == crd)
+            .map(|(_, ns, name)| (ns.clone(), name.clone()))
+            .collect()
+    }
+
     /// How many objects of the CRD are encoded in each version.
     pub fn encodings(&self, crd: &str) -> BTreeMap<String, usize> {
         let mut counts = BTreeMap::new();
