@@ -351,6 +351,12 @@ pub struct MigrationSettings {
     #[serde(default = "default_true")]
     pub preflight: bool,
 
+    /// How long before a `store`'s instant its conversion preflight starts (a duration such
+    /// as `15m`), so that the store lands on its instant. Unset: derived from the CRD's
+    /// object count and the rate its last preflight read at, at least one minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preflight_lead: Option<String>,
+
     /// Where the no-op rewrite goes: `status` sends it to the `/status` subresource (which
     /// also stores the whole object in the storage version), for CRDs whose admission
     /// webhooks reject writes of the main resource. The storage version needs a status
@@ -406,6 +412,7 @@ impl Default for MigrationSettings {
             page_size: default_page_size(),
             qps: 0,
             preflight: true,
+            preflight_lead: None,
             subresource: None,
             engine: MigrationEngine::Internal,
         }

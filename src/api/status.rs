@@ -69,12 +69,30 @@ pub struct PreflightStatus {
     pub version: String,
     /// Running, Succeeded or Failed.
     pub phase: MigrationPhase,
+    /// When it started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
     /// When it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Time>,
+    /// The instant of the `store` it runs ahead of, when it started before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_at: Option<Time>,
     /// Objects read.
     #[serde(default)]
     pub read: u64,
+    /// A digest of the objects read (names and resourceVersions): the result stands for the
+    /// store while the objects are unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objects_digest: Option<String>,
+    /// A fingerprint of the CRD's conversion it read through: the result stands while the
+    /// conversion is unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversion: Option<String>,
+    /// When the objects were last found unchanged since it passed (shortly before the
+    /// store's instant).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_at: Option<Time>,
     /// Objects that failed to convert.
     #[serde(default)]
     pub failed: u64,

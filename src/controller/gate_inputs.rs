@@ -32,9 +32,13 @@ pub fn gates(policy: &VersionPolicy, crd: &CustomResourceDefinition, traffic: &T
         .iter()
         .map(|h| (h.version.clone(), h.milestone))
         .collect();
+    // A result read through another conversion than the CRD's now stands for nothing: the
+    // store waits for the preflight to run again.
+    let conversion = crate::migrate::conversion_fingerprint(crd);
     let preflight = status
         .preflight
         .iter()
+        .filter(|p| p.conversion.as_ref().is_none_or(|c| *c == conversion))
         .map(|p| {
             let result = match p.phase {
                 MigrationPhase::Running => PreflightResult::Running,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -23,6 +23,7 @@ use super::events::publish_events;
 use super::gate_inputs;
 use super::patch::as_json_patch;
 use super::permissions::RECHECK_MISSING_AFTER;
+use super::preflight::{self, MAX_PREFLIGHT_LEAD, PreflightNeed, preflight_lead, preflight_need};
 use super::release::{ensure_finalizer, let_go, release};
 use super::status::{Observation, apply_status, build_status, policy_state, recorded_history, write_status};
 use crate::api::{FIELD_MANAGER, MigrationEngine, MilestoneKind, TrafficStatus, VersionPolicy};
@@ -110,62 +111,98 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         observation.traffic = outcome.traffic;
         observation.conversion_configured = outcome.conversion_changed;
         observation.conversion_restored = outcome.conversion_restored;
-        // A `store` waiting for its conversion preflight: run it in the background, once
-        // the version is served (this reconcile's patch may just have introduced it).
-        let waiting = evaluation.iter().flat_map(|e| &e.blocked).filter(|b| {
-            b.milestone == Some(MilestoneKind::Store)
-                && matches!(
-                    b.reason,
-                    BlockReason::AwaitingPreflight | BlockReason::ConversionPreflightFailed
-                )
-        });
-        // Gates that run ahead: a `store` due within PREFLIGHT_LEAD gets its preflight now,
-        // so that it can land on its instant (the preflight itself takes seconds: the
-        // settle check, then every object read).
-        let preflights_wanted = policy.spec.migration.enabled && policy.spec.migration.preflight;
-        let passed = |version: &str| {
-            policy
-                .status
-                .as_ref()
-                .and_then(|s| s.preflight.as_ref())
-                .is_some_and(|p| p.version == version && p.phase == crate::api::MigrationPhase::Succeeded)
-        };
-        let ahead: Vec<String> = evaluation
-            .iter()
-            .flat_map(|e| &e.timeline)
-            .filter(|t| {
-                preflights_wanted
-                    && t.milestone == MilestoneKind::Store
-                    && t.at > now
-                    && t.at.duration_since(now).unsigned_abs() <= PREFLIGHT_LEAD
-                    && !passed(&t.version)
-            })
-            .map(|t| t.version.clone())
-            .collect();
-        let versions = waiting
-            .map(|b| b.version.clone())
-            .chain(ahead)
-            .collect::<std::collections::BTreeSet<String>>();
-        for version in versions {
-            if crd_after
-                .as_ref()
-                .and_then(|c| c.version(&version))
-                .is_some_and(|v| v.served)
-            {
-                match ctx.migrations.check_permissions(policy, Mode::Preflight).await {
-                    Ok(()) => ctx.migrations.ensure_preflight(policy, &version),
-                    Err(message) => missing_permissions.push(message),
+        // Conversion preflights of the stores. A due store held for its preflight runs it
+        // now; an upcoming one runs it ahead of its instant (by the policy's preflightLead,
+        // or a lead derived from the object count and the rate the last preflight read at),
+        // so that the store lands on its instant. A passed result stands while the CRD's
+        // conversion is unchanged, and its objects are checked once more shortly before
+        // the instant. Only once the version is served (this reconcile's patch may just
+        // have introduced it).
+        if policy.spec.migration.enabled
+            && policy.spec.migration.preflight
+            && let Some(evaluation) = &evaluation
+        {
+            let held: Vec<&str> = evaluation
+                .blocked
+                .iter()
+                .filter(|b| {
+                    b.milestone == Some(MilestoneKind::Store)
+                        && matches!(
+                            b.reason,
+                            BlockReason::AwaitingPreflight | BlockReason::ConversionPreflightFailed
+                        )
+                })
+                .map(|b| b.version.as_str())
+                .collect();
+            let stores = evaluation.timeline.iter().filter(|t| {
+                t.milestone == MilestoneKind::Store && (t.at > now || held.contains(&t.version.as_str()))
+            });
+            let recorded = policy.status.as_ref().and_then(|s| s.preflight.as_ref());
+            let configured = policy
+                .spec
+                .migration
+                .preflight_lead
+                .as_deref()
+                .and_then(|text| crate::lifecycle::parse_duration(text).ok())
+                .and_then(|lead| Duration::try_from(lead).ok());
+            for store in stores {
+                let served = crd_after
+                    .as_ref()
+                    .and_then(|c| c.version(&store.version))
+                    .is_some_and(|v| v.served);
+                // Counted only once the store is near (a single-object list, cached).
+                let near = store.at.duration_since(now).as_secs_f64() <= MAX_PREFLIGHT_LEAD.as_secs_f64();
+                let objects = match (configured, near) {
+                    (None, true) => ctx.migrations.object_count(policy).await,
+                    _ => None,
+                };
+                let lead = if near || configured.is_some() {
+                    preflight_lead(configured, objects, recorded.and_then(preflight::measured_rate))
+                } else {
+                    MAX_PREFLIGHT_LEAD
+                };
+                let need = preflight_need(
+                    recorded,
+                    &store.version,
+                    &outcome.conversion,
+                    store.at,
+                    lead,
+                    objects.unwrap_or(0),
+                    now,
+                );
+                let store_at = (store.at > now).then_some(store.at);
+                match need {
+                    PreflightNeed::Run { stale } if served => {
+                        match ctx.migrations.check_permissions(policy, Mode::Preflight).await {
+                            Ok(()) => {
+                                ctx.migrations
+                                    .ensure_preflight(policy, &store.version, store_at, stale)
+                            }
+                            Err(message) => missing_permissions.push(message),
+                        }
+                    }
+                    PreflightNeed::Verify { digest } => {
+                        ctx.migrations
+                            .verify_preflight(policy, &store.version, digest, store.at);
+                    }
+                    _ => {}
                 }
+                // Wake when the preflight is to start, or its objects are to be checked.
+                let verify_at = store
+                    .at
+                    .checked_sub(preflight::verify_ahead(objects.unwrap_or(0)))
+                    .ok();
+                let start_at = store
+                    .at
+                    .checked_sub(SignedDuration::try_from(lead).unwrap_or(SignedDuration::ZERO))
+                    .ok();
+                preflight_wake = [preflight_wake, start_at, verify_at]
+                    .into_iter()
+                    .flatten()
+                    .filter(|at| *at > now)
+                    .min();
             }
         }
-        // Wake when the next store comes within the lead, to start its preflight then.
-        preflight_wake = evaluation
-            .iter()
-            .flat_map(|e| &e.timeline)
-            .filter(|t| preflights_wanted && t.milestone == MilestoneKind::Store)
-            .filter_map(|t| t.at.checked_sub(PREFLIGHT_LEAD).ok())
-            .filter(|start| *start > now)
-            .min();
         observation.approved = outcome.approved;
         observation.approver = gate_inputs::approver(policy);
         drift = outcome.drift;
@@ -313,11 +350,6 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
     Ok(Action::requeue(requeue_after(now, wake, ctx.resync)))
 }
 
-/// How long before its instant a `store`'s conversion preflight starts, so that the store
-/// lands on its instant: the preflight's settle check alone takes about 5 s, and reading
-/// every object takes a while on a large CRD.
-pub const PREFLIGHT_LEAD: std::time::Duration = std::time::Duration::from_secs(60);
-
 /// How long to wait before the next reconcile: until the next transition (so that it lands
 /// on time), at most `resync`.
 pub fn requeue_after(now: Timestamp, next: Option<Timestamp>, resync: Duration) -> Duration {
@@ -348,6 +380,9 @@ struct Applied {
     conversion_changed: bool,
     /// Whether the patch gave the CRD back its conversion from before the webhook.
     conversion_restored: bool,
+    /// The fingerprint of the CRD's conversion (`migrate::conversion_fingerprint`), as the
+    /// CRD is after the patch.
+    conversion: String,
 }
 
 /// Reads the CRD, evaluates the policy and applies the guarded patch, recomputing it when
@@ -365,6 +400,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             ));
             return Ok(outcome);
         };
+        outcome.conversion = crate::migrate::conversion_fingerprint(&crd);
         let mut gates = gate_inputs::gates(policy, &crd, &ctx.traffic);
         // Read once per reconcile: a patch retried after a concurrent CRD change needs no
         // second list of the objects.
@@ -448,6 +484,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                     .filter(|t| !outcome.drift.contains(t))
                     .collect();
                 outcome.crd_after = Some(CrdState::from_crd(&patched));
+                outcome.conversion = crate::migrate::conversion_fingerprint(&patched);
                 outcome.evaluation = Some(evaluation);
                 info!(crd = crd_name, ops = ops.len(), "patched CRD");
                 return Ok(outcome);

@@ -398,6 +398,11 @@ pub(super) fn resolve(spec: &VersionPolicySpec, errors: &mut FieldErrors) -> (Sc
             no_writers_for,
         });
     }
+    if let Some(lead) = spec.migration.preflight_lead.as_deref()
+        && let Err(message) = parse_duration(lead)
+    {
+        errors.push("spec.migration.preflightLead".to_owned(), message);
+    }
     let schedule = Schedule {
         crd_name: spec.crd_name.clone(),
         versions,

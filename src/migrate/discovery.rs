@@ -5,7 +5,11 @@
 //! apiserver that has not swapped yet re-encodes the object in the old storage version, so
 //! the migrator first confirms the switch through discovery: `storageVersionHash` is derived
 //! from the storage version (samples 25, 26). Behind a load balancer each request may reach a
-//! different apiserver, so the answer must hold several times in a row.
+//! different apiserver, so the answer must hold several times in a row, over a few seconds.
+//!
+//! A CRD that has not changed for `SettleCheck::settled_after` (a minute) has had far longer
+//! than that span for every apiserver to act on it: one agreeing answer is enough there
+//! (ARCHITECTURE.md, "The settle check").
 
 use std::time::Duration;
 use tokio::time::Instant;
@@ -26,6 +30,11 @@ pub struct SettleCheck {
     pub interval: Duration,
     /// Give up after this long.
     pub timeout: Duration,
+    /// A CRD whose newest managedFields time is at least this old needs one agreeing
+    /// answer, not `confirmations`: every apiserver has had this long to act on its last
+    /// change. Longer than the confirmations' span by any plausible clock skew between the
+    /// apiserver and this machine.
+    pub settled_after: Duration,
 }
 
 impl Default for SettleCheck {
@@ -34,6 +43,7 @@ impl Default for SettleCheck {
             confirmations: 5,
             interval: Duration::from_secs(1),
             timeout: Duration::from_secs(300),
+            settled_after: Duration::from_secs(60),
         }
     }
 }
@@ -76,6 +86,11 @@ pub async fn wait(
         Expect::Unserved(i) => target.versions.get(i).unwrap_or(&target.version),
     };
     let started = Instant::now();
+    let needed = if target.unchanged_for(check.settled_after, jiff::Timestamp::now()) {
+        1
+    } else {
+        check.confirmations.max(1)
+    };
     let mut agreeing = 0;
     let mut last = String::new();
     let mut warned_no_hash = false;
@@ -122,7 +137,7 @@ pub async fn wait(
         };
         agreeing = if confirmed { agreeing + 1 } else { 0 };
         debug!(crd = %target.crd, agreeing, "{last}");
-        if agreeing >= check.confirmations.max(1) {
+        if agreeing >= needed {
             return Ok(());
         }
         if started.elapsed() >= check.timeout {

@@ -9,6 +9,7 @@
 
 pub mod builtin;
 pub mod command;
+mod digest;
 mod discovery;
 pub mod managed_fields;
 pub mod permissions;
@@ -20,6 +21,7 @@ mod settings;
 mod target;
 mod trim;
 
+use futures::FutureExt as _;
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Mutex;
@@ -33,6 +35,7 @@ use kube::Client;
 use kube::api::Api;
 use tracing::{info, warn};
 
+pub use digest::ObjectsDigest;
 pub use discovery::{SettleCheck, storage_version_hash};
 pub use progress::{Checkpoint, Counts, ObjectResult, Observer, PageTracker, Quiet, Rate, Resume};
 pub use report::{Failure, Outcome, Report};
@@ -144,6 +147,7 @@ pub async fn migrate(
                 expired_tokens,
                 dry_run: settings.managed_fields.dry_run,
                 elapsed: started.elapsed(),
+                objects_digest: None,
             });
         }
         // Before touching any object: may this caller do what the run needs?
@@ -185,9 +189,15 @@ pub async fn migrate(
                 .map(Expect::Unserved)
                 .collect(),
         };
-        for expect in expect {
-            discovery::wait(&requester, &target, expect, &settings.settle).await?;
-        }
+        // Reads are safe before the settle check: it runs while the objects are counted
+        // and the first page is listed, and only the first write (or read through a new
+        // version) waits for it.
+        let settle = async {
+            for expect in expect {
+                discovery::wait(&requester, &target, expect, &settings.settle).await?;
+            }
+            Ok(())
+        };
         info!(crd = crd_name, storage = %target.storage_version, mode = ?settings.mode, "migration started");
         let run = Run {
             requester: &requester,
@@ -207,7 +217,7 @@ pub async fn migrate(
                 .filter(|_| settings.mode == Mode::Preflight && settings.preflight_conversion.is_some())
                 .map(crate::schema::Schema::parse),
         };
-        let pass = run.all_objects(resume.take()).await?;
+        let pass = run.all_objects(resume.take(), settle.boxed()).await?;
         restarts += pass.restarts;
         expired_tokens += pass.expired_tokens;
         let counts = pass.counts;
@@ -222,6 +232,7 @@ pub async fn migrate(
             expired_tokens,
             dry_run: settings.managed_fields.dry_run,
             elapsed: started.elapsed(),
+            objects_digest: pass.digest.map(|d| d.value()),
         };
         if counts.failed > 0 {
             return Ok(report(Outcome::Failed));
@@ -231,10 +242,10 @@ pub async fn migrate(
             Mode::CleanManagedFields => return Ok(report(Outcome::ManagedFieldsCleaned)),
             Mode::Rewrite => {}
         }
-        match trim(&requester, &target, settings).await? {
+        match trim(&requester, &target, settings, true).await? {
             TrimResult::Trimmed(previous) => return Ok(report(Outcome::Trimmed { previous })),
             TrimResult::NotTrimmed(reason) => return Ok(report(Outcome::NotTrimmed { reason })),
-            TrimResult::StorageChanged(now) => {
+            TrimResult::StorageChanged(why) => {
                 restarts += 1;
                 if restarts > settings.max_restarts {
                     return Err(Error::TooManyRestarts {
@@ -242,10 +253,7 @@ pub async fn migrate(
                         restarts,
                     });
                 }
-                let reason = format!(
-                    "the storage version changed from {} to {now}; starting over",
-                    target.storage_version
-                );
+                let reason = format!("{why}; starting over");
                 warn!(crd = crd_name, "{reason}");
                 observer.restarted(&reason);
             }
@@ -332,12 +340,58 @@ pub async fn trim_after(client: &Client, crd_name: &str, settings: &Settings) ->
         timeout: settings.request_timeout,
     };
     let target = read_target(client, crd_name, None, settings).await?;
-    Ok(match trim(&requester, &target, settings).await? {
+    Ok(match trim(&requester, &target, settings, false).await? {
         TrimResult::Trimmed(previous) => Outcome::Trimmed { previous },
         TrimResult::NotTrimmed(reason) => Outcome::NotTrimmed { reason },
-        TrimResult::StorageChanged(now) => Outcome::NotTrimmed {
-            reason: format!("the storage version changed to {now} meanwhile"),
+        TrimResult::StorageChanged(why) => Outcome::NotTrimmed {
+            reason: format!("{why} meanwhile"),
         },
+    })
+}
+
+/// How many objects the CRD has (one list of a single object, whose
+/// `remainingItemCount` gives the rest, sample 30); `None` when the apiserver does not say.
+pub async fn count_objects(
+    client: &Client,
+    crd_name: &str,
+    settings: &Settings,
+) -> Result<Option<u64>, Error> {
+    let requester = Requester {
+        client,
+        limiter: None,
+        timeout: settings.request_timeout,
+    };
+    let target = read_target(client, crd_name, None, settings).await?;
+    requester.count(&target).await.map_err(|answer| Error::List {
+        crd: crd_name.to_owned(),
+        version: target.version.clone(),
+        message: format!("{answer:?}"),
+    })
+}
+
+/// A digest of the CRD's objects as they are now (one metadata-only listing through the
+/// storage version), to compare with `Report::objects_digest` of an earlier run.
+pub async fn objects_digest(client: &Client, crd_name: &str, settings: &Settings) -> Result<String, Error> {
+    let requester = Requester {
+        client,
+        limiter: None,
+        timeout: settings.request_timeout,
+    };
+    let target = read_target(client, crd_name, None, settings).await?;
+    let transient = |answer: &Answer| match answer {
+        Answer::Status { code, .. } => *code == 429 || *code >= 500,
+        Answer::Transport(_) => true,
+        Answer::Ok => false,
+    };
+    let listed = (|| digest::list_digest(&requester, &target, settings.page_size))
+        .retry(settings.retry.backoff())
+        .sleep(tokio::time::sleep)
+        .when(transient)
+        .await;
+    listed.map(|d| d.value()).map_err(|answer| Error::List {
+        crd: crd_name.to_owned(),
+        version: target.version.clone(),
+        message: format!("{answer:?}"),
     })
 }
 

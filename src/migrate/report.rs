@@ -53,6 +53,9 @@ pub struct Report {
     /// A managedFields cleanup that only counted (wrote nothing).
     pub dry_run: bool,
     pub elapsed: Duration,
+    /// A digest of every object listed (`ObjectsDigest::value`), when one pass listed them
+    /// all (not after a resume from a checkpoint).
+    pub objects_digest: Option<String>,
 }
 
 impl Report {

@@ -11,6 +11,7 @@ use futures::future::{BoxFuture, FutureExt};
 use futures::stream::{FuturesUnordered, StreamExt};
 use tracing::warn;
 
+use super::digest::ObjectsDigest;
 use super::managed_fields;
 use super::requests::{self, Requester};
 use super::{
@@ -53,19 +54,36 @@ pub(super) struct Passes {
     pub(super) counts: Counts,
     pub(super) restarts: usize,
     pub(super) expired_tokens: usize,
+    /// The objects listed, when this run listed them all (`None` after a resume).
+    pub(super) digest: Option<ObjectsDigest>,
 }
 
 impl Run<'_> {
-    /// Every listing pass until one completes.
-    pub(super) async fn all_objects(&self, resume: Option<Resume>) -> Result<Passes, Error> {
+    /// Every listing pass until one completes. No object is processed before `settle`
+    /// succeeds; the first pass counts and lists meanwhile.
+    pub(super) async fn all_objects(
+        &self,
+        resume: Option<Resume>,
+        settle: BoxFuture<'_, Result<(), Error>>,
+    ) -> Result<Passes, Error> {
+        // A preflight lists through a version that may not be served yet: it lists once
+        // settled. Other runs list through the storage version while the check runs.
+        let mut settle = Some(settle);
+        if self.settings.mode == Mode::Preflight
+            && let Some(settle) = settle.take()
+        {
+            settle.await?;
+        }
         let mut passes = Passes {
             counts: Counts::default(),
             restarts: 0,
             expired_tokens: 0,
+            digest: Some(ObjectsDigest::default()),
         };
         let mut token = None;
         if let Some(resume) = resume {
             passes.counts = resume.counts;
+            passes.digest = None;
             token = Some(resume.continue_token);
         }
         loop {
@@ -78,7 +96,7 @@ impl Run<'_> {
                 }
             };
             self.observer.started(self.target, &passes.counts);
-            match self.pass(token.take(), &mut passes, total).await? {
+            match self.pass(token.take(), &mut passes, total, settle.take()).await? {
                 PassEnd::Finished => return Ok(passes),
                 PassEnd::Expired => {
                     // Rewrites are idempotent: start the listing over (apiserver-samples/16).
@@ -87,6 +105,7 @@ impl Run<'_> {
                         return Err(self.list_error("the continue token kept expiring".to_owned()));
                     }
                     passes.counts = Counts::default();
+                    passes.digest = Some(ObjectsDigest::default());
                     lock(&self.failures).clear();
                     self.observer.restarted(
                         "the list continue token expired and the apiserver gave no fresh one; listing again from the start",
@@ -104,35 +123,54 @@ impl Run<'_> {
         start: Option<String>,
         passes: &mut Passes,
         mut total: Option<u64>,
+        mut settle: Option<BoxFuture<'_, Result<(), Error>>>,
     ) -> Result<PassEnd, Error> {
         let concurrency = self.settings.concurrency.max(1);
         let counts = &mut passes.counts;
+        let digest = &mut passes.digest;
         let mut tracker = PageTracker::new(*counts);
         let mut queue: VecDeque<(usize, ObjectKey)> = VecDeque::new();
         let mut in_flight = FuturesUnordered::new();
         // The page being fetched, the index of the next page, and its token once known
         // (`None` after the last page).
         let mut fetching: Option<BoxFuture<'_, Result<requests::Page, Answer>>> =
-            Some(self.fetch(start).boxed());
+            Some(self.fetch(start.clone()).boxed());
+        // The token of the page being fetched, to fetch it again.
+        let mut fetching_token = start;
         let mut next_index = 0usize;
         let mut next_token: Option<String> = None;
         let mut expired_in_a_row = 0;
         loop {
-            while in_flight.len() < concurrency
+            while settle.is_none()
+                && in_flight.len() < concurrency
                 && let Some((page, key)) = queue.pop_front()
             {
                 in_flight.push(self.process_object(page, key));
             }
+            // Until settled, only the first page is listed.
             if fetching.is_none()
+                && settle.is_none()
                 && queue.len() < concurrency
                 && let Some(token) = next_token.take()
             {
+                fetching_token = Some(token.clone());
                 fetching = Some(self.fetch(Some(token)).boxed());
             }
-            if in_flight.is_empty() && fetching.is_none() {
+            // Done once every object is processed, and never before the settle check
+            // succeeded (a run with no object still trims after it).
+            if settle.is_none() && in_flight.is_empty() && fetching.is_none() && queue.is_empty() {
                 return Ok(PassEnd::Finished);
             }
             tokio::select! {
+                settled = async {
+                    match settle.as_mut() {
+                        Some(settle) => settle.await,
+                        None => std::future::pending().await,
+                    }
+                }, if settle.is_some() => {
+                    settled?;
+                    settle = None;
+                }
                 Some((page, processed, key)) = in_flight.next(), if !in_flight.is_empty() => {
                     let result = match processed {
                         Processed::Done => ObjectResult::Rewritten,
@@ -178,18 +216,39 @@ impl Run<'_> {
                             if let Some((checkpoint, committed)) = tracker.replace_token(fresh.clone()) {
                                 self.observer.checkpoint(&checkpoint, &committed);
                             }
+                            fetching_token = Some(fresh.clone());
                             fetching = Some(self.fetch(Some(fresh)).boxed());
                             continue;
                         }
                         // Expired without a fresh token (sample 16 has one; an older
                         // apiserver may not): only a new list is left.
-                        Err(Answer::Status { code: 410, .. }) => return Ok(PassEnd::Expired),
+                        Err(Answer::Status { code: 410, .. }) => {
+                            // The next pass starts settled.
+                            if let Some(settle) = settle.take() {
+                                settle.await?;
+                            }
+                            return Ok(PassEnd::Expired);
+                        }
+                        // Listed before the settle check ended: an apiserver that has
+                        // not acted on the CRD change yet may refuse it. Listed again once
+                        // settled.
+                        Err(answer) if settle.is_some() => {
+                            warn!(crd = %self.target.crd, "{}; listing again once the CRD change is confirmed", describe(&answer));
+                            if let Some(settle) = settle.take() {
+                                settle.await?;
+                            }
+                            fetching = Some(self.fetch(fetching_token.clone()).boxed());
+                            continue;
+                        }
                         Err(answer) => return Err(self.list_error(describe(&answer))),
                     };
                     expired_in_a_row = 0;
                     let index = next_index;
                     next_index += 1;
                     counts.listed += page.objects.len() as u64;
+                    if let Some(digest) = digest.as_mut() {
+                        page.objects.iter().for_each(|key| digest.add(key));
+                    }
                     if total.is_none() && let Some(remaining) = page.remaining {
                         total = Some(counts.listed + remaining);
                     }

@@ -32,6 +32,12 @@ pub struct Target {
     pub served: Vec<String>,
     /// Each version's `schema.openAPIV3Schema` (JSON), where it has one.
     pub schemas: std::collections::BTreeMap<String, serde_json::Value>,
+    /// The CRD's resourceVersion when it was read: unchanged at the trim, the storage
+    /// version confirmed before the rewrites still holds.
+    pub resource_version: Option<String>,
+    /// The newest `time` of the CRD's managedFields entries (the apiserver's clock, sample
+    /// 02): no field of the CRD changed after it. `None` without entries.
+    pub changed_at: Option<jiff::Timestamp>,
 }
 
 /// A fingerprint of what converting an object of the CRD goes through.
@@ -58,7 +64,27 @@ pub fn conversion_fingerprint(crd: &CustomResourceDefinition) -> String {
     digest.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The newest `time` of a CRD's managedFields entries: a manager's entry takes the time of
+/// every change to the fields it owns (sample 02), so no field changed after it. `None` when
+/// an entry has no time (nothing to bound the last change with).
+pub fn last_changed(crd: &CustomResourceDefinition) -> Option<jiff::Timestamp> {
+    let entries = crd.metadata.managed_fields.as_ref()?;
+    let mut newest: Option<jiff::Timestamp> = None;
+    for entry in entries {
+        let time = entry.time.as_ref()?.0;
+        newest = Some(newest.map_or(time, |n| n.max(time)));
+    }
+    newest
+}
+
 impl Target {
+    /// Whether the CRD has not changed for `quiet` (by the apiserver's managedFields
+    /// timestamps, compared with this machine's clock at `now`).
+    pub fn unchanged_for(&self, quiet: std::time::Duration, now: jiff::Timestamp) -> bool {
+        self.changed_at
+            .is_some_and(|at| now.duration_since(at).as_secs_f64() >= quiet.as_secs_f64())
+    }
+
     /// Reads the target from a CRD, refusing CRDs the migrator cannot work on.
     pub fn from_crd(crd: &CustomResourceDefinition) -> Result<Target, String> {
         let name = crd.metadata.name.clone().unwrap_or_default();
@@ -102,6 +128,8 @@ impl Target {
                 .map(|v| v.name.clone())
                 .collect(),
             schemas: crate::schema::schemas_of(crd),
+            resource_version: crd.metadata.resource_version.clone(),
+            changed_at: last_changed(crd),
         })
     }
 

@@ -11,19 +11,27 @@ use super::{Error, Settings, Target, kube_request, read_crd};
 pub(super) enum TrimResult {
     Trimmed(Vec<String>),
     NotTrimmed(String),
+    /// Objects may have been stored in another version during the run (the reason): the
+    /// rewrites must start over.
     StorageChanged(String),
 }
 
 /// Sets `status.storedVersions` to the storage version alone, only if the CRD still has
 /// the storage version and conversion the run started with, with a resourceVersion
 /// precondition (the apiserver itself accepts any trim, apiserver-samples/14).
+///
+/// `confirmed`: the target was confirmed through discovery before the rewrites (at its
+/// resourceVersion). A CRD still at that resourceVersion has not changed since, so the
+/// confirmation holds and the trim needs no second one.
 pub(super) async fn trim(
     requester: &Requester<'_>,
     target: &Target,
     settings: &Settings,
+    confirmed: bool,
 ) -> Result<TrimResult, Error> {
     let client = requester.client;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let confirmed_at = target.resource_version.clone().filter(|_| confirmed);
     let mut confirmed = false;
     for _ in 0..5 {
         let crd = read_crd(client, &target.crd, settings).await?;
@@ -32,7 +40,23 @@ pub(super) async fn trim(
             reason,
         })?;
         if now.storage_version != target.storage_version {
-            return Ok(TrimResult::StorageChanged(now.storage_version));
+            return Ok(TrimResult::StorageChanged(format!(
+                "the storage version changed from {} to {}",
+                target.storage_version, now.storage_version
+            )));
+        }
+        // The storage version changed and changed back during the run: objects written
+        // meanwhile are stored in a version the run did not start with (the apiserver added
+        // it to storedVersions), and trimming would lose it.
+        let appeared: Vec<&String> = now
+            .stored_versions
+            .iter()
+            .filter(|v| !target.stored_versions.contains(v) && **v != target.storage_version)
+            .collect();
+        if let [first, ..] = appeared.as_slice() {
+            return Ok(TrimResult::StorageChanged(format!(
+                "objects were stored as {first} during the run (status.storedVersions gained it)"
+            )));
         }
         // Other changes (a deprecation, a served flag) leave every rewritten object in the
         // storage version: only a change of what the rewrite converted through asks for a
@@ -47,6 +71,9 @@ pub(super) async fn trim(
         }
         // Trim only while the apiserver still stores in the version every object was
         // rewritten into.
+        if confirmed_at.is_some() && crd.metadata.resource_version == confirmed_at {
+            confirmed = true;
+        }
         if !confirmed {
             discovery::wait(requester, target, Expect::Storage, &settings.settle).await?;
             confirmed = true;

@@ -240,10 +240,11 @@ async fn a_store_lands_on_its_instant_when_its_preflight_ran_ahead() {
         "v1alpha1:sS v1beta1:s v1:-",
         "nothing switched before the instant"
     );
-    // The controller wakes at the instant, and one reconcile lands the store.
+    // The controller wakes to check the objects are unchanged (10 s, and the time to list
+    // 30 objects, before the instant), and one reconcile at the instant lands the store.
     assert_eq!(
         action,
-        kube::runtime::controller::Action::requeue(std::time::Duration::from_millis(30_001))
+        kube::runtime::controller::Action::requeue(std::time::Duration::from_millis(19_971))
     );
     h.at("2026-01-05T00:00:00Z");
     h.reconcile("widgets").await;

@@ -267,6 +267,7 @@ mod kstatus;
 mod lifecycle;
 mod migration;
 mod operations;
+mod preflight_ahead;
 mod safety;
 mod sequence;
 mod webhook;
@@ -278,6 +279,7 @@ pub fn fast_settle_check() -> crd_lifecycle::migrate::SettleCheck {
         confirmations: 3,
         interval: Duration::from_millis(1),
         timeout: Duration::from_secs(5),
+        ..crd_lifecycle::migrate::SettleCheck::default()
     }
 }
 
@@ -314,7 +316,8 @@ pub fn test_context(
             base_delay: Duration::from_millis(1),
             max_delay: Duration::from_millis(5),
         })
-        .with_settle_check(fast_settle_check());
+        .with_settle_check(fast_settle_check())
+        .with_clock(clock.clone());
     Arc::new(Context {
         traffic: TrafficMonitor::new(client.clone(), Duration::from_secs(1)),
         client,

@@ -50,6 +50,9 @@ const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(300);
 /// waiting (its cache lagging behind the preflight's status write) starts no second one.
 pub(super) const PREFLIGHT_STANDS_FOR: Duration = Duration::from_secs(60);
 
+/// How long a CRD's object count stands for the lead of its preflights.
+const OBJECT_COUNT_FOR: Duration = Duration::from_secs(600);
+
 /// How often a run that could not trim because the CRD changed meanwhile is repeated at
 /// once.
 const MAX_RERUNS: usize = 5;
@@ -121,6 +124,11 @@ pub struct Migrations {
     pub(super) succeeded_at: Mutex<HashMap<String, (String, Instant)>>,
     /// Whether the built-in migrator's API is served, and when that was asked.
     pub(super) builtin_api: Mutex<Option<(Instant, Option<migrate::builtin::Migrations>)>>,
+    /// Each CRD's object count (for a preflight's lead), and when it was counted.
+    pub(super) object_counts: Mutex<HashMap<String, (Instant, Option<u64>)>>,
+    /// The controller's clock, for the instants preflights record (compared with the
+    /// schedule's).
+    pub(super) clock: super::context::Clock,
 }
 
 impl Migrations {
@@ -140,6 +148,8 @@ impl Migrations {
             settle: migrate::SettleCheck::default(),
             retry_after_failure: RETRY_AFTER_FAILURE,
             builtin_api: Mutex::new(None),
+            object_counts: Mutex::new(HashMap::new()),
+            clock: Arc::new(Timestamp::now),
             succeeded_at: Mutex::new(HashMap::new()),
             missing_checks: Mutex::new(HashMap::new()),
         }
@@ -160,6 +170,16 @@ impl Migrations {
 
     /// How a storage switch (or a newly served version) is confirmed through discovery
     /// before a run (default: 5 answers in a row, 1 s apart, for up to 5 minutes).
+    /// The clock preflights record their instants by (the controller's).
+    pub fn with_clock(mut self, clock: super::context::Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    pub(super) fn now(&self) -> Timestamp {
+        (self.clock)()
+    }
+
     pub fn with_settle_check(mut self, settle: migrate::SettleCheck) -> Self {
         self.settle = settle;
         self
@@ -254,6 +274,30 @@ impl Migrations {
         let handle = tokio::spawn(task);
         running.insert(key, Running { goal, handle });
         true
+    }
+
+    /// How many objects the policy's CRD has: counted at most every `OBJECT_COUNT_FOR`
+    /// (one list of a single object); `None` when it cannot be told.
+    pub async fn object_count(&self, policy: &VersionPolicy) -> Option<u64> {
+        let crd = &policy.spec.crd_name;
+        if let Some((at, count)) = lock(&self.object_counts).get(crd)
+            && at.elapsed() < OBJECT_COUNT_FOR
+        {
+            return *count;
+        }
+        let settings = migrate::Settings {
+            retry: self.retry.clone(),
+            ..migrate::Settings::default()
+        };
+        let count = match migrate::count_objects(&self.client, crd, &settings).await {
+            Ok(count) => count,
+            Err(error) => {
+                warn!(crd, error = %error, "cannot count the objects for the preflight's lead");
+                None
+            }
+        };
+        lock(&self.object_counts).insert(crd.clone(), (Instant::now(), count));
+        count
     }
 
     /// Stops every migration (on shutdown); their checkpoints let the next leader resume.

@@ -178,6 +178,18 @@ impl State {
         }
         let meta = crd["metadata"].as_object_mut().expect("metadata");
         meta.insert("resourceVersion".into(), rv.into());
+        // A change of the spec gives its writer's managedFields entry the time of the change
+        // (sample 02: the patching manager's `time` moves to the patch's second). Only where
+        // the test gave the CRD entries: the others carry none, as a CRD whose entries were
+        // cleared.
+        if spec_changed && let Some(entries) = meta.get_mut("managedFields").and_then(Value::as_array_mut) {
+            let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+            entries.retain(|e| e["manager"] != "writer");
+            entries.push(json!({
+                "manager": "writer", "operation": "Update", "apiVersion": "apiextensions.k8s.io/v1",
+                "time": now, "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}},
+            }));
+        }
         let generation = meta.get("generation").and_then(Value::as_i64).unwrap_or(0);
         meta.insert(
             "generation".into(),
