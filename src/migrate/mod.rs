@@ -334,11 +334,7 @@ async fn read_crd(
 /// resourceVersion precondition). `Trimmed` (empty `previous` if it already was) or
 /// `NotTrimmed` with the reason.
 pub async fn trim_after(client: &Client, crd_name: &str, settings: &Settings) -> Result<Outcome, Error> {
-    let requester = Requester {
-        client,
-        limiter: None,
-        timeout: settings.request_timeout,
-    };
+    let requester = Requester::unthrottled(client, settings.request_timeout);
     let target = read_target(client, crd_name, None, settings).await?;
     Ok(match trim(&requester, &target, settings, false).await? {
         TrimResult::Trimmed(previous) => Outcome::Trimmed { previous },
@@ -356,27 +352,18 @@ pub async fn count_objects(
     crd_name: &str,
     settings: &Settings,
 ) -> Result<Option<u64>, Error> {
-    let requester = Requester {
-        client,
-        limiter: None,
-        timeout: settings.request_timeout,
-    };
+    let requester = Requester::unthrottled(client, settings.request_timeout);
     let target = read_target(client, crd_name, None, settings).await?;
-    requester.count(&target).await.map_err(|answer| Error::List {
-        crd: crd_name.to_owned(),
-        version: target.version.clone(),
-        message: format!("{answer:?}"),
-    })
+    requester
+        .count(&target)
+        .await
+        .map_err(|answer| listing_failed(&target, &answer))
 }
 
 /// A digest of the CRD's objects as they are now (one metadata-only listing through the
 /// storage version), to compare with `Report::objects_digest` of an earlier run.
 pub async fn objects_digest(client: &Client, crd_name: &str, settings: &Settings) -> Result<String, Error> {
-    let requester = Requester {
-        client,
-        limiter: None,
-        timeout: settings.request_timeout,
-    };
+    let requester = Requester::unthrottled(client, settings.request_timeout);
     let target = read_target(client, crd_name, None, settings).await?;
     let transient = |answer: &Answer| match answer {
         Answer::Status { code, .. } => *code == 429 || *code >= 500,
@@ -388,11 +375,17 @@ pub async fn objects_digest(client: &Client, crd_name: &str, settings: &Settings
         .sleep(tokio::time::sleep)
         .when(transient)
         .await;
-    listed.map(|d| d.value()).map_err(|answer| Error::List {
-        crd: crd_name.to_owned(),
+    listed
+        .map(|d| d.value())
+        .map_err(|answer| listing_failed(&target, &answer))
+}
+
+fn listing_failed(target: &Target, answer: &Answer) -> Error {
+    Error::List {
+        crd: target.crd.clone(),
         version: target.version.clone(),
-        message: format!("{answer:?}"),
-    })
+        message: answer.to_string(),
+    }
 }
 
 async fn read_target(

@@ -66,6 +66,32 @@ pub enum Answer {
     Transport(String),
 }
 
+impl std::fmt::Display for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Answer::Ok => f.write_str("ok"),
+            Answer::Status {
+                code,
+                reason,
+                message,
+                ..
+            } => write!(f, "{code} {reason}: {message}"),
+            Answer::Transport(message) => f.write_str(message),
+        }
+    }
+}
+
+impl<'a> Requester<'a> {
+    /// A requester without a rate limit, for the few requests outside a run.
+    pub fn unthrottled(client: &'a Client, timeout: Duration) -> Self {
+        Requester {
+            client,
+            limiter: None,
+            timeout,
+        }
+    }
+}
+
 /// What discovery (`GET /apis/<group>/<version>`) says of one resource.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Discovered {

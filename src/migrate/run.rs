@@ -91,7 +91,7 @@ impl Run<'_> {
             let total = match self.with_retries(|| self.requester.count(self.target)).await {
                 Ok(total) => total,
                 Err(answer) => {
-                    warn!(crd = %self.target.crd, "cannot count the objects: {}", describe(&answer));
+                    warn!(crd = %self.target.crd, "cannot count the objects: {}", answer.to_string());
                     None
                 }
             };
@@ -233,14 +233,14 @@ impl Run<'_> {
                         // not acted on the CRD change yet may refuse it. Listed again once
                         // settled.
                         Err(answer) if settle.is_some() => {
-                            warn!(crd = %self.target.crd, "{}; listing again once the CRD change is confirmed", describe(&answer));
+                            warn!(crd = %self.target.crd, "{}; listing again once the CRD change is confirmed", answer.to_string());
                             if let Some(settle) = settle.take() {
                                 settle.await?;
                             }
                             fetching = Some(self.fetch(fetching_token.clone()).boxed());
                             continue;
                         }
-                        Err(answer) => return Err(self.list_error(describe(&answer))),
+                        Err(answer) => return Err(self.list_error(answer.to_string())),
                     };
                     expired_in_a_row = 0;
                     let index = next_index;
@@ -289,7 +289,7 @@ impl Run<'_> {
             .when(|answer| matches!(classify(answer), Verdict::Retry))
             .adjust(retry_after)
             .notify(|answer, wait| {
-                warn!(crd = %self.target.crd, "{}; retrying in {wait:?}", describe(answer));
+                warn!(crd = %self.target.crd, "{}; retrying in {wait:?}", answer.to_string());
             })
             .await
     }
@@ -418,10 +418,10 @@ impl Run<'_> {
             Err(answer) => match classify(&answer) {
                 Verdict::Retry => Processed::Failed(format!(
                     "{} (gave up after {} attempts)",
-                    describe(&answer),
+                    answer.to_string(),
                     attempts.load(Ordering::Relaxed)
                 )),
-                _ => Processed::Failed(describe(&answer)),
+                _ => Processed::Failed(answer.to_string()),
             },
         }
     }
@@ -468,18 +468,5 @@ fn classify(answer: &Answer) -> Verdict {
         Answer::Status { .. } => Verdict::Fail,
         // No answer, a reset, or a timeout.
         Answer::Transport(_) => Verdict::Retry,
-    }
-}
-
-fn describe(answer: &Answer) -> String {
-    match answer {
-        Answer::Ok => "ok".to_owned(),
-        Answer::Status {
-            code,
-            reason,
-            message,
-            ..
-        } => format!("{code} {reason}: {message}"),
-        Answer::Transport(message) => message.clone(),
     }
 }
