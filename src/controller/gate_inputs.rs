@@ -98,26 +98,35 @@ pub fn gates(policy: &VersionPolicy, crd: &CustomResourceDefinition, traffic: &T
     }
 }
 
-/// For each governed version whose `unserve` has a writers gate and is still served: every
-/// field manager's last write through it, from the objects' managedFields (one paged
-/// metadata-only list of the CRD's objects). A version whose objects cannot be read is left
-/// out, so its gate holds.
+/// For each governed version whose `unserve` has a writers gate, is due at `now` and is
+/// still served: every field manager's last write through it, from the objects'
+/// managedFields (one paged metadata-only list of the CRD's objects, only while such a gate
+/// is due: the gate reads them at its instant, not at every reconcile before). A version
+/// whose objects cannot be read is left out, so its gate holds.
 pub async fn writers(
     client: &kube::Client,
     policy: &VersionPolicy,
     crd: &CustomResourceDefinition,
+    now: jiff::Timestamp,
 ) -> std::collections::BTreeMap<String, Vec<(String, jiff::Timestamp)>> {
-    let gated: Vec<&str> = policy
-        .spec
-        .versions
+    // An invalid schedule is reported by the evaluation; nothing to read for it.
+    let due: Vec<String> =
+        crate::lifecycle::Schedule::new(&policy.spec, &crate::lifecycle::CrdState::from_crd(crd), now)
+            .map(|schedule| {
+                schedule
+                    .versions
+                    .iter()
+                    .filter(|v| {
+                        v.no_writers_for.is_some() && v.reached(crate::api::MilestoneKind::Unserve, now)
+                    })
+                    .map(|v| v.name.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+    let gated: Vec<&str> = due
         .iter()
-        .filter(|v| {
-            v.unserve
-                .as_ref()
-                .is_some_and(|u| u.require_no_writers_for.is_some())
-        })
-        .filter(|v| crd.spec.versions.iter().any(|c| c.name == v.name && c.served))
-        .map(|v| v.name.as_str())
+        .filter(|v| crd.spec.versions.iter().any(|c| c.name == **v && c.served))
+        .map(String::as_str)
         .collect();
     let mut writers = std::collections::BTreeMap::new();
     if gated.is_empty() {

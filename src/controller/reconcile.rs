@@ -405,7 +405,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
         // Read once per reconcile: a patch retried after a concurrent CRD change needs no
         // second list of the objects.
         if writers.is_none() {
-            writers = Some(gate_inputs::writers(&ctx.client, policy, &crd).await);
+            writers = Some(gate_inputs::writers(&ctx.client, policy, &crd, now).await);
         }
         gates.inputs.writers = writers.clone().unwrap_or_default();
         if !gates.invalid_approvals.is_empty() {
