@@ -91,7 +91,7 @@ impl Run<'_> {
             let total = match self.with_retries(|| self.requester.count(self.target)).await {
                 Ok(total) => total,
                 Err(answer) => {
-                    warn!(crd = %self.target.crd, "cannot count the objects: {}", answer.to_string());
+                    warn!(crd = %self.target.crd, "cannot count the objects: {answer}");
                     None
                 }
             };
@@ -233,7 +233,7 @@ impl Run<'_> {
                         // not acted on the CRD change yet may refuse it. Listed again once
                         // settled.
                         Err(answer) if settle.is_some() => {
-                            warn!(crd = %self.target.crd, "{}; listing again once the CRD change is confirmed", answer.to_string());
+                            warn!(crd = %self.target.crd, "{answer}; listing again once the CRD change is confirmed");
                             if let Some(settle) = settle.take() {
                                 settle.await?;
                             }
@@ -289,7 +289,7 @@ impl Run<'_> {
             .when(|answer| matches!(classify(answer), Verdict::Retry))
             .adjust(retry_after)
             .notify(|answer, wait| {
-                warn!(crd = %self.target.crd, "{}; retrying in {wait:?}", answer.to_string());
+                warn!(crd = %self.target.crd, "{answer}; retrying in {wait:?}");
             })
             .await
     }
@@ -417,8 +417,7 @@ impl Run<'_> {
             Ok(processed) => processed,
             Err(answer) => match classify(&answer) {
                 Verdict::Retry => Processed::Failed(format!(
-                    "{} (gave up after {} attempts)",
-                    answer.to_string(),
+                    "{answer} (gave up after {} attempts)",
                     attempts.load(Ordering::Relaxed)
                 )),
                 _ => Processed::Failed(answer.to_string()),

@@ -188,12 +188,19 @@ async fn the_writers_gate_reads_managed_fields() {
     assert!(
         h.fake.object_requests().is_empty(),
         "objects listed before the gate is due: {:?}",
-        h.fake.object_requests().iter().map(|r| &r.path).collect::<Vec<_>>()
+        h.fake
+            .object_requests()
+            .iter()
+            .map(|r| &r.path)
+            .collect::<Vec<_>>()
     );
     // v1alpha1's unserve is due on 2026-05-30 (90 days after its deprecation).
     h.at("2026-05-31T00:00:00Z");
     h.reconcile("widgets").await;
-    assert!(!h.fake.object_requests().is_empty(), "the gate reads the objects once due");
+    assert!(
+        !h.fake.object_requests().is_empty(),
+        "the gate reads the objects once due"
+    );
     let (blocked, reason, message) = h.condition("widgets", "Blocked");
     assert_eq!(
         (blocked.as_str(), reason.as_str()),
