@@ -18,8 +18,7 @@ use super::migrations::Migrations;
 use super::traffic::TrafficMonitor;
 use crate::api::VersionPolicy;
 
-/// A source of the current instant (the wall clock, or a fixed one in tests).
-pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+pub use super::clock::Clock;
 
 /// What every reconcile shares.
 pub struct Context {

@@ -1,6 +1,7 @@
 //! The controller: applies VersionPolicies to live CRDs on schedule, with status, events,
 //! metrics, leader election and graceful shutdown.
 
+mod clock;
 pub mod conditions;
 mod context;
 pub mod conversion_config;

@@ -128,7 +128,7 @@ pub struct Migrations {
     pub(super) object_counts: Mutex<HashMap<String, (Instant, Option<u64>)>>,
     /// The controller's clock, for the instants preflights record (compared with the
     /// schedule's).
-    pub(super) clock: super::context::Clock,
+    pub(super) clock: super::clock::Clock,
 }
 
 impl Migrations {
@@ -171,7 +171,7 @@ impl Migrations {
     /// How a storage switch (or a newly served version) is confirmed through discovery
     /// before a run (default: 5 answers in a row, 1 s apart, for up to 5 minutes).
     /// The clock preflights record their instants by (the controller's).
-    pub fn with_clock(mut self, clock: super::context::Clock) -> Self {
+    pub fn with_clock(mut self, clock: super::clock::Clock) -> Self {
         self.clock = clock;
         self
     }

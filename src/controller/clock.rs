@@ -1,0 +1,8 @@
+//! The controller's notion of now.
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+
+/// A source of the current instant (the wall clock, or a fixed one in tests).
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
