@@ -105,6 +105,9 @@ pub fn preflight_need(
     let stale = recorded.conversion.as_deref().is_some_and(|c| c != conversion);
     match recorded.phase {
         _ if stale && due_to_start => PreflightNeed::Run { stale: true },
+        // Recorded as running: run it unless it runs here (`ensure_preflight` sees that), as
+        // after a restart that cut a preflight short.
+        MigrationPhase::Running if due_to_start => PreflightNeed::Run { stale: false },
         MigrationPhase::Running => PreflightNeed::Nothing,
         MigrationPhase::Failed if due_to_start => PreflightNeed::Run { stale: false },
         MigrationPhase::Failed => PreflightNeed::Nothing,
@@ -423,6 +426,14 @@ mod tests {
         assert_eq!(
             need(Some(&late), "abc", "2026-01-01T00:59:55Z"),
             PreflightNeed::Nothing
+        );
+        // One recorded as running (maybe by a controller that restarted since) is ensured:
+        // `ensure_preflight` starts it only if it does not run here.
+        let mut running = done.clone();
+        running.phase = MigrationPhase::Running;
+        assert_eq!(
+            need(Some(&running), "abc", "2026-01-01T00:52:00Z"),
+            PreflightNeed::Run { stale: false }
         );
         // A failed one is retried once it is time (the retry interval applies on top).
         let mut failed = done.clone();

@@ -134,8 +134,16 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
                 })
                 .map(|b| b.version.as_str())
                 .collect();
+            // Stores still to come (not done by hand already) and due ones held for it.
+            let stored_already = |version: &str| {
+                crd_after
+                    .as_ref()
+                    .and_then(|c| c.version(version))
+                    .is_some_and(|v| v.storage)
+            };
             let stores = evaluation.timeline.iter().filter(|t| {
-                t.milestone == MilestoneKind::Store && (t.at > now || held.contains(&t.version.as_str()))
+                t.milestone == MilestoneKind::Store
+                    && ((t.at > now && !stored_already(&t.version)) || held.contains(&t.version.as_str()))
             });
             let recorded = policy.status.as_ref().and_then(|s| s.preflight.as_ref());
             let configured = policy

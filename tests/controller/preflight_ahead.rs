@@ -194,3 +194,25 @@ async fn the_lead_grows_with_the_objects() {
     // 23:56:30 is 210 s before the store.
     assert_eq!(action, Action::requeue(Duration::from_millis(90_001)));
 }
+
+/// A preflight recorded as running by a controller that stopped mid-way: the next one runs
+/// it again rather than waiting for a result that never comes.
+#[tokio::test(start_paused = true)]
+async fn a_preflight_cut_short_by_a_restart_runs_again() {
+    let mut h = Harness::with_example_and_objects(30);
+    h.fake
+        .lock()
+        .policies
+        .get_mut("widgets")
+        .expect("policy")
+        .as_object_mut()
+        .expect("object")
+        .insert(
+            "status".into(),
+            json!({"preflight": {"version": "v1beta1", "phase": "Running", "startedAt": "2026-01-04T23:59:00Z"}}),
+        );
+    h.at(STORE);
+    h.reconcile_through_preflight("widgets").await;
+    assert_eq!(h.status("widgets")["preflight"]["phase"], "Succeeded");
+    assert_eq!(h.flags(), "v1alpha1:s v1beta1:sS v1:-");
+}
