@@ -11,16 +11,18 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Resource;
 use kube::runtime::events::EventType;
 use serde_json::json;
 use tracing::warn;
 
+use super::context::Context;
 use super::migrations::{Migrations, PREFLIGHT_FIELD_MANAGER, PREFLIGHT_STANDS_FOR, Running};
 use super::status::apply_status;
-use crate::api::{MigrationPhase, PreflightStatus, VersionPolicy};
+use crate::api::{MigrationPhase, MilestoneKind, PreflightStatus, VersionPolicy};
+use crate::lifecycle::{BlockReason, CrdState, Evaluation};
 use crate::migrate::{self, Mode};
 use crate::sync::lock;
 
@@ -126,6 +128,106 @@ pub fn preflight_need(
             }
         }
     }
+}
+
+/// Starts, checks and schedules the conversion preflights of a policy's stores: a due store
+/// held for its preflight runs it now; an upcoming one runs it ahead of its instant (by the
+/// policy's `preflightLead`, or a lead derived from the object count and the rate the last
+/// preflight read at), once its version is served. A passed result stands while the CRD's
+/// conversion (`conversion`, its fingerprint) is unchanged, and its objects are checked once
+/// more shortly before the instant. Returns when to wake for the next start or check; a
+/// missing grant goes to `missing_permissions`.
+pub(super) async fn schedule(
+    policy: &VersionPolicy,
+    ctx: &Context,
+    evaluation: &Evaluation,
+    crd: Option<&CrdState>,
+    conversion: &str,
+    now: Timestamp,
+    missing_permissions: &mut Vec<String>,
+) -> Option<Timestamp> {
+    if !(policy.spec.migration.enabled && policy.spec.migration.preflight) {
+        return None;
+    }
+    let held: Vec<&str> = evaluation
+        .blocked
+        .iter()
+        .filter(|b| {
+            b.milestone == Some(MilestoneKind::Store)
+                && matches!(
+                    b.reason,
+                    BlockReason::AwaitingPreflight | BlockReason::ConversionPreflightFailed
+                )
+        })
+        .map(|b| b.version.as_str())
+        .collect();
+    let version = |name: &str| crd.and_then(|c| c.version(name));
+    // Stores still to come (not done by hand already) and due ones held for it.
+    let stores = evaluation.timeline.iter().filter(|t| {
+        t.milestone == MilestoneKind::Store
+            && ((t.at > now && !version(&t.version).is_some_and(|v| v.storage))
+                || held.contains(&t.version.as_str()))
+    });
+    let recorded = policy.status.as_ref().and_then(|s| s.preflight.as_ref());
+    let configured = policy
+        .spec
+        .migration
+        .preflight_lead
+        .as_deref()
+        .and_then(|text| crate::lifecycle::parse_duration(text).ok())
+        .and_then(|lead| Duration::try_from(lead).ok());
+    let mut wake: Option<Timestamp> = None;
+    for store in stores {
+        // Counted only once the store is near (a single-object list, cached).
+        let near = store.at.duration_since(now).as_secs_f64() <= MAX_PREFLIGHT_LEAD.as_secs_f64();
+        let objects = match (configured, near) {
+            (None, true) => ctx.migrations.object_count(policy).await,
+            _ => None,
+        };
+        let lead = if near || configured.is_some() {
+            preflight_lead(configured, objects, recorded.and_then(measured_rate))
+        } else {
+            MAX_PREFLIGHT_LEAD
+        };
+        let need = preflight_need(
+            recorded,
+            &store.version,
+            conversion,
+            store.at,
+            lead,
+            objects.unwrap_or(0),
+            now,
+        );
+        match need {
+            PreflightNeed::Run { stale } if version(&store.version).is_some_and(|v| v.served) => {
+                match ctx.migrations.check_permissions(policy, Mode::Preflight).await {
+                    Ok(()) => {
+                        let store_at = (store.at > now).then_some(store.at);
+                        ctx.migrations
+                            .ensure_preflight(policy, &store.version, store_at, stale);
+                    }
+                    Err(message) => missing_permissions.push(message),
+                }
+            }
+            PreflightNeed::Verify { digest } => {
+                ctx.migrations
+                    .verify_preflight(policy, &store.version, digest, store.at);
+            }
+            _ => {}
+        }
+        // Wake when the preflight is to start, or its objects are to be checked.
+        let verify_at = store.at.checked_sub(verify_ahead(objects.unwrap_or(0))).ok();
+        let start_at = store
+            .at
+            .checked_sub(SignedDuration::try_from(lead).unwrap_or(SignedDuration::ZERO))
+            .ok();
+        wake = [wake, start_at, verify_at]
+            .into_iter()
+            .flatten()
+            .filter(|at| *at > now)
+            .min();
+    }
+    wake
 }
 
 impl Migrations {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -23,11 +23,11 @@ use super::events::publish_events;
 use super::gate_inputs;
 use super::patch::as_json_patch;
 use super::permissions::RECHECK_MISSING_AFTER;
-use super::preflight::{self, MAX_PREFLIGHT_LEAD, PreflightNeed, preflight_lead, preflight_need};
+use super::preflight;
 use super::release::{ensure_finalizer, let_go, release};
 use super::status::{Observation, apply_status, build_status, policy_state, recorded_history, write_status};
 use crate::api::{FIELD_MANAGER, MigrationEngine, MilestoneKind, TrafficStatus, VersionPolicy};
-use crate::lifecycle::{BlockReason, CrdState, Evaluation, Transition};
+use crate::lifecycle::{CrdState, Evaluation, Transition};
 use crate::migrate::Mode;
 
 /// How often a guarded patch is recomputed after the CRD changed under it, per reconcile.
@@ -111,105 +111,18 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         observation.traffic = outcome.traffic;
         observation.conversion_configured = outcome.conversion_changed;
         observation.conversion_restored = outcome.conversion_restored;
-        // Conversion preflights of the stores. A due store held for its preflight runs it
-        // now; an upcoming one runs it ahead of its instant (by the policy's preflightLead,
-        // or a lead derived from the object count and the rate the last preflight read at),
-        // so that the store lands on its instant. A passed result stands while the CRD's
-        // conversion is unchanged, and its objects are checked once more shortly before
-        // the instant. Only once the version is served (this reconcile's patch may just
-        // have introduced it).
-        if policy.spec.migration.enabled
-            && policy.spec.migration.preflight
-            && let Some(evaluation) = &evaluation
-        {
-            let held: Vec<&str> = evaluation
-                .blocked
-                .iter()
-                .filter(|b| {
-                    b.milestone == Some(MilestoneKind::Store)
-                        && matches!(
-                            b.reason,
-                            BlockReason::AwaitingPreflight | BlockReason::ConversionPreflightFailed
-                        )
-                })
-                .map(|b| b.version.as_str())
-                .collect();
-            // Stores still to come (not done by hand already) and due ones held for it.
-            let stored_already = |version: &str| {
-                crd_after
-                    .as_ref()
-                    .and_then(|c| c.version(version))
-                    .is_some_and(|v| v.storage)
-            };
-            let stores = evaluation.timeline.iter().filter(|t| {
-                t.milestone == MilestoneKind::Store
-                    && ((t.at > now && !stored_already(&t.version)) || held.contains(&t.version.as_str()))
-            });
-            let recorded = policy.status.as_ref().and_then(|s| s.preflight.as_ref());
-            let configured = policy
-                .spec
-                .migration
-                .preflight_lead
-                .as_deref()
-                .and_then(|text| crate::lifecycle::parse_duration(text).ok())
-                .and_then(|lead| Duration::try_from(lead).ok());
-            for store in stores {
-                let served = crd_after
-                    .as_ref()
-                    .and_then(|c| c.version(&store.version))
-                    .is_some_and(|v| v.served);
-                // Counted only once the store is near (a single-object list, cached).
-                let near = store.at.duration_since(now).as_secs_f64() <= MAX_PREFLIGHT_LEAD.as_secs_f64();
-                let objects = match (configured, near) {
-                    (None, true) => ctx.migrations.object_count(policy).await,
-                    _ => None,
-                };
-                let lead = if near || configured.is_some() {
-                    preflight_lead(configured, objects, recorded.and_then(preflight::measured_rate))
-                } else {
-                    MAX_PREFLIGHT_LEAD
-                };
-                let need = preflight_need(
-                    recorded,
-                    &store.version,
-                    &outcome.conversion,
-                    store.at,
-                    lead,
-                    objects.unwrap_or(0),
-                    now,
-                );
-                let store_at = (store.at > now).then_some(store.at);
-                match need {
-                    PreflightNeed::Run { stale } if served => {
-                        match ctx.migrations.check_permissions(policy, Mode::Preflight).await {
-                            Ok(()) => {
-                                ctx.migrations
-                                    .ensure_preflight(policy, &store.version, store_at, stale)
-                            }
-                            Err(message) => missing_permissions.push(message),
-                        }
-                    }
-                    PreflightNeed::Verify { digest } => {
-                        ctx.migrations
-                            .verify_preflight(policy, &store.version, digest, store.at);
-                    }
-                    _ => {}
-                }
-                // Wake when the preflight is to start, or its objects are to be checked.
-                let verify_at = store
-                    .at
-                    .checked_sub(preflight::verify_ahead(objects.unwrap_or(0)))
-                    .ok();
-                let start_at = store
-                    .at
-                    .checked_sub(SignedDuration::try_from(lead).unwrap_or(SignedDuration::ZERO))
-                    .ok();
-                preflight_wake = [preflight_wake, start_at, verify_at]
-                    .into_iter()
-                    .flatten()
-                    .filter(|at| *at > now)
-                    .min();
-            }
+        // Conversion preflights of the stores, ahead of their instants.
+        if let Some(evaluation) = &evaluation {
+            preflight_wake = preflight::schedule(
+                policy,
+                ctx,
+                evaluation,
+                crd_after.as_ref(),
+                &outcome.conversion,
+                now,
+                &mut missing_permissions,
+            )
+            .await;
         }
         observation.approved = outcome.approved;
         observation.approver = gate_inputs::approver(policy);
