@@ -296,7 +296,10 @@ impl Migrations {
                 None
             }
         };
-        lock(&self.object_counts).insert(crd.clone(), (Instant::now(), count));
+        let mut counts = lock(&self.object_counts);
+        // Counts of CRDs no store is near any more go with the next count.
+        counts.retain(|_, (at, _)| at.elapsed() < OBJECT_COUNT_FOR);
+        counts.insert(crd.clone(), (Instant::now(), count));
         count
     }
 
