@@ -173,7 +173,10 @@ fn detail(policy: &VersionPolicy, transition: &Transition) -> String {
     }
     let migration = &policy.spec.migration;
     if transition.milestone == MilestoneKind::Store && migration.enabled && migration.preflight {
-        parts.push("gate: conversion preflight".to_owned());
+        parts.push(match migration.preflight_lead.as_deref() {
+            Some(lead) => format!("gate: conversion preflight (starts {lead} before)"),
+            None => "gate: conversion preflight".to_owned(),
+        });
     }
     // Who rewrites the objects afterwards.
     if transition.milestone == MilestoneKind::Store {

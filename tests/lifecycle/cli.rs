@@ -613,3 +613,42 @@ fn plan_table_says_which_engine_migrates_after_each_store() {
         text(&output.stdout)
     );
 }
+
+/// `plan -o table` shows a configured preflight lead; `plan` refuses an invalid one naming
+/// its field.
+#[test]
+fn plan_shows_the_preflight_lead_and_refuses_a_bad_one() {
+    let example =
+        std::fs::read_to_string(format!("{}/{EXAMPLE_POLICY}", env!("CARGO_MANIFEST_DIR"))).expect("example");
+    let with_lead = |lead: &str| {
+        example.replace(
+            "  migration:\n",
+            &format!("  migration:\n    preflightLead: {lead}\n"),
+        )
+    };
+    let args = [
+        "plan",
+        "--policy",
+        "-",
+        "--crd",
+        EXAMPLE_CRD,
+        "--at",
+        "2026-06-29T00:00:00Z",
+        "-o",
+        "table",
+    ];
+    let output = run(&args, Some(&with_lead("15m")));
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stdout).contains("gate: conversion preflight (starts 15m before)"),
+        "{}",
+        text(&output.stdout)
+    );
+    let output = run(&args, Some(&with_lead("soon")));
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output.stderr).contains("spec.migration.preflightLead"),
+        "{}",
+        text(&output.stderr)
+    );
+}
