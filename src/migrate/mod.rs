@@ -189,9 +189,8 @@ pub async fn migrate(
                 .map(Expect::Unserved)
                 .collect(),
         };
-        // Reads are safe before the settle check: it runs while the objects are counted
-        // and the first page is listed, and only the first write (or read through a new
-        // version) waits for it.
+        // Reads are safe before the settle check: it runs while the first page is listed,
+        // and only the first write (or read through a new version) waits for it.
         let settle = async {
             for expect in expect {
                 discovery::wait(&requester, &target, expect, &settings.settle).await?;
