@@ -113,6 +113,18 @@ pub fn preflight_need(
         MigrationPhase::Running => PreflightNeed::Nothing,
         MigrationPhase::Failed if due_to_start => PreflightNeed::Run { stale: false },
         MigrationPhase::Failed => PreflightNeed::Nothing,
+        // A result that says nothing of the objects it read (recorded before results did)
+        // stands only if it ran within the lead.
+        MigrationPhase::Succeeded
+            if recorded.objects_digest.is_none()
+                && due_to_start
+                && recorded
+                    .finished_at
+                    .as_ref()
+                    .is_none_or(|t| store_at.duration_since(t.0).as_secs_f64() > lead.as_secs_f64()) =>
+        {
+            PreflightNeed::Run { stale: true }
+        }
         MigrationPhase::Succeeded => {
             let verify_from = store_at.checked_sub(verify_ahead(objects)).unwrap_or(store_at);
             let finished = recorded.finished_at.as_ref().map(|t| t.0);
@@ -536,6 +548,19 @@ mod tests {
         assert_eq!(
             need(Some(&running), "abc", "2026-01-01T00:52:00Z"),
             PreflightNeed::Run { stale: false }
+        );
+        // A result without a digest (from before results had one) stands only if it ran
+        // within the lead.
+        let mut legacy = done.clone();
+        legacy.objects_digest = None;
+        assert_eq!(
+            need(Some(&legacy), "abc", "2026-01-01T00:52:00Z"),
+            PreflightNeed::Nothing
+        );
+        legacy.finished_at = Some(Time(at("2026-01-01T00:49:00Z")));
+        assert_eq!(
+            need(Some(&legacy), "abc", "2026-01-01T00:52:00Z"),
+            PreflightNeed::Run { stale: true }
         );
         // A failed one is retried once it is time (the retry interval applies on top).
         let mut failed = done.clone();
