@@ -19,7 +19,7 @@ use serde_json::json;
 use tracing::warn;
 
 use super::context::Context;
-use super::migrations::{Migrations, PREFLIGHT_FIELD_MANAGER, PREFLIGHT_STANDS_FOR, Running};
+use super::migrations::{Migrations, PREFLIGHT_FIELD_MANAGER, PREFLIGHT_STANDS_FOR};
 use super::status::apply_status;
 use crate::api::{MigrationPhase, MilestoneKind, PreflightStatus, VersionPolicy};
 use crate::lifecycle::{BlockReason, CrdState, Evaluation};
@@ -107,7 +107,7 @@ pub fn preflight_need(
     let stale = recorded.conversion.as_deref().is_some_and(|c| c != conversion);
     match recorded.phase {
         _ if stale && due_to_start => PreflightNeed::Run { stale: true },
-        // Recorded as running: run it unless it runs here (`ensure_preflight` sees that), as
+        // Recorded as running: run it unless it runs here (`launch` sees that), as
         // after a restart that cut a preflight short.
         MigrationPhase::Running if due_to_start => PreflightNeed::Run { stale: false },
         MigrationPhase::Running => PreflightNeed::Nothing,
@@ -242,6 +242,11 @@ pub(super) async fn schedule(
     wake
 }
 
+/// The key a CRD's preflight through `version` runs (and is remembered) under.
+fn preflight_key(crd: &str, version: &str) -> String {
+    format!("preflight/{crd}/{version}")
+}
+
 impl Migrations {
     /// Starts a conversion preflight of the policy's CRD through `version` (every object
     /// read through it, nothing written) unless one runs or failed recently, or (unless
@@ -254,34 +259,18 @@ impl Migrations {
         store_at: Option<Timestamp>,
         stale: bool,
     ) {
-        let key = format!("preflight/{}/{version}", policy.spec.crd_name);
-        let mut running = lock(&self.running);
-        if running.get(&key).is_some_and(|r| !r.handle.is_finished()) {
-            return;
-        }
-        if lock(&self.failed_at)
+        let key = preflight_key(&policy.spec.crd_name, version);
+        let passed_moments_ago = lock(&self.passed_at)
             .get(&key)
-            .is_some_and(|at| at.elapsed() < self.retry_after_failure)
-        {
-            return;
-        }
-        if !stale
-            && lock(&self.passed_at)
-                .get(&key)
-                .is_some_and(|at| at.elapsed() < PREFLIGHT_STANDS_FOR)
-        {
-            return;
-        }
+            .is_some_and(|at| at.elapsed() < PREFLIGHT_STANDS_FOR);
         let this = self.clone();
         let policy = policy.clone();
         let target = version.to_owned();
-        let handle = tokio::spawn(async move { this.run_preflight(policy, target, store_at).await });
-        running.insert(
+        self.launch(
             key,
-            Running {
-                goal: version.to_owned(),
-                handle,
-            },
+            version.to_owned(),
+            !stale && passed_moments_ago,
+            async move { this.run_preflight(policy, target, store_at).await },
         );
     }
 
@@ -295,16 +284,12 @@ impl Migrations {
         digest: String,
         store_at: Timestamp,
     ) {
-        let key = format!("preflight/{}/{version}", policy.spec.crd_name);
-        let mut running = lock(&self.running);
-        if running.get(&key).is_some_and(|r| !r.handle.is_finished()) {
-            return;
-        }
+        let key = preflight_key(&policy.spec.crd_name, version);
         let this = self.clone();
         let policy = policy.clone();
+        let goal = version.to_owned();
         let version = version.to_owned();
-        let goal = version.clone();
-        let handle = tokio::spawn(async move {
+        self.launch(key, goal, false, async move {
             let settings = migrate::Settings {
                 page_size: policy.spec.migration.page_size,
                 retry: this.retry.clone(),
@@ -332,7 +317,6 @@ impl Migrations {
                 .await;
             this.run_preflight(policy, version, Some(store_at)).await;
         });
-        running.insert(key, Running { goal, handle });
     }
 
     async fn run_preflight(
@@ -347,7 +331,7 @@ impl Migrations {
         let crd = policy.spec.crd_name.clone();
         let name = policy.metadata.name.clone().unwrap_or_default();
         let reference = policy.object_ref(&());
-        let key = format!("preflight/{crd}/{version}");
+        let key = preflight_key(&crd, &version);
         let ahead = store_at
             .filter(|at| *at > self.now())
             .map(|at| format!(" ahead of the {version} store at {at}"))

@@ -60,7 +60,7 @@ pub(super) struct Passes {
 
 impl Run<'_> {
     /// Every listing pass until one completes. No object is processed before `settle`
-    /// succeeds; the first pass counts and lists meanwhile.
+    /// succeeds; the first pass lists its first page meanwhile.
     pub(super) async fn all_objects(
         &self,
         resume: Option<Resume>,
