@@ -20,18 +20,18 @@ pub(super) enum TrimResult {
 /// the storage version and conversion the run started with, with a resourceVersion
 /// precondition (the apiserver itself accepts any trim, apiserver-samples/14).
 ///
-/// `confirmed`: the target was confirmed through discovery before the rewrites (at its
+/// `confirmed_before`: the target was confirmed through discovery before the rewrites (at its
 /// resourceVersion). A CRD still at that resourceVersion has not changed since, so the
 /// confirmation holds and the trim needs no second one.
 pub(super) async fn trim(
     requester: &Requester<'_>,
     target: &Target,
     settings: &Settings,
-    confirmed: bool,
+    confirmed_before: bool,
 ) -> Result<TrimResult, Error> {
     let client = requester.client;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let confirmed_at = target.resource_version.clone().filter(|_| confirmed);
+    let confirmed_at = target.resource_version.clone().filter(|_| confirmed_before);
     let mut confirmed = false;
     for _ in 0..5 {
         let crd = read_crd(client, &target.crd, settings).await?;
@@ -48,14 +48,13 @@ pub(super) async fn trim(
         // The storage version changed and changed back during the run: objects written
         // meanwhile are stored in a version the run did not start with (the apiserver added
         // it to storedVersions), and trimming would lose it.
-        let appeared: Vec<&String> = now
+        if let Some(appeared) = now
             .stored_versions
             .iter()
-            .filter(|v| !target.stored_versions.contains(v) && **v != target.storage_version)
-            .collect();
-        if let [first, ..] = appeared.as_slice() {
+            .find(|v| !target.stored_versions.contains(v) && **v != target.storage_version)
+        {
             return Ok(TrimResult::StorageChanged(format!(
-                "objects were stored as {first} during the run (status.storedVersions gained it)"
+                "objects were stored as {appeared} during the run (status.storedVersions gained it)"
             )));
         }
         // Other changes (a deprecation, a served flag) leave every rewritten object in the
