@@ -15,6 +15,15 @@ async fn wait_for_a_passed_preflight(h: &Harness) {
     .await;
 }
 
+/// The example with 30 objects, its v1beta1 preflight passed a minute before the store.
+async fn passed_a_minute_ahead() -> Harness {
+    let mut h = Harness::with_example_and_objects(30);
+    h.at("2026-01-04T23:59:00Z");
+    h.reconcile("widgets").await;
+    wait_for_a_passed_preflight(&h).await;
+    h
+}
+
 fn event_notes(h: &Harness, reason: &str) -> Vec<String> {
     h.fake
         .events()
@@ -105,10 +114,7 @@ async fn a_configured_lead_starts_the_preflight_that_long_before_the_store() {
 /// instant without reading them again.
 #[tokio::test(start_paused = true)]
 async fn a_passed_preflight_stands_until_the_instant_while_the_objects_are_unchanged() {
-    let mut h = Harness::with_example_and_objects(30);
-    h.at("2026-01-04T23:59:00Z");
-    h.reconcile("widgets").await;
-    wait_for_a_passed_preflight(&h).await;
+    let mut h = passed_a_minute_ahead().await;
     let digest = h.status("widgets")["preflight"]["objectsDigest"].clone();
     // 10 s (plus the time to list 30 objects) before the instant.
     h.at("2026-01-04T23:59:50Z");
@@ -132,10 +138,7 @@ async fn a_passed_preflight_stands_until_the_instant_while_the_objects_are_uncha
 /// the preflight runs again (an Event says why) before the store.
 #[tokio::test(start_paused = true)]
 async fn objects_changed_since_the_preflight_run_it_again_before_the_store() {
-    let mut h = Harness::with_example_and_objects(30);
-    h.at("2026-01-04T23:59:00Z");
-    h.reconcile("widgets").await;
-    wait_for_a_passed_preflight(&h).await;
+    let mut h = passed_a_minute_ahead().await;
     let digest = h.status("widgets")["preflight"]["objectsDigest"].clone();
     // Someone writes an object.
     h.fake.add_objects(CRD, 1, 4, "v1alpha1");
@@ -168,10 +171,7 @@ async fn objects_changed_since_the_preflight_run_it_again_before_the_store() {
 /// instant the store waits (`AwaitingPreflight`) for the preflight to run again.
 #[tokio::test(start_paused = true)]
 async fn a_preflight_read_through_another_conversion_does_not_stand() {
-    let mut h = Harness::with_example_and_objects(30);
-    h.at("2026-01-04T23:59:00Z");
-    h.reconcile("widgets").await;
-    wait_for_a_passed_preflight(&h).await;
+    let mut h = passed_a_minute_ahead().await;
     h.fake
         .edit_crd(CRD, |crd| crd["spec"]["conversion"] = json!({"strategy": "None"}));
     h.at(STORE);
