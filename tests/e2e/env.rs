@@ -38,6 +38,17 @@ pub struct Env {
     controller: Mutex<Option<Child>>,
     created_policy_crd: Mutex<bool>,
     cleanup: Mutex<Vec<Cleanup>>,
+    /// The kubeconfig every client and child process uses (the suite's own control plane's,
+    /// or `KUBECONFIG`'s).
+    kubeconfig: Option<std::path::PathBuf>,
+    /// The control plane the suite started, if it did (only such a one may a scenario
+    /// restart or compact).
+    control_plane: Option<crate::control_plane::ControlPlane>,
+}
+
+/// Locks a mutex, whether or not a panicking holder poisoned it.
+pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 enum Cleanup {
@@ -49,12 +60,17 @@ enum Cleanup {
 }
 
 impl Env {
-    /// Connects to the cluster of `KUBECONFIG` (or in-cluster); `Err` says why not.
-    pub async fn connect() -> Result<Env, String> {
-        let client = tokio::time::timeout(Duration::from_secs(10), Client::try_default())
-            .await
-            .map_err(|_| "timed out loading the cluster configuration".to_owned())?
-            .map_err(|e| e.to_string())?;
+    /// Connects to the suite's own control plane, or else to the cluster of `KUBECONFIG` (or
+    /// in-cluster); `Err` says why not.
+    pub async fn connect(control_plane: Option<crate::control_plane::ControlPlane>) -> Result<Env, String> {
+        let kubeconfig = control_plane.as_ref().map(|plane| plane.kubeconfig.clone());
+        let client = match &control_plane {
+            Some(plane) => plane.client().await?,
+            None => tokio::time::timeout(Duration::from_secs(10), Client::try_default())
+                .await
+                .map_err(|_| "timed out loading the cluster configuration".to_owned())?
+                .map_err(|e| e.to_string())?,
+        };
         let version = tokio::time::timeout(Duration::from_secs(10), client.apiserver_version())
             .await
             .map_err(|_| "the apiserver did not answer within 10 s".to_owned())?
@@ -71,7 +87,36 @@ impl Env {
             controller: Mutex::new(None),
             created_policy_crd: Mutex::new(false),
             cleanup: Mutex::new(Vec::new()),
+            kubeconfig,
+            control_plane,
         })
+    }
+
+    /// The control plane the suite started; `Err` (the scenario's skip reason) on a cluster
+    /// it did not start, which no scenario may restart or compact.
+    pub fn own_control_plane(&self) -> Result<&crate::control_plane::ControlPlane, String> {
+        self.control_plane.as_ref().ok_or_else(|| {
+            "needs the suite's own control plane (KUBEBUILDER_ASSETS): it restarts the apiserver or compacts etcd".to_owned()
+        })
+    }
+
+    /// The control plane the suite started, if it did.
+    pub fn control_plane(&self) -> Option<&crate::control_plane::ControlPlane> {
+        self.control_plane.as_ref()
+    }
+
+    /// The kubeconfig path child processes (the controller, kubectl) get, where it is not
+    /// the default one.
+    pub fn kubeconfig(&self) -> Option<&std::path::Path> {
+        self.kubeconfig.as_deref()
+    }
+
+    /// Gives a child process the suite's kubeconfig.
+    pub fn with_kubeconfig<'c>(&self, command: &'c mut Command) -> &'c mut Command {
+        if let Some(path) = &self.kubeconfig {
+            command.env("KUBECONFIG", path);
+        }
+        command
     }
 
     pub fn clone_client(&self) -> Client {
@@ -154,6 +199,7 @@ impl Env {
                 command.env("KUBECONFIG", path);
             }
             None => {
+                self.with_kubeconfig(&mut command);
                 // The conversion webhook: the apiserver must reach this machine at
                 // E2E_WEBHOOK_HOST (127.0.0.1 for an apiserver on the same machine).
                 let webhook_port = free_port()?;
@@ -210,6 +256,9 @@ impl Env {
             let _ = api
                 .delete("versionpolicies.crdlifecycle.io", &DeleteParams::default())
                 .await;
+        }
+        if let Some(plane) = &self.control_plane {
+            plane.stop();
         }
     }
 
@@ -399,7 +448,11 @@ impl Env {
 
     /// A copy of the suite's kubeconfig that impersonates `user` (kubectl's `--as`).
     pub fn kubeconfig_as(&self, user: &str) -> Result<std::path::PathBuf, String> {
-        let mut config = kube::config::Kubeconfig::read().map_err(|e| e.to_string())?;
+        let mut config = match &self.kubeconfig {
+            Some(path) => kube::config::Kubeconfig::read_from(path),
+            None => kube::config::Kubeconfig::read(),
+        }
+        .map_err(|e| e.to_string())?;
         let context = config.current_context.clone().unwrap_or_default();
         let user_name = config
             .contexts
@@ -660,7 +713,11 @@ impl Env {
     /// `kubectl wait --for=condition=Ready vp/NAME` returns (within 60 s), where kubectl is
     /// installed; without it, says so and passes.
     pub async fn kubectl_wait_ready(&self, name: &str) -> Result<(), String> {
-        let output = tokio::process::Command::new("kubectl")
+        let mut kubectl = tokio::process::Command::new("kubectl");
+        if let Some(path) = &self.kubeconfig {
+            kubectl.env("KUBECONFIG", path);
+        }
+        let output = kubectl
             .args([
                 "wait",
                 "--for=condition=Ready",

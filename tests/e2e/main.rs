@@ -1,13 +1,19 @@
-//! End-to-end suite against the cluster `KUBECONFIG` points at.
+//! End-to-end suite against a real control plane.
 //!
-//! `cargo test --test e2e` (add `-- NAME ...` to run some scenarios). Without a reachable
-//! cluster it prints one skip line and succeeds. Local-controller mode (default) starts
+//! With `KUBEBUILDER_ASSETS` naming a directory that holds `etcd` and `kube-apiserver` (and
+//! optionally `kube-controller-manager`), the suite starts its own control plane on loopback
+//! (`control_plane`), runs every scenario against it and stops it. Without it, it uses the
+//! cluster `KUBECONFIG` points at; without a reachable cluster it prints one skip line and
+//! succeeds.
+//!
+//! `cargo test --test e2e` (add `-- NAME ...` to run some scenarios). Local-controller mode (default) starts
 //! `crd-lifecycle run` as a child process and needs nothing but an apiserver (a bare
 //! kube-apiserver + etcd will do: no Pod is ever scheduled); `E2E_IN_CLUSTER=1` uses the
 //! operator deployed from `deploy/` instead. Everything the suite creates carries a unique
 //! run id and is deleted afterwards, on success and on failure.
 
 mod builtin_migration;
+mod control_plane;
 mod env;
 #[path = "../support/flags.rs"]
 mod flags;
@@ -54,11 +60,41 @@ fn main() -> ExitCode {
 }
 
 async fn run(filters: Vec<String>) -> ExitCode {
-    let env = match Env::connect().await {
+    let control_plane = match control_plane::assets() {
+        Some(assets) => {
+            let started = Instant::now();
+            match control_plane::ControlPlane::start(&assets).await {
+                Ok(plane) => {
+                    println!(
+                        "e2e: started a control plane from KUBEBUILDER_ASSETS={} in {:.1}s (kube-apiserver {}.{}, {})",
+                        assets.display(),
+                        started.elapsed().as_secs_f64(),
+                        plane.version.0,
+                        plane.version.1,
+                        if plane.has_controller_manager() {
+                            "with kube-controller-manager"
+                        } else {
+                            "no kube-controller-manager"
+                        }
+                    );
+                    Some(plane)
+                }
+                Err(error) => {
+                    // Assets were given: failing to start them is a failure, not a skip.
+                    println!("e2e: cannot start the control plane: {error}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        None => None,
+    };
+    let env = match Env::connect(control_plane).await {
         Ok(env) => env,
         Err(reason) => {
             let config = std::env::var("KUBECONFIG").unwrap_or_else(|_| "~/.kube/config".into());
-            println!("e2e: SKIPPED: no reachable cluster (KUBECONFIG={config}): {reason}");
+            println!(
+                "e2e: SKIPPED: no control plane (KUBEBUILDER_ASSETS unset) and no reachable cluster (KUBECONFIG={config}): {reason}"
+            );
             return ExitCode::SUCCESS;
         }
     };
