@@ -12,12 +12,16 @@
 //! operator deployed from `deploy/` instead. Everything the suite creates carries a unique
 //! run id and is deleted afterwards, on success and on failure.
 
+mod balancer;
 mod builtin_migration;
 mod control_plane;
 mod env;
 #[path = "../support/flags.rs"]
 mod flags;
+mod leader;
 mod least_privilege;
+mod proxy;
+mod replicas;
 mod scenarios;
 
 use std::future::Future;
@@ -45,6 +49,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("builtin_migration", |env| {
         Box::pin(builtin_migration::builtin_migration(env))
     }),
+    ("leader_cut_off", |env| Box::pin(leader::leader_cut_off(env))),
 ];
 
 fn main() -> ExitCode {

@@ -1,0 +1,191 @@
+//! A leader cut off from the apiserver stops acting: two replicas with leader election, each
+//! talking to the apiserver through a proxy the test controls; the leader's proxy is cut while
+//! a milestone is due. The standby takes over once the lease has expired, applies the
+//! milestone, and the cut-off leader makes no write after its lease ran out (every request it
+//! sent is recorded at its proxy, those held after the cut included). The cut then heals: a
+//! leader that had not stepped down would write again, and its proxy would record it.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use serde_json::json;
+
+use crate::ensure;
+use crate::env::{Env, Outcome, in_seconds, wait_for};
+use crate::proxy::Proxy;
+use crate::replicas::Replica;
+
+/// The controller's lease timing (`LeaseSettings::new`): valid 15 s without renewal, given up
+/// by its holder after 10 s without one.
+const LEASE_DURATION: Duration = Duration::from_secs(15);
+const RENEW_DEADLINE: Duration = Duration::from_secs(10);
+
+pub async fn leader_cut_off(env: &Env) -> Outcome {
+    // The suite's own controller runs without leader election: it must not act meanwhile.
+    env.kill_controller();
+    let result = cut_off(env).await;
+    env.start_controller()?;
+    result
+}
+
+async fn holder(env: &Env, lease: &str) -> Result<Option<String>, String> {
+    let leases: kube::Api<Lease> = kube::Api::namespaced(env.client.clone(), "default");
+    Ok(leases
+        .get_opt(lease)
+        .await
+        .map_err(|e| e.to_string())?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity))
+}
+
+async fn cut_off(env: &Env) -> Outcome {
+    let lease = format!("{}-leader", env.run_id);
+    let dir = std::env::temp_dir();
+    let mut replicas = Vec::new();
+    let mut proxies = Vec::new();
+    for name in ["a", "b"] {
+        let proxy = Proxy::start(env.clone_client()).await?;
+        let kubeconfig = dir.join(format!("{}-leader-{name}.kubeconfig", env.run_id));
+        std::fs::write(&kubeconfig, proxy.kubeconfig()).map_err(|e| e.to_string())?;
+        let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        replicas.push(Replica::new(
+            &format!("{}-{name}", env.run_id),
+            vec![
+                "--leader-election=true".into(),
+                format!("--lease-name={lease}"),
+                format!("--metrics-addr=127.0.0.1:{metrics}"),
+                "--resync=30s".into(),
+            ],
+            Some(kubeconfig),
+            dir.join(format!("crd-lifecycle-{}-leader-{name}.log", env.run_id)),
+        ));
+        proxies.push(proxy);
+    }
+    let (a, b) = (0, 1);
+    replicas[a].start()?;
+    let identity_a = replicas[a].identity.clone();
+    wait_for("replica a holds the lease", Duration::from_secs(30), || async {
+        Ok(holder(env, &lease).await?.as_deref() == Some(identity_a.as_str()))
+    })
+    .await?;
+    replicas[b].start()?;
+
+    let crd = env
+        .create_crd("leader", &[("v1alpha1", true, true), ("v1", false, false)])
+        .await?;
+    // Due while the leader is cut off and before the standby may take over.
+    let (introduce, due) = in_seconds(16);
+    let name = format!("{}-leader", env.run_id);
+    env.create_policy(json!({"apiVersion": "crdlifecycle.io/v1alpha1", "kind": "VersionPolicy",
+        "metadata": {"name": name},
+        "spec": {"crdName": crd.name, "versions": [{"name": "v1", "introduce": {"at": introduce}}],
+                 "migration": {"enabled": false}}}))
+    .await?;
+    // Wait until the leader has reconciled the policy (its status), then cut it off 12 s
+    // before the milestone.
+    wait_for("the leader reconciles the policy", Duration::from_secs(20), || async {
+        Ok(env.policy(&name).await?["status"]["observedGeneration"].is_i64())
+    })
+    .await?;
+    tokio::time::sleep(due.saturating_duration_since(Instant::now() + Duration::from_secs(12))).await;
+    let cut_at = Instant::now();
+    proxies[a].cut();
+
+    // The standby applies the milestone once it leads.
+    wait_for(
+        "the standby takes over and serves v1",
+        Duration::from_secs(60),
+        || async { Ok(env.flags(&crd.name).await?.contains("v1:s")) },
+    )
+    .await?;
+    let identity_b = replicas[b].identity.clone();
+    ensure!(
+        holder(env, &lease).await?.as_deref() == Some(identity_b.as_str()),
+        "the lease is not held by the standby after it took over"
+    );
+
+    // The partition heals: a replica that still thought it led would act again now.
+    proxies[a].heal();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+
+    // Its lease ran out LEASE_DURATION after its last successful renewal.
+    let lease_path = format!("/apis/coordination.k8s.io/v1/namespaces/default/leases/{lease}");
+    let seen_a = proxies[a].seen();
+    let last_renewal = seen_a
+        .iter()
+        .filter(|s| s.method == "PUT" && s.path.starts_with(&lease_path) && s.status == Some(200))
+        .map(|s| s.at)
+        .max()
+        .ok_or("replica a never renewed its lease through its proxy")?;
+    let expired_at = last_renewal + LEASE_DURATION;
+    let late: Vec<String> = seen_a
+        .iter()
+        .filter(|s| s.is_write() && s.at >= expired_at)
+        .map(|s| format!("{} {} ({:?} after the lease ran out)", s.method, s.path, s.at - expired_at))
+        .collect();
+    ensure!(
+        late.is_empty(),
+        "the cut-off leader wrote after its lease ran out: {}",
+        late.join("; ")
+    );
+    let after_cut: Vec<String> = seen_a
+        .iter()
+        .filter(|s| s.is_write() && s.at >= cut_at)
+        .map(|s| format!("{} {} at cut+{:?}", s.method, s.path, s.at - cut_at))
+        .collect();
+    println!(
+        "e2e: leader_cut_off: leader's last renewal cut-{:?}, writes it attempted after the cut (held): {}",
+        cut_at.saturating_duration_since(last_renewal),
+        if after_cut.is_empty() { "none".to_owned() } else { after_cut.join("; ") }
+    );
+
+    // The cut-off leader gave up: it exits once it could not renew for the renew deadline.
+    let exited = wait_for(
+        "the cut-off leader exits",
+        RENEW_DEADLINE + Duration::from_secs(20),
+        || {
+            let running = replicas[a].is_running();
+            async move { Ok(!running) }
+        },
+    )
+    .await;
+    ensure!(
+        exited.is_ok(),
+        "replica a still runs {:?} after it was cut off",
+        cut_at.elapsed()
+    );
+
+    // The standby took over no earlier than the lease allowed, and it made the CRD change.
+    let seen_b = proxies[b].seen();
+    let takeover = seen_b
+        .iter()
+        .filter(|s| s.method == "PUT" && s.path.starts_with(&lease_path) && s.status == Some(200))
+        .map(|s| s.at)
+        .min()
+        .ok_or("the standby never wrote the lease")?;
+    ensure!(
+        takeover >= expired_at,
+        "the standby took the lease {:?} before it expired",
+        expired_at - takeover
+    );
+    let crd_path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{}", crd.name);
+    ensure!(
+        seen_b
+            .iter()
+            .any(|s| s.method == "PATCH" && s.path.starts_with(&crd_path) && s.status == Some(200)),
+        "the CRD patch that serves v1 did not come from the standby"
+    );
+    ensure!(
+        !seen_a
+            .iter()
+            .any(|s| s.method == "PATCH" && s.path.starts_with(&crd_path) && s.at >= cut_at),
+        "the cut-off leader tried to patch the CRD after the cut"
+    );
+    for replica in &mut replicas {
+        replica.terminate(Duration::from_secs(10));
+    }
+    Ok(())
+}
