@@ -31,7 +31,6 @@ pub struct ControlPlane {
     etcd_port: u16,
     apiserver: Mutex<Option<Child>>,
     apiserver_args: Vec<String>,
-    apiserver_port: u16,
     controller_manager: Mutex<Option<Child>>,
     /// A kubeconfig for the administrator (token auth).
     pub kubeconfig: PathBuf,
@@ -187,7 +186,6 @@ impl ControlPlane {
             etcd_port,
             apiserver: Mutex::new(None),
             apiserver_args,
-            apiserver_port,
             controller_manager: Mutex::new(None),
             kubeconfig,
             restarts: Mutex::new(0),
@@ -206,10 +204,6 @@ impl ControlPlane {
         crate::env::lock(&self.controller_manager).is_some()
     }
 
-    /// Where the processes' logs are.
-    pub fn log_dir(&self) -> &Path {
-        &self.dir
-    }
 
     async fn start_etcd(&self) -> Result<(), String> {
         let peer = free_port()?;
@@ -232,7 +226,7 @@ impl ControlPlane {
         *crate::env::lock(&self.etcd) = Some(child);
         let started = Instant::now();
         loop {
-            if let Ok((200, body)) = self.etcd_http("GET", "/health", None).await
+            if let Ok((200, body)) = self.etcd().http("GET", "/health", None).await
                 && body.contains("true")
             {
                 return Ok(());
@@ -332,22 +326,55 @@ impl ControlPlane {
         self.start_apiserver().await
     }
 
+    /// The control plane's etcd.
+    pub fn etcd(&self) -> Etcd {
+        Etcd { port: self.etcd_port }
+    }
+
+    /// Stops everything and removes its files (kept with `E2E_KEEP_CONTROL_PLANE=1`).
+    pub fn stop(&self) {
+        for process in [&self.controller_manager, &self.apiserver, &self.etcd] {
+            if let Some(mut child) = crate::env::lock(process).take() {
+                stop(&mut child, Duration::from_secs(10));
+            }
+        }
+        if std::env::var("E2E_KEEP_CONTROL_PLANE").is_ok_and(|v| v == "1") {
+            println!("e2e: control plane files kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A client of the control plane's etcd, through its JSON gateway (loopback, plain HTTP).
+#[derive(Clone, Copy)]
+pub struct Etcd {
+    port: u16,
+}
+
+impl Etcd {
     /// Compacts etcd at its current revision: every continue token and watch resourceVersion
     /// issued before now expires (410), as after the apiserver's periodic compaction.
-    pub async fn compact_etcd(&self) -> Result<i64, String> {
-        let revision = self.etcd_revision().await?;
+    pub async fn compact(&self) -> Result<i64, String> {
+        let revision = self.revision().await?;
         let body = json!({"revision": revision.to_string(), "physical": true});
-        match self.etcd_http("POST", "/v3/kv/compaction", Some(&body)).await? {
+        match self.http("POST", "/v3/kv/compaction", Some(&body)).await? {
             (200, _) => Ok(revision),
             (code, text) => Err(format!("etcd compaction answered {code}: {text}")),
         }
     }
 
     /// etcd's current revision.
-    pub async fn etcd_revision(&self) -> Result<i64, String> {
+    pub async fn revision(&self) -> Result<i64, String> {
         let key = base64::engine::general_purpose::STANDARD.encode("/registry/");
         let (code, text) = self
-            .etcd_http("POST", "/v3/kv/range", Some(&json!({"key": key, "count_only": true})))
+            .http("POST", "/v3/kv/range", Some(&json!({"key": key, "count_only": true})))
             .await?;
         let answer: Value = serde_json::from_str(&text).map_err(|e| format!("etcd answered {code}: {e}: {text}"))?;
         answer["header"]["revision"]
@@ -357,13 +384,39 @@ impl ControlPlane {
             .ok_or_else(|| format!("etcd's answer has no revision: {text}"))
     }
 
+    /// Every key under `prefix` and its value (JSON), e.g. every object of a resource
+    /// (`/registry/<group>/<plural>/`), as stored.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<(String, Value)>, String> {
+        let mut end = prefix.as_bytes().to_vec();
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        let engine = base64::engine::general_purpose::STANDARD;
+        let (code, text) = self
+            .http(
+                "POST",
+                "/v3/kv/range",
+                Some(&json!({"key": engine.encode(prefix), "range_end": engine.encode(&end)})),
+            )
+            .await?;
+        let answer: Value = serde_json::from_str(&text).map_err(|e| format!("etcd answered {code}: {e}: {text}"))?;
+        let mut found = Vec::new();
+        for kv in answer["kvs"].as_array().into_iter().flatten() {
+            let decode = |field: &str| engine.decode(kv[field].as_str().unwrap_or_default()).unwrap_or_default();
+            let key = String::from_utf8_lossy(&decode("key")).into_owned();
+            let value = serde_json::from_slice(&decode("value")).unwrap_or(Value::Null);
+            found.push((key, value));
+        }
+        Ok(found)
+    }
+
     /// The value etcd stores under `key` (e.g. `/registry/<group>/<plural>/<name>`: a custom
     /// object as the apiserver encoded it, in the storage version of the moment it was
     /// written), `None` when there is none.
-    pub async fn etcd_get(&self, key: &str) -> Result<Option<Value>, String> {
+    pub async fn get(&self, key: &str) -> Result<Option<Value>, String> {
         let encoded = base64::engine::general_purpose::STANDARD.encode(key);
         let (code, text) = self
-            .etcd_http("POST", "/v3/kv/range", Some(&json!({"key": encoded})))
+            .http("POST", "/v3/kv/range", Some(&json!({"key": encoded})))
             .await?;
         let answer: Value = serde_json::from_str(&text).map_err(|e| format!("etcd answered {code}: {e}: {text}"))?;
         let Some(value) = answer["kvs"][0]["value"].as_str() else {
@@ -378,10 +431,10 @@ impl ControlPlane {
     }
 
     /// One request to etcd's JSON gateway (HTTP/1.0, so the body ends with the connection).
-    async fn etcd_http(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, String), String> {
+    pub async fn http(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, String), String> {
         let body = body.map(Value::to_string).unwrap_or_default();
         let exchange = async {
-            let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.etcd_port))
+            let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
                 .await
                 .map_err(|e| e.to_string())?;
             let request = format!(
@@ -409,30 +462,5 @@ impl ControlPlane {
         tokio::time::timeout(Duration::from_secs(10), exchange)
             .await
             .map_err(|_| format!("etcd {method} {path}: no answer within 10 s"))?
-    }
-
-    /// The apiserver's URL.
-    pub fn apiserver_url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.apiserver_port)
-    }
-
-    /// Stops everything and removes its files (kept with `E2E_KEEP_CONTROL_PLANE=1`).
-    pub fn stop(&self) {
-        for process in [&self.controller_manager, &self.apiserver, &self.etcd] {
-            if let Some(mut child) = crate::env::lock(process).take() {
-                stop(&mut child, Duration::from_secs(10));
-            }
-        }
-        if std::env::var("E2E_KEEP_CONTROL_PLANE").is_ok_and(|v| v == "1") {
-            println!("e2e: control plane files kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        self.stop();
     }
 }

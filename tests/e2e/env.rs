@@ -92,15 +92,8 @@ impl Env {
         })
     }
 
-    /// The control plane the suite started; `Err` (the scenario's skip reason) on a cluster
-    /// it did not start, which no scenario may restart or compact.
-    pub fn own_control_plane(&self) -> Result<&crate::control_plane::ControlPlane, String> {
-        self.control_plane.as_ref().ok_or_else(|| {
-            "needs the suite's own control plane (KUBEBUILDER_ASSETS): it restarts the apiserver or compacts etcd".to_owned()
-        })
-    }
-
-    /// The control plane the suite started, if it did.
+    /// The control plane the suite started, if it did: only such a one may a scenario restart
+    /// or compact.
     pub fn control_plane(&self) -> Option<&crate::control_plane::ControlPlane> {
         self.control_plane.as_ref()
     }

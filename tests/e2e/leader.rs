@@ -134,10 +134,13 @@ async fn cut_off(env: &Env) -> Outcome {
     let after_cut: Vec<String> = seen_a
         .iter()
         .filter(|s| s.is_write() && s.at >= cut_at)
-        .map(|s| format!("{} {} at cut+{:?}", s.method, s.path, s.at - cut_at))
+        .map(|s| {
+            let fate = if s.forwarded { "forwarded" } else { "held" };
+            format!("{} {} at cut+{:?} ({fate})", s.method, s.path, s.at - cut_at)
+        })
         .collect();
     println!(
-        "e2e: leader_cut_off: leader's last renewal cut-{:?}, writes it attempted after the cut (held): {}",
+        "e2e: leader_cut_off: leader's last renewal cut-{:?}, writes it attempted after the cut: {}",
         cut_at.saturating_duration_since(last_renewal),
         if after_cut.is_empty() { "none".to_owned() } else { after_cut.join("; ") }
     );

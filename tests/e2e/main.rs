@@ -23,6 +23,7 @@ mod least_privilege;
 mod proxy;
 mod replicas;
 mod scenarios;
+mod soak;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -50,6 +51,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         Box::pin(builtin_migration::builtin_migration(env))
     }),
     ("leader_cut_off", |env| Box::pin(leader::leader_cut_off(env))),
+    ("soak", |env| Box::pin(soak::soak(env))),
 ];
 
 fn main() -> ExitCode {
