@@ -113,39 +113,50 @@ impl LeaderElector {
         }
     }
 
-    /// Waits until this replica holds the lease.
-    pub async fn acquire(&self) {
+    /// Waits until this replica holds the lease; returns when the winning attempt was sent,
+    /// which `hold` measures its renew deadline from.
+    pub async fn acquire(&self) -> Instant {
         info!(lease = %self.settings.name, namespace = %self.settings.namespace, identity = %self.settings.identity, "waiting for leadership");
         loop {
-            match self.try_acquire_or_renew().await {
-                Ok(true) => {
+            let sent = Instant::now();
+            // Bounded like a renewal: an answer later than that starts no leadership.
+            match tokio::time::timeout(self.settings.renew_deadline, self.try_acquire_or_renew()).await {
+                Ok(Ok(true)) => {
                     info!(identity = %self.settings.identity, "became leader");
-                    return;
+                    return sent;
                 }
-                Ok(false) => {}
-                Err(error) => warn!(error = %error, "leader election request failed"),
+                Ok(Ok(false)) => {}
+                Ok(Err(error)) => warn!(error = %error, "leader election request failed"),
+                Err(_) => warn!("leader election request did not answer within the renew deadline"),
             }
             tokio::time::sleep(self.settings.retry_period).await;
         }
     }
 
     /// Renews the lease until renewal fails for longer than the renew deadline, or another
-    /// replica holds it; returns only then. As client-go bounds each renewal with
-    /// `context.WithTimeout(RenewDeadline)`, every attempt here is cut off at the deadline
-    /// (the last renewal plus `renew_deadline`): a hung request, or a client retrying 429 or
-    /// 503 for minutes, cannot keep this replica acting after the lease it no longer renews
-    /// has expired for the others (`renew_deadline` < `lease_duration`).
-    pub async fn hold(&self) -> LeaseError {
-        let mut deadline = Instant::now() + self.settings.renew_deadline;
+    /// replica holds it; returns only then. `renewed` is when the attempt that won the lease
+    /// was sent (`acquire`'s answer).
+    ///
+    /// The deadline is measured from when the last successful renewal was **sent**, not from
+    /// when its answer came: the apiserver wrote it at some instant in between, and the
+    /// others' lease duration runs from that write, so an answer that arrives late must not
+    /// move the deadline. As client-go bounds each renewal with
+    /// `context.WithTimeout(RenewDeadline)`, every attempt here is cut off at the deadline: a
+    /// hung request, or a client retrying 429 or 503 for minutes, cannot keep this replica
+    /// acting after the lease it no longer renews has expired for the others
+    /// (`renew_deadline` < `lease_duration`; ARCHITECTURE.md, "Fencing").
+    pub async fn hold(&self, renewed: Instant) -> LeaseError {
+        let mut deadline = renewed + self.settings.renew_deadline;
         loop {
             let pause = self
                 .settings
                 .retry_period
                 .min(deadline.saturating_duration_since(Instant::now()));
             tokio::time::sleep(pause).await;
-            let left = deadline.saturating_duration_since(Instant::now());
+            let sent = Instant::now();
+            let left = deadline.saturating_duration_since(sent);
             match tokio::time::timeout(left, self.try_acquire_or_renew()).await {
-                Ok(Ok(true)) => deadline = Instant::now() + self.settings.renew_deadline,
+                Ok(Ok(true)) => deadline = sent + self.settings.renew_deadline,
                 // Another replica holds the lease now: stop acting at once.
                 Ok(Ok(false)) => {
                     return LeaseError::Taken {

@@ -132,11 +132,12 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
         .lease
         .clone()
         .map(|lease| Arc::new(LeaderElector::new(client.clone(), lease)));
+    let mut acquired = tokio::time::Instant::now();
     if let Some(elector) = &elector {
         // A standby replica is healthy and ready; it just does not reconcile.
         health.ready.store(true, Ordering::Relaxed);
         tokio::select! {
-            () = elector.acquire() => {}
+            sent = elector.acquire() => acquired = sent,
             () = shutdown.clone() => return Ok(()),
             failed = supervisor.first_failure() => return Err(failed.into()),
         }
@@ -157,7 +158,7 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
     // at once (reconciles with it, migrations and the sampler through `StopWriters`).
     let hold = async {
         match &elector {
-            Some(elector) => elector.hold().await,
+            Some(elector) => elector.hold(acquired).await,
             None => std::future::pending().await,
         }
     };

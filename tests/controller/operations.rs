@@ -109,11 +109,11 @@ async fn a_leader_whose_lease_was_taken_stops_at_once() {
     let mut settings = LeaseSettings::new("default".into(), "crd-lifecycle".into(), "replica-a".into());
     settings.retry_period = std::time::Duration::from_millis(20);
     let leader = LeaderElector::new(h.fake.client(), settings);
-    leader.acquire().await;
+    let won = leader.acquire().await;
     // Another replica took the lease over (e.g. after this one stalled).
     h.fake.lock().leases.get_mut("crd-lifecycle").expect("lease")["spec"]["holderIdentity"] =
         "replica-b".into();
-    let lost = tokio::time::timeout(std::time::Duration::from_secs(2), leader.hold())
+    let lost = tokio::time::timeout(std::time::Duration::from_secs(2), leader.hold(won))
         .await
         .expect("hold returns once the lease is taken");
     assert!(lost.to_string().contains("held by another replica"), "{lost}");
@@ -127,11 +127,11 @@ async fn a_leader_whose_renewal_hangs_stops_before_its_lease_expires() {
     settings.renew_deadline = std::time::Duration::from_millis(1000);
     settings.retry_period = std::time::Duration::from_millis(100);
     let leader = LeaderElector::new(h.fake.client(), settings);
-    leader.acquire().await;
+    let won = leader.acquire().await;
     let acquired = tokio::time::Instant::now();
     // From now on every lease request hangs: no answer, no error.
     h.fake.lock().leases_stall = true;
-    let lost = tokio::time::timeout(std::time::Duration::from_secs(5), leader.hold())
+    let lost = tokio::time::timeout(std::time::Duration::from_secs(5), leader.hold(won))
         .await
         .expect("hold returns although the renewal never answers");
     let stopped = acquired.elapsed();
@@ -144,6 +144,50 @@ async fn a_leader_whose_renewal_hangs_stops_before_its_lease_expires() {
     tokio::time::timeout(std::time::Duration::from_secs(3), leader.release())
         .await
         .expect("release is bounded");
+}
+
+/// A renewal the apiserver wrote but answered late must not move the renew deadline: the
+/// others' lease duration runs from the write, so the deadline runs from when the renewal
+/// was sent. (Measured from the late answer, this leader would act 400 ms past the instant
+/// another replica may take over.)
+#[tokio::test(start_paused = true)]
+async fn a_renewal_answered_late_does_not_extend_leadership() {
+    let h = Harness::new();
+    let mut settings = LeaseSettings::new("default".into(), "crd-lifecycle".into(), "replica-a".into());
+    settings.lease_duration = std::time::Duration::from_millis(1500);
+    settings.renew_deadline = std::time::Duration::from_millis(1200);
+    settings.retry_period = std::time::Duration::from_millis(100);
+    let leader = LeaderElector::new(h.fake.client(), settings.clone());
+    let won = leader.acquire().await;
+    let version = |h: &Harness| h.fake.lock().leases["crd-lifecycle"]["metadata"]["resourceVersion"].clone();
+    let acquired_version = version(&h);
+    // Every lease request is written at once and answered 400 ms later; after the first
+    // renewal lands, the apiserver is unreachable.
+    h.fake.lock().lease_answer_delay = std::time::Duration::from_millis(400);
+    let hold = tokio::spawn(async move {
+        let lost = leader.hold(won).await;
+        (lost, tokio::time::Instant::now())
+    });
+    let written = loop {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        if version(&h) != acquired_version {
+            h.fake.lock().leases_stall = true;
+            break tokio::time::Instant::now();
+        }
+    };
+    let (lost, stopped) = tokio::time::timeout(std::time::Duration::from_secs(10), hold)
+        .await
+        .expect("hold returns")
+        .expect("hold task");
+    assert!(lost.to_string().contains("could not renew"), "{lost}");
+    // The renewal was sent before the apiserver wrote it: the leader stops within the renew
+    // deadline of that write, well before another replica may take over.
+    assert!(
+        stopped <= written + settings.renew_deadline,
+        "stopped {:?} after the last renewal was written",
+        stopped - written
+    );
+    assert!(stopped < written + settings.lease_duration);
 }
 
 #[tokio::test(start_paused = true)]

@@ -106,6 +106,9 @@ pub struct State {
     pub leases: BTreeMap<String, Value>,
     /// Lease requests get no answer (an apiserver or network that hangs).
     pub leases_stall: bool,
+    /// Lease requests are applied at once but answered this much later (a slow network on
+    /// the way back: the write has happened when the client learns of it).
+    pub lease_answer_delay: std::time::Duration,
     pub secrets: BTreeMap<String, Value>,
     pub requests: Vec<Recorded>,
     resource_version: u64,
@@ -478,9 +481,22 @@ impl FakeApiserver {
             state.requests.push(recorded.clone());
             return discovery(&mut state, group, version);
         }
-        if recorded.path.starts_with("/apis/coordination.k8s.io/") && self.lock().leases_stall {
-            self.lock().requests.push(recorded.clone());
-            std::future::pending::<()>().await;
+        if recorded.path.starts_with("/apis/coordination.k8s.io/") {
+            if self.lock().leases_stall {
+                self.lock().requests.push(recorded.clone());
+                std::future::pending::<()>().await;
+            }
+            let delay = self.lock().lease_answer_delay;
+            if !delay.is_zero() {
+                let response = {
+                    let mut state = self.lock();
+                    state.requests.push(recorded.clone());
+                    let (code, reply) = route(&mut state, &recorded, &segments, body);
+                    respond(code, &reply)
+                };
+                tokio::time::sleep(delay).await;
+                return response;
+            }
         }
         let custom = custom_resource(&mut self.lock(), &segments);
         if let Some(resource) = custom {
