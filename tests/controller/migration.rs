@@ -554,3 +554,39 @@ async fn a_missing_grant_blocks_with_the_role_to_add_and_touches_nothing() {
     h.reconcile("widgets").await;
     assert_ne!(h.condition("widgets", "Blocked").1, "MissingPermission");
 }
+
+/// A new leader decides from the policy's status as the old one would: a migration that
+/// failed moments ago (`status.migration`: phase and `finishedAt`) is not run again before
+/// the wait after a failure is over, and is after it.
+#[tokio::test(start_paused = true)]
+async fn a_new_leader_waits_after_a_failed_migration_as_the_old_one() {
+    let mut h = Harness::with_example_and_objects(40);
+    h.fake.set_fault(
+        "ns1",
+        "w00005",
+        ObjectFault::ConversionFails("spec.size must be an integer".into()),
+    );
+    h.at("2026-06-29T00:00:00Z");
+    h.edit_policy("widgets", |p| p["spec"]["migration"]["preflight"] = json!(false));
+    h.reconcile("widgets").await;
+    wait_until("the migration fails", || migration(&h)["phase"] == "Failed").await;
+    let writes = |h: &Harness| {
+        h.fake
+            .object_requests()
+            .iter()
+            .filter(|r| r.method == "PATCH")
+            .count()
+    };
+    let before = writes(&h);
+    h.new_leader();
+    h.reconcile("widgets").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(writes(&h), before, "failed moments ago: not run again");
+    assert_eq!(migration(&h)["phase"], "Failed");
+    // After the wait (100 ms in these tests, by the controller's clock): it runs again.
+    h.fake.lock().faults.clear();
+    h.at("2026-06-29T00:00:01Z");
+    h.reconcile("widgets").await;
+    wait_until("the migration succeeds", || migration(&h)["phase"] == "Succeeded").await;
+    assert!(writes(&h) > before);
+}
