@@ -1,5 +1,6 @@
 //! Gates: conditions a due transition must meet before it happens (an approval, no
-//! traffic to a version, a passed conversion preflight). A held transition, and every later
+//! traffic to a version, a conversion preflight passed for that store and checked shortly
+//! before). A held transition, and every later
 //! milestone of its version, is treated as not reached; so is the unserving or removal of
 //! a version that stays the storage version because the `store` that would replace it is
 //! held. Plain data in, plain data out, like the rest of the engine.
