@@ -24,6 +24,18 @@ async fn passed_a_minute_ahead() -> Harness {
     h
 }
 
+/// At the v1beta1 store's instant `at`: the store waits (`AwaitingPreflight`) for a
+/// preflight that runs then, and lands once it passed.
+async fn the_store_waits_for_a_preflight_of_its_own(h: &mut Harness, at: &str) {
+    h.at(at);
+    h.reconcile("widgets").await;
+    assert_eq!(h.flags(), "v1alpha1:sS v1beta1:s v1:-", "held");
+    assert_eq!(h.condition("widgets", "Blocked").1, "AwaitingPreflight");
+    h.reconcile_through_preflight("widgets").await;
+    assert_eq!(h.preflight("widgets", "v1beta1")["startedAt"], at, "read again");
+    assert_eq!(h.flags(), "v1alpha1:s v1beta1:sS v1:-");
+}
+
 fn event_notes(h: &Harness, reason: &str) -> Vec<String> {
     h.fake
         .events()
@@ -219,17 +231,7 @@ async fn a_preflight_read_through_another_conversion_does_not_stand() {
     let mut h = passed_a_minute_ahead().await;
     h.fake
         .edit_crd(CRD, |crd| crd["spec"]["conversion"] = json!({"strategy": "None"}));
-    h.at(STORE);
-    h.reconcile("widgets").await;
-    assert_eq!(h.flags(), "v1alpha1:sS v1beta1:s v1:-", "held");
-    assert_eq!(h.condition("widgets", "Blocked").1, "AwaitingPreflight");
-    h.reconcile_through_preflight("widgets").await;
-    assert_eq!(
-        h.preflight("widgets", "v1beta1")["startedAt"],
-        STORE,
-        "read again"
-    );
-    assert_eq!(h.flags(), "v1alpha1:s v1beta1:sS v1:-");
+    the_store_waits_for_a_preflight_of_its_own(&mut h, STORE).await;
 }
 
 /// The lead grows with the CRD's objects: 5,000 objects at the assumed 50 a second take
@@ -323,15 +325,11 @@ async fn a_result_for_an_earlier_store_of_the_version_does_not_stand() {
     h.edit_policy("widgets", |p| {
         p["spec"]["versions"][1]["store"] = json!({"at": "2026-01-05T00:10:00Z"})
     });
-    h.at("2026-01-05T00:10:00Z");
-    h.reconcile("widgets").await;
-    assert_eq!(h.flags(), "v1alpha1:sS v1beta1:s v1:-", "held");
-    assert_eq!(h.condition("widgets", "Blocked").1, "AwaitingPreflight");
-    h.reconcile_through_preflight("widgets").await;
-    let preflight = h.preflight("widgets", "v1beta1");
-    assert_eq!(preflight["storeAt"], "2026-01-05T00:10:00Z");
-    assert_eq!(preflight["startedAt"], "2026-01-05T00:10:00Z", "its own");
-    assert_eq!(h.flags(), "v1alpha1:s v1beta1:sS v1:-");
+    the_store_waits_for_a_preflight_of_its_own(&mut h, "2026-01-05T00:10:00Z").await;
+    assert_eq!(
+        h.preflight("widgets", "v1beta1")["storeAt"],
+        "2026-01-05T00:10:00Z"
+    );
 }
 
 /// Finding 5: the objects are checked against the schema of the version they are read
@@ -347,17 +345,7 @@ async fn a_change_of_the_target_schema_makes_the_result_stale() {
         v1beta1["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["color"] =
             json!({"type": "string", "maxLength": 16});
     });
-    h.at(STORE);
-    h.reconcile("widgets").await;
-    assert_eq!(h.flags(), "v1alpha1:sS v1beta1:s v1:-", "held");
-    assert_eq!(h.condition("widgets", "Blocked").1, "AwaitingPreflight");
-    h.reconcile_through_preflight("widgets").await;
-    assert_eq!(
-        h.preflight("widgets", "v1beta1")["startedAt"],
-        STORE,
-        "read again"
-    );
-    assert_eq!(h.flags(), "v1alpha1:s v1beta1:sS v1:-");
+    the_store_waits_for_a_preflight_of_its_own(&mut h, STORE).await;
 }
 
 /// Finding 6: two stores whose preflights run ahead at once (v1beta1 at 00:00, v1 30 s

@@ -202,32 +202,33 @@ fn a_conversion_preflight_gates_the_store() {
     assert!(passed.blocked.is_empty());
     assert_eq!(flags(&passed), "v1alpha1:s v1beta1:s v1:sS");
 
-    // Passed, but its objects were last checked more than it stands for before now (the
-    // check before the instant was missed: a restart, a late reconcile): the store waits.
-    let late = ts("2026-02-01T00:00:11Z");
-    let stale = schedule.evaluate_with_gates(&crd, &[], &with(Some(PreflightResult::Passed(pass))), late);
-    assert_eq!(stale.blocked[0].reason, BlockReason::AwaitingPreflight);
-    assert!(
-        stale.blocked[0]
-            .message
-            .contains("checked again: they were last checked at 2026-01-31T23:59:50Z"),
-        "{}",
-        stale.blocked[0].message
+    // A passed result that does not stand: the store waits, saying why.
+    let waits = |pass: PreflightPass, at, why: &str| {
+        let held = schedule.evaluate_with_gates(&crd, &[], &with(Some(PreflightResult::Passed(pass))), at);
+        assert_eq!(held.blocked[0].reason, BlockReason::AwaitingPreflight);
+        assert!(
+            held.blocked[0].message.contains(why),
+            "{}",
+            held.blocked[0].message
+        );
+        assert_eq!(flags(&held), "v1alpha1:sS v1beta1:s v1:s");
+    };
+    // Its objects were last checked more than it stands for before now (the check before
+    // the instant was missed: a restart, a late reconcile).
+    waits(
+        pass,
+        ts("2026-02-01T00:00:11Z"),
+        "checked again: they were last checked at 2026-01-31T23:59:50Z",
     );
-    assert_eq!(flags(&stale), "v1alpha1:sS v1beta1:s v1:s");
     // Passed for another store of v1 (one at another instant): it stands for nothing here.
     let other = PreflightPass {
         store_at: ts("2026-01-20T00:00:00Z"),
         ..pass
     };
-    let elsewhere = schedule.evaluate_with_gates(&crd, &[], &with(Some(PreflightResult::Passed(other))), at);
-    assert_eq!(elsewhere.blocked[0].reason, BlockReason::AwaitingPreflight);
-    assert!(
-        elsewhere.blocked[0]
-            .message
-            .contains("ran for a store at 2026-01-20T00:00:00Z, not this one at 2026-02-01T00:00:00Z"),
-        "{}",
-        elsewhere.blocked[0].message
+    waits(
+        other,
+        at,
+        "ran for a store at 2026-01-20T00:00:00Z, not this one at 2026-02-01T00:00:00Z",
     );
 
     // Turned off: no gate.
