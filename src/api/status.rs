@@ -51,8 +51,16 @@ pub struct VersionPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub managed_fields_cleanup: Option<MigrationStatus>,
 
-    /// The last conversion preflight (every object read through the version a `store`
-    /// switches to).
+    /// The conversion preflight of each version a `store` switches to (every object read
+    /// through it), one entry per version, each written by its own field manager
+    /// (`crd-lifecycle-preflight-<version>`), so that preflights of several stores never
+    /// overwrite each other.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["version"]))]
+    pub preflights: Vec<PreflightStatus>,
+
+    /// Deprecated: the single preflight result releases before `preflights` wrote. Read for
+    /// its version until `preflights` has an entry for it, then cleared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preflight: Option<PreflightStatus>,
 
@@ -75,22 +83,29 @@ pub struct PreflightStatus {
     /// When it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Time>,
-    /// The instant of the `store` it runs ahead of, when it started before it.
+    /// The instant of the `store` it ran for: the result stands for that store only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_at: Option<Time>,
-    /// Objects read.
+    /// Objects the result covers: those the preflight read, or those found at the last
+    /// check before the store (`verifiedAt`).
     #[serde(default)]
     pub read: u64,
-    /// A digest of the objects read (names and resourceVersions): the result stands for the
-    /// store while the objects are unchanged.
+    /// A digest of the objects the result covers (names and resourceVersions), as found by
+    /// the preflight or its last check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub objects_digest: Option<String>,
-    /// A fingerprint of the CRD's conversion it read through: the result stands while the
-    /// conversion is unchanged.
+    /// A fingerprint of what the objects were checked against: the CRD's conversion and the
+    /// schema of `version`. The result stands only while the CRD's is the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+    /// Deprecated (written by earlier releases instead of `fingerprint`): a fingerprint of
+    /// the CRD's conversion alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversion: Option<String>,
-    /// When the objects were last found unchanged since it passed (shortly before the
-    /// store's instant).
+    /// When the last check before the store started: the objects were listed again and
+    /// those created or changed since the preflight read them were read, converted and
+    /// checked the same way. At the store's instant a passed result stands only if it
+    /// finished, or was checked, shortly before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verified_at: Option<Time>,
     /// Objects that failed to convert.

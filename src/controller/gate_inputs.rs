@@ -5,8 +5,11 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use std::collections::BTreeMap;
+
+use super::preflight;
 use super::traffic::TrafficMonitor;
-use crate::api::{MigrationPhase, TrafficStatus, VersionPolicy};
+use crate::api::{MigrationPhase, TrafficStatus, VersionPolicy, VersionPolicyStatus};
 use crate::lifecycle::{APPROVE_ANNOTATION, GateInputs, PreflightResult, parse_approvals, parse_duration};
 
 /// The gate inputs of a policy, the traffic part of its status, and the approval
@@ -32,24 +35,7 @@ pub fn gates(policy: &VersionPolicy, crd: &CustomResourceDefinition, traffic: &T
         .iter()
         .map(|h| (h.version.clone(), h.milestone))
         .collect();
-    // A result read through another conversion than the CRD's now stands for nothing: the
-    // store waits for the preflight to run again.
-    let conversion = crate::migrate::conversion_fingerprint(crd);
-    let preflight = status
-        .preflight
-        .iter()
-        .filter(|p| p.conversion.as_ref().is_none_or(|c| *c == conversion))
-        .map(|p| {
-            let result = match p.phase {
-                MigrationPhase::Running => PreflightResult::Running,
-                MigrationPhase::Succeeded => PreflightResult::Passed,
-                MigrationPhase::Failed => {
-                    PreflightResult::Failed(p.message.clone().unwrap_or_else(|| p.failures.join("; ")))
-                }
-            };
-            (p.version.clone(), result)
-        })
-        .collect();
+    let preflight = preflight_results(&status, crd);
 
     let mut observed = std::collections::BTreeMap::new();
     let mut traffic_status = Vec::new();
@@ -96,6 +82,59 @@ pub fn gates(policy: &VersionPolicy, crd: &CustomResourceDefinition, traffic: &T
         traffic: traffic_status,
         invalid_approvals,
     }
+}
+
+/// What the store gates see of the recorded conversion preflights (`status.preflights`, and
+/// the single `status.preflight` of an earlier release for its version): each result
+/// checked against what the CRD has now (`preflight::fingerprints`); one checked against
+/// something else stands for nothing, so the store waits for the preflight to run again. A
+/// passed one carries the store it ran for and when its objects were last checked: the
+/// engine counts it only for that store and only shortly after the check
+/// (`PreflightPass::stands`). A passed result of an earlier release, which did not record
+/// the schemas it checked against, counts for nothing either (its preflight runs again);
+/// its running or failed one is shown while its conversion is unchanged.
+pub fn preflight_results(
+    status: &VersionPolicyStatus,
+    crd: &CustomResourceDefinition,
+) -> BTreeMap<String, PreflightResult> {
+    let fingerprints = preflight::fingerprints(crd);
+    let conversion = crate::migrate::conversion_fingerprint(crd);
+    let versions = status
+        .preflights
+        .iter()
+        .chain(status.preflight.as_ref())
+        .map(|p| p.version.as_str());
+    let mut results = BTreeMap::new();
+    for version in versions {
+        let Some(recorded) = preflight::recorded(Some(status), version) else {
+            continue;
+        };
+        let current = match &recorded.fingerprint {
+            Some(fingerprint) => fingerprints.get(version) == Some(fingerprint),
+            None => {
+                recorded.phase != MigrationPhase::Succeeded
+                    && recorded.conversion.as_ref().is_none_or(|c| *c == conversion)
+            }
+        };
+        if !current {
+            continue;
+        }
+        let result = match recorded.phase {
+            MigrationPhase::Running => PreflightResult::Running,
+            MigrationPhase::Succeeded => match preflight::pass(recorded) {
+                Some(pass) => PreflightResult::Passed(pass),
+                None => continue,
+            },
+            MigrationPhase::Failed => PreflightResult::Failed(
+                recorded
+                    .message
+                    .clone()
+                    .unwrap_or_else(|| recorded.failures.join("; ")),
+            ),
+        };
+        results.insert(version.to_owned(), result);
+    }
+    results
 }
 
 /// For each governed version whose `unserve` has a writers gate, is due at `now` and is

@@ -16,7 +16,7 @@ pub mod migrations;
 mod observation;
 pub mod patch;
 pub mod permissions;
-mod preflight;
+pub mod preflight;
 mod reconcile;
 mod release;
 pub mod rotation_record;

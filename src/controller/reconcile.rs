@@ -118,7 +118,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
                 ctx,
                 evaluation,
                 crd_after.as_ref(),
-                &outcome.conversion,
+                &outcome.fingerprints,
                 now,
                 &mut missing_permissions,
             )
@@ -301,9 +301,9 @@ struct Applied {
     conversion_changed: bool,
     /// Whether the patch gave the CRD back its conversion from before the webhook.
     conversion_restored: bool,
-    /// The fingerprint of the CRD's conversion (`migrate::conversion_fingerprint`), as the
-    /// CRD is after the patch.
-    conversion: String,
+    /// Per version, what a preflight through it checks against (`preflight::fingerprints`),
+    /// as the CRD is after the patch.
+    fingerprints: std::collections::BTreeMap<String, String>,
 }
 
 /// Reads the CRD, evaluates the policy and applies the guarded patch, recomputing it when
@@ -321,7 +321,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             ));
             return Ok(outcome);
         };
-        outcome.conversion = crate::migrate::conversion_fingerprint(&crd);
+        outcome.fingerprints = preflight::fingerprints(&crd);
         let mut gates = gate_inputs::gates(policy, &crd, &ctx.traffic);
         // Read once per reconcile: a patch retried after a concurrent CRD change needs no
         // second list of the objects.
@@ -405,7 +405,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                     .filter(|t| !outcome.drift.contains(t))
                     .collect();
                 outcome.crd_after = Some(CrdState::from_crd(&patched));
-                outcome.conversion = crate::migrate::conversion_fingerprint(&patched);
+                outcome.fingerprints = preflight::fingerprints(&patched);
                 outcome.evaluation = Some(evaluation);
                 info!(crd = crd_name, ops = ops.len(), "patched CRD");
                 return Ok(outcome);

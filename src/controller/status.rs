@@ -87,6 +87,7 @@ pub fn build_status(
         // Written by the migration, cleanup and preflight tasks under their own field manager.
         migration: None,
         managed_fields_cleanup: None,
+        preflights: Vec::new(),
         preflight: None,
         traffic: observation.traffic.clone(),
     }
@@ -453,10 +454,9 @@ pub async fn recorded_history(
     name: &str,
     cached: &VersionPolicy,
 ) -> Vec<crate::api::HistoryEntry> {
-    let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
-    match api.get_opt(name).await {
-        Ok(Some(DeserializeGuard(Ok(fresh)))) => fresh.status.map(|s| s.history).unwrap_or_default(),
-        Ok(_) => Vec::new(),
+    match read_policy(client, name).await {
+        Ok(Some(fresh)) => fresh.status.map(|s| s.history).unwrap_or_default(),
+        Ok(None) => Vec::new(),
         Err(error) => {
             warn!(policy = name, error = %error, "cannot read the policy's recorded history; using the cached one");
             cached
@@ -466,6 +466,13 @@ pub async fn recorded_history(
                 .unwrap_or_default()
         }
     }
+}
+
+/// The policy as the apiserver has it now, past the cache; `None` when it is gone or cannot
+/// be decoded.
+pub async fn read_policy(client: &Client, name: &str) -> Result<Option<VersionPolicy>, kube::Error> {
+    let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
+    Ok(api.get_opt(name).await?.and_then(|guard| guard.0.ok()))
 }
 
 pub async fn write_status(

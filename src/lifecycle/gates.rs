@@ -1,12 +1,13 @@
 //! Gates: conditions a due transition must meet before it happens (an approval, no
-//! traffic to a version, a passed conversion preflight). A held transition, and every later
+//! traffic to a version, a conversion preflight passed for that store and checked shortly
+//! before). A held transition, and every later
 //! milestone of its version, is treated as not reached; so is the unserving or removal of
 //! a version that stays the storage version because the `store` that would replace it is
 //! held. Plain data in, plain data out, like the rest of the engine.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 
 use super::crd::CrdState;
 use super::engine::{BlockReason, Blocked, CompletedMigration, Evaluation};
@@ -75,8 +76,31 @@ impl TrafficObservation {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PreflightResult {
     Running,
-    Passed,
+    Passed(PreflightPass),
     Failed(String),
+}
+
+/// A passed conversion preflight: for which store it ran, and when its objects were last
+/// found fit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PreflightPass {
+    /// The instant of the `store` it ran for.
+    pub store_at: Timestamp,
+    /// When its objects were last found fit: when it finished, or when the last check that
+    /// listed them again (and read those changed since) started.
+    pub checked_at: Timestamp,
+    /// How long after `checked_at` it stands.
+    pub stands_for: SignedDuration,
+}
+
+impl PreflightPass {
+    /// Whether it stands for the `store` at `store_at`, at `now`: it ran for that store, and
+    /// its objects were checked no longer than `stands_for` ago. A result from another
+    /// store of the version, or one whose check a restart or a late reconcile missed, does
+    /// not: the store waits for the check.
+    pub fn stands(&self, store_at: Timestamp, now: Timestamp) -> bool {
+        self.store_at == store_at && now.duration_since(self.checked_at) <= self.stands_for
+    }
 }
 
 impl Schedule {
@@ -268,8 +292,23 @@ impl Schedule {
             }
         }
         if kind == MilestoneKind::Store && self.migration.enabled && self.migration.preflight {
+            let store_at = version.at(MilestoneKind::Store).unwrap_or(at);
             return match gates.preflight.get(name) {
-                Some(PreflightResult::Passed) => None,
+                Some(PreflightResult::Passed(pass)) if pass.stands(store_at, at) => None,
+                Some(PreflightResult::Passed(pass)) if pass.store_at != store_at => Some((
+                    BlockReason::AwaitingPreflight,
+                    format!(
+                        "{name} store waits for its conversion preflight: the last one through {name} ran for a store at {}, not this one at {store_at}",
+                        pass.store_at
+                    ),
+                )),
+                Some(PreflightResult::Passed(pass)) => Some((
+                    BlockReason::AwaitingPreflight,
+                    format!(
+                        "{name} store waits for its conversion preflight's objects to be checked again: they were last checked at {}, more than {:#} before now",
+                        pass.checked_at, pass.stands_for
+                    ),
+                )),
                 Some(PreflightResult::Failed(message)) => Some((
                     BlockReason::ConversionPreflightFailed,
                     format!("{name} store is held: reading the objects through {name} failed: {message}"),

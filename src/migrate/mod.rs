@@ -8,6 +8,7 @@
 //! token after the last page whose objects are all done), so a run can resume.
 
 pub mod builtin;
+mod checked;
 pub mod command;
 mod digest;
 mod discovery;
@@ -35,6 +36,7 @@ use kube::Client;
 use kube::api::Api;
 use tracing::{info, warn};
 
+pub use checked::CheckedObjects;
 pub use digest::ObjectsDigest;
 pub use discovery::{SettleCheck, storage_version_hash};
 pub use progress::{Checkpoint, Counts, ObjectResult, Observer, PageTracker, Quiet, Rate, Resume};
@@ -148,6 +150,7 @@ pub async fn migrate(
                 dry_run: settings.managed_fields.dry_run,
                 elapsed: started.elapsed(),
                 objects_digest: None,
+                checked_objects: None,
             });
         }
         // Before touching any object: may this caller do what the run needs?
@@ -232,6 +235,7 @@ pub async fn migrate(
             dry_run: settings.managed_fields.dry_run,
             elapsed: started.elapsed(),
             objects_digest: pass.digest.map(|d| d.value()),
+            checked_objects: pass.checked.clone(),
         };
         if counts.failed > 0 {
             return Ok(report(Outcome::Failed));

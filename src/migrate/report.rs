@@ -56,6 +56,9 @@ pub struct Report {
     /// A digest of every object listed (`ObjectsDigest::value`), when one pass listed them
     /// all (not after a resume from a checkpoint).
     pub objects_digest: Option<String>,
+    /// With `Mode::Preflight`, when one pass listed them all: every object listed, for a
+    /// later check to read only those changed since (`Settings::preflight_checked`).
+    pub checked_objects: Option<super::CheckedObjects>,
 }
 
 impl Report {

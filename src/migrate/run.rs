@@ -11,6 +11,7 @@ use futures::future::{BoxFuture, FutureExt};
 use futures::stream::{FuturesUnordered, StreamExt};
 use tracing::warn;
 
+use super::checked::CheckedObjects;
 use super::digest::ObjectsDigest;
 use super::managed_fields;
 use super::requests::{self, Requester};
@@ -56,6 +57,8 @@ pub(super) struct Passes {
     pub(super) expired_tokens: usize,
     /// The objects listed, when this run listed them all (`None` after a resume).
     pub(super) digest: Option<ObjectsDigest>,
+    /// In a preflight, the objects listed, when this run listed them all.
+    pub(super) checked: Option<CheckedObjects>,
 }
 
 impl Run<'_> {
@@ -79,11 +82,13 @@ impl Run<'_> {
             restarts: 0,
             expired_tokens: 0,
             digest: Some(ObjectsDigest::default()),
+            checked: self.fresh_checked(),
         };
         let mut token = None;
         if let Some(resume) = resume {
             passes.counts = resume.counts;
             passes.digest = None;
+            passes.checked = None;
             token = Some(resume.continue_token);
         }
         loop {
@@ -106,6 +111,7 @@ impl Run<'_> {
                     }
                     passes.counts = Counts::default();
                     passes.digest = Some(ObjectsDigest::default());
+                    passes.checked = self.fresh_checked();
                     lock(&self.failures).clear();
                     self.observer.restarted(
                         "the list continue token expired and the apiserver gave no fresh one; listing again from the start",
@@ -128,6 +134,7 @@ impl Run<'_> {
         let concurrency = self.settings.concurrency.max(1);
         let counts = &mut passes.counts;
         let digest = &mut passes.digest;
+        let checked = &mut passes.checked;
         let mut tracker = PageTracker::new(*counts);
         let mut queue: VecDeque<(usize, ObjectKey)> = VecDeque::new();
         let mut in_flight = FuturesUnordered::new();
@@ -249,6 +256,9 @@ impl Run<'_> {
                     if let Some(digest) = digest.as_mut() {
                         page.objects.iter().for_each(|key| digest.add(key));
                     }
+                    if let Some(checked) = checked.as_mut() {
+                        page.objects.iter().for_each(|key| checked.add(key));
+                    }
                     if total.is_none() && let Some(remaining) = page.remaining {
                         total = Some(counts.listed + remaining);
                     }
@@ -261,6 +271,11 @@ impl Run<'_> {
                 }
             }
         }
+    }
+
+    /// What a preflight collects of the objects it lists (nothing for other runs).
+    fn fresh_checked(&self) -> Option<CheckedObjects> {
+        (self.settings.mode == Mode::Preflight).then(CheckedObjects::default)
     }
 
     /// Lists one page, retrying what may succeed later; a 410 is returned at once (the
@@ -392,6 +407,16 @@ impl Run<'_> {
                 attempts.fetch_add(1, Ordering::Relaxed);
                 let answer = match self.settings.mode {
                     Mode::Rewrite => self.requester.rewrite(self.target, key).await,
+                    // Read, converted and checked before, and unchanged since.
+                    Mode::Preflight
+                        if self
+                            .settings
+                            .preflight_checked
+                            .as_ref()
+                            .is_some_and(|checked| checked.contains(key)) =>
+                    {
+                        return Ok(Processed::Skipped);
+                    }
                     Mode::Preflight => match self.requester.read(self.target, key).await {
                         Answer::Ok => match self.fits_target_schema(key).await {
                             Ok(None) => Answer::Ok,

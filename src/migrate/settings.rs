@@ -96,6 +96,11 @@ pub struct Settings {
     /// against the target version's schema, so that a field the apiserver would prune (or a
     /// value it would reject) fails the preflight naming the object and the path.
     pub preflight_conversion: Option<crate::api::ConversionSpec>,
+    /// With `Mode::Preflight`: objects an earlier preflight through the same version,
+    /// conversion and schemas read and found fit. They are listed, but one still at the
+    /// resourceVersion it had then is not read again (counted as skipped): only objects
+    /// created or changed since are checked.
+    pub preflight_checked: Option<std::sync::Arc<super::CheckedObjects>>,
     /// With `Mode::Rewrite`: send rewrites to the `/status` subresource.
     pub through_status: bool,
     /// With `Mode::CleanManagedFields`: which entries.
@@ -118,6 +123,7 @@ impl Default for Settings {
             max_expired_in_a_row: 10,
             through_version: None,
             preflight_conversion: None,
+            preflight_checked: None,
             through_status: false,
             managed_fields: ManagedFieldsCleanup::default(),
         }

@@ -141,9 +141,11 @@ async fn a_failed_built_in_migration_is_stalled_and_the_next_attempt_is_a_new_ob
             .any(|(t, r, _)| t == "Warning" && r == "MigrationFailed")
     );
 
-    // After the retry wait, a new attempt is a new object.
+    // After the retry wait (by the failure's finishedAt, on the controller's clock), a new
+    // attempt is a new object.
     h.fake.lock().svm_fail = None;
     tokio::time::sleep(std::time::Duration::from_secs(301)).await;
+    h.at("2026-01-05T00:05:01Z");
     h.reconcile("widgets").await;
     wait_until("succeeded", || migration(&h)["phase"] == "Succeeded").await;
     assert_eq!(

@@ -282,3 +282,51 @@ fn a_conversion_that_leaves_a_field_of_the_live_crd_uncovered_is_an_invalid_poli
         decision.blocked
     );
 }
+
+/// Finding 5 on plain data: at a store's instant a passed preflight stands only if it ran
+/// for that store, against what the CRD has now (conversion and the version's schema), and
+/// its objects were checked shortly before; otherwise the store waits for the check.
+#[test]
+fn a_passed_preflight_stands_at_the_instant_only_if_checked_just_before() {
+    use crd_lifecycle::controller::{gate_inputs, preflight};
+    let crd = crd(|_| {});
+    let fingerprint = preflight::fingerprints(&crd)["v1beta1"].clone();
+    let decide_with = |edit: &dyn Fn(&mut serde_json::Value), now: &str| {
+        let mut entry = json!({"version": "v1beta1", "phase": "Succeeded",
+            "startedAt": "2026-01-04T23:58:00Z", "finishedAt": "2026-01-04T23:59:00Z",
+            "storeAt": "2026-01-05T00:00:00Z", "read": 30, "objectsDigest": "30-00ff",
+            "fingerprint": fingerprint});
+        edit(&mut entry);
+        let policy = policy(|p| p["status"] = json!({"preflights": [entry]}));
+        let status = policy.status.clone().unwrap_or_default();
+        let gates = GateInputs {
+            preflight: gate_inputs::preflight_results(&status, &crd),
+            ..GateInputs::default()
+        };
+        let decision = decide(&policy, &crd, &gates, &WebhookConversion::NotWanted, at(now));
+        reasons(&decision.blocked).join(",")
+    };
+    let store = "2026-01-05T00:00:00Z";
+    // Passed a minute ahead, never checked since (the check before the instant missed).
+    assert_eq!(decide_with(&|_| {}, store), "AwaitingPreflight");
+    // Checked 10 s before the instant: it lands; and 10 s late still.
+    let checked = |e: &mut serde_json::Value| e["verifiedAt"] = json!("2026-01-04T23:59:50Z");
+    assert_eq!(decide_with(&checked, store), "");
+    assert_eq!(decide_with(&checked, "2026-01-05T00:00:10Z"), "");
+    // Hours late (a controller down over the instant): not on that check.
+    assert_eq!(decide_with(&checked, "2026-01-05T03:00:00Z"), "AwaitingPreflight");
+    // For another store of the version, or against another schema or conversion: no.
+    let other_store = |e: &mut serde_json::Value| {
+        checked(e);
+        e["storeAt"] = json!("2025-12-01T00:00:00Z");
+    };
+    assert_eq!(decide_with(&other_store, store), "AwaitingPreflight");
+    let other_schema = |e: &mut serde_json::Value| {
+        checked(e);
+        e["fingerprint"] = json!("0000000000000000");
+    };
+    assert_eq!(decide_with(&other_schema, store), "AwaitingPreflight");
+    // Failed: held, saying so.
+    let failed = |e: &mut serde_json::Value| e["phase"] = json!("Failed");
+    assert_eq!(decide_with(&failed, store), "ConversionPreflightFailed");
+}

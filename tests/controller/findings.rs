@@ -231,10 +231,10 @@ async fn a_store_lands_on_its_instant_when_its_preflight_ran_ahead() {
     h.at("2026-01-04T23:59:30Z");
     let action = h.reconcile("widgets").await;
     wait_until("the preflight passes ahead of the store", || {
-        h.status("widgets")["preflight"]["phase"] == "Succeeded"
+        h.preflight("widgets", "v1beta1")["phase"] == "Succeeded"
     })
     .await;
-    assert_eq!(h.status("widgets")["preflight"]["version"], "v1beta1");
+    assert_eq!(h.preflight("widgets", "v1beta1")["version"], "v1beta1");
     assert_eq!(
         h.flags(),
         "v1alpha1:sS v1beta1:s v1:-",
@@ -246,6 +246,13 @@ async fn a_store_lands_on_its_instant_when_its_preflight_ran_ahead() {
         action,
         kube::runtime::controller::Action::requeue(std::time::Duration::from_millis(19_971))
     );
+    h.at("2026-01-04T23:59:49.970Z");
+    h.reconcile("widgets").await;
+    wait_until("the objects are checked again", || {
+        // Status records whole seconds.
+        h.preflight("widgets", "v1beta1")["verifiedAt"] == "2026-01-04T23:59:49Z"
+    })
+    .await;
     h.at("2026-01-05T00:00:00Z");
     h.reconcile("widgets").await;
     assert_eq!(h.flags(), "v1alpha1:s v1beta1:sS v1:-", "stored at its instant");

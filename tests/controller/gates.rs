@@ -4,7 +4,7 @@
 use crd_lifecycle::controller::traffic::parse_metrics;
 use serde_json::{Value, json};
 
-use super::{CRD, EXAMPLE_CRD, Harness, ts, wait_until, yaml};
+use super::{CRD, EXAMPLE_CRD, Harness, preflight_of, ts, wait_until, yaml};
 use crate::apiserver::ObjectFault;
 
 /// The example CRD with a policy whose versions are `versions` (migration off unless
@@ -161,7 +161,7 @@ async fn a_failed_conversion_preflight_holds_the_store_until_objects_convert() {
     assert_eq!(reason, "ConversionPreflightFailed");
     assert!(message.contains("ns1/w00007"), "{message}");
     assert_eq!(h.flags(), "v1alpha1:sS v1beta1:s v1:s", "storage not switched");
-    let preflight = h.status("widgets")["preflight"].clone();
+    let preflight = h.preflight("widgets", "v1");
     assert_eq!(preflight["phase"], "Failed");
     assert_eq!(preflight["version"], "v1");
     assert!(
@@ -170,13 +170,21 @@ async fn a_failed_conversion_preflight_holds_the_store_until_objects_convert() {
     );
     assert!(!warnings(&h, "ConversionPreflightFailed").is_empty());
 
-    // The object is fixed: the preflight runs again and the store proceeds.
+    // The object is fixed: once the wait after a failure is over (100 ms here, by the
+    // failure's finishedAt), the preflight runs again and the store proceeds.
     h.fake.lock().faults.clear();
+    h.reconcile("widgets").await;
     tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    assert_eq!(
+        h.preflight("widgets", "v1")["phase"],
+        "Failed",
+        "not before the wait"
+    );
+    h.at("2026-02-01T00:00:01Z");
     h.reconcile("widgets").await;
     let fake = h.fake.clone();
     wait_until("the preflight passes", || {
-        fake.policy("widgets")["status"]["preflight"]["phase"] == "Succeeded"
+        preflight_of(&fake, "widgets", "v1")["phase"] == "Succeeded"
     })
     .await;
     h.reconcile("widgets").await;

@@ -104,6 +104,39 @@ impl Harness {
         });
     }
 
+    /// A new leader (or this controller restarted): the same cluster, cache, clock and
+    /// webhook, and a migration manager that remembers nothing.
+    fn new_leader(&mut self) {
+        let ctx = &self.ctx;
+        let migrations = test_migrations(
+            ctx.client.clone(),
+            ctx.recorder.clone(),
+            ctx.metrics.clone(),
+            ctx.clock.clone(),
+        );
+        let webhook = ctx.webhook.clone();
+        self.replace_context(Arc::new(migrations), webhook);
+    }
+
+    /// Applies `status` to the policy `widgets` as field manager `manager` (what another
+    /// controller, or an earlier release, wrote).
+    async fn apply_status_as(&mut self, manager: &str, status: Value) {
+        crd_lifecycle::controller::status::apply_status(&self.ctx.client, "widgets", manager, status)
+            .await
+            .expect("status applied");
+        self.sync_store();
+    }
+
+    /// Objects read one by one through `version` (GETs of single objects), so far.
+    fn object_reads(&self, version: &str) -> usize {
+        let prefix = format!("/apis/example.com/{version}/namespaces/");
+        self.fake
+            .object_requests()
+            .iter()
+            .filter(|r| r.method == "GET" && r.path.starts_with(&prefix))
+            .count()
+    }
+
     fn at(&self, instant: &str) {
         *self.clock.lock().expect("clock") = ts(instant);
     }
@@ -185,6 +218,12 @@ impl Harness {
             .join(" ")
     }
 
+    /// The recorded conversion preflight through `version`: its entry of
+    /// `status.preflights`, else the single `status.preflight` of an earlier release.
+    fn preflight(&self, name: &str, version: &str) -> Value {
+        preflight_of(&self.fake, name, version)
+    }
+
     fn stored_versions(&self) -> Value {
         self.fake.crd(CRD)["status"]["storedVersions"].clone()
     }
@@ -199,9 +238,17 @@ impl Harness {
                 return;
             }
             let fake = self.fake.clone();
-            wait_until("the preflight ends", || {
-                let phase = fake.policy(name)["status"]["preflight"]["phase"].clone();
-                phase == "Succeeded" || phase == "Failed"
+            wait_until("the preflights end", || {
+                let status = fake.policy(name)["status"].clone();
+                let mut recorded = status["preflights"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .chain(Some(status["preflight"].clone()).filter(|p| !p.is_null()))
+                    .peekable();
+                recorded.peek().is_some()
+                    && recorded.all(|p| p["phase"] == "Succeeded" || p["phase"] == "Failed")
             })
             .await;
             self.reconcile(name).await;
@@ -243,6 +290,20 @@ impl Harness {
         self.fake
             .edit_crd(CRD, |crd| crd["status"]["storedVersions"] = json!(to));
     }
+}
+
+/// The recorded conversion preflight of policy `name` through `version` (see
+/// `Harness::preflight`); `Null` when there is none.
+fn preflight_of(fake: &FakeApiserver, name: &str, version: &str) -> Value {
+    let status = fake.policy(name)["status"].clone();
+    status["preflights"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["version"] == version)
+        .cloned()
+        .or(Some(status["preflight"].clone()).filter(|p| p["version"] == version))
+        .unwrap_or(Value::Null)
 }
 
 /// Polls until `check` holds: migrations and preflights run on their own tasks. The tests
@@ -308,16 +369,7 @@ pub fn test_context(
         },
     );
     let metrics = Arc::new(Metrics::default());
-    let migrations = Migrations::new(client.clone(), recorder.clone(), metrics.clone(), 2)
-        .with_progress_interval(Duration::from_millis(20))
-        .with_retry_after_failure(Duration::from_millis(100))
-        .with_retry(crd_lifecycle::migrate::RetryPolicy {
-            attempts: 3,
-            base_delay: Duration::from_millis(1),
-            max_delay: Duration::from_millis(5),
-        })
-        .with_settle_check(fast_settle_check())
-        .with_clock(clock.clone());
+    let migrations = test_migrations(client.clone(), recorder.clone(), metrics.clone(), clock.clone());
     Arc::new(Context {
         traffic: TrafficMonitor::new(client.clone(), Duration::from_secs(1)),
         client,
@@ -329,4 +381,24 @@ pub fn test_context(
         migrations: Arc::new(migrations),
         webhook: None,
     })
+}
+
+/// The controller's migration manager for tests: 2 at once, fast retries and settle checks,
+/// 100 ms after a failure before the next run.
+fn test_migrations(
+    client: kube::Client,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    clock: crd_lifecycle::controller::Clock,
+) -> Migrations {
+    Migrations::new(client, recorder, metrics, 2)
+        .with_progress_interval(Duration::from_millis(20))
+        .with_retry_after_failure(Duration::from_millis(100))
+        .with_retry(crd_lifecycle::migrate::RetryPolicy {
+            attempts: 3,
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(5),
+        })
+        .with_settle_check(fast_settle_check())
+        .with_clock(clock)
 }

@@ -118,8 +118,9 @@ async fn each_store_transition_is_followed_by_a_migration() {
     assert!(!metrics.contains(r#"state="Reconciling""#), "one state at a time");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_failed_migration_keeps_the_removal_held() {
+/// The example with 40 objects, one of which does not convert: at the v1alpha1 removal (no
+/// preflight), the migration fails.
+async fn a_failed_migration() -> Harness {
     let mut h = Harness::with_example_and_objects(40);
     h.fake.set_fault(
         "ns1",
@@ -130,6 +131,12 @@ async fn a_failed_migration_keeps_the_removal_held() {
     h.edit_policy("widgets", |p| p["spec"]["migration"]["preflight"] = json!(false));
     h.reconcile("widgets").await;
     wait_until("the migration fails", || migration(&h)["phase"] == "Failed").await;
+    h
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_migration_keeps_the_removal_held() {
+    let mut h = a_failed_migration().await;
     let status = migration(&h);
     assert_eq!(status["failed"], 1);
     let failures = status["failures"].as_array().expect("failures");
@@ -553,4 +560,31 @@ async fn a_missing_grant_blocks_with_the_role_to_add_and_touches_nothing() {
     assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 60)].into());
     h.reconcile("widgets").await;
     assert_ne!(h.condition("widgets", "Blocked").1, "MissingPermission");
+}
+
+/// A new leader decides from the policy's status as the old one would: a migration that
+/// failed moments ago (`status.migration`: phase and `finishedAt`) is not run again before
+/// the wait after a failure is over, and is after it.
+#[tokio::test(start_paused = true)]
+async fn a_new_leader_waits_after_a_failed_migration_as_the_old_one() {
+    let mut h = a_failed_migration().await;
+    let writes = |h: &Harness| {
+        h.fake
+            .object_requests()
+            .iter()
+            .filter(|r| r.method == "PATCH")
+            .count()
+    };
+    let before = writes(&h);
+    h.new_leader();
+    h.reconcile("widgets").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(writes(&h), before, "failed moments ago: not run again");
+    assert_eq!(migration(&h)["phase"], "Failed");
+    // After the wait (100 ms in these tests, by the controller's clock): it runs again.
+    h.fake.lock().faults.clear();
+    h.at("2026-06-29T00:00:01Z");
+    h.reconcile("widgets").await;
+    wait_until("the migration succeeds", || migration(&h)["phase"] == "Succeeded").await;
+    assert!(writes(&h) > before);
 }

@@ -490,10 +490,17 @@ pub async fn gates(env: &Env) -> Outcome {
     )
     .await?;
     let status = env.policy(&name).await?["status"].clone();
+    let preflight = status["preflights"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["version"] == "v1")
+        .cloned()
+        .unwrap_or_default();
     ensure!(
-        status["preflight"]["phase"] == "Succeeded",
+        preflight["phase"] == "Succeeded",
         "preflight: {}",
-        status["preflight"]
+        status["preflights"]
     );
     // The status is written just after the CRD patch: wait for the history entry rather
     // than read it the moment the flags change.

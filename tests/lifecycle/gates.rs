@@ -3,7 +3,7 @@
 use crate::fixtures::{crd, crd_yaml, flags, policy, policy_yaml, ts};
 use crd_lifecycle::api::MilestoneKind;
 use crd_lifecycle::lifecycle::{
-    BlockReason, CrdState, GateInputs, PreflightResult, Schedule, TrafficObservation,
+    BlockReason, CrdState, GateInputs, PreflightPass, PreflightResult, Schedule, TrafficObservation,
 };
 
 fn three_versions() -> CrdState {
@@ -192,9 +192,44 @@ fn a_conversion_preflight_gates_the_store() {
     );
     assert_eq!(failed.blocked[0].reason, BlockReason::ConversionPreflightFailed);
     assert!(failed.blocked[0].message.contains("w7: bad"));
-    let passed = schedule.evaluate_with_gates(&crd, &[], &with(Some(PreflightResult::Passed)), at);
+    let store_at = ts("2026-02-01T00:00:00Z");
+    let pass = PreflightPass {
+        store_at,
+        checked_at: ts("2026-01-31T23:59:50Z"),
+        stands_for: jiff::SignedDuration::from_secs(20),
+    };
+    let passed = schedule.evaluate_with_gates(&crd, &[], &with(Some(PreflightResult::Passed(pass))), at);
     assert!(passed.blocked.is_empty());
     assert_eq!(flags(&passed), "v1alpha1:s v1beta1:s v1:sS");
+
+    // A passed result that does not stand: the store waits, saying why.
+    let waits = |pass: PreflightPass, at, why: &str| {
+        let held = schedule.evaluate_with_gates(&crd, &[], &with(Some(PreflightResult::Passed(pass))), at);
+        assert_eq!(held.blocked[0].reason, BlockReason::AwaitingPreflight);
+        assert!(
+            held.blocked[0].message.contains(why),
+            "{}",
+            held.blocked[0].message
+        );
+        assert_eq!(flags(&held), "v1alpha1:sS v1beta1:s v1:s");
+    };
+    // Its objects were last checked more than it stands for before now (the check before
+    // the instant was missed: a restart, a late reconcile).
+    waits(
+        pass,
+        ts("2026-02-01T00:00:11Z"),
+        "checked again: they were last checked at 2026-01-31T23:59:50Z",
+    );
+    // Passed for another store of v1 (one at another instant): it stands for nothing here.
+    let other = PreflightPass {
+        store_at: ts("2026-01-20T00:00:00Z"),
+        ..pass
+    };
+    waits(
+        other,
+        at,
+        "ran for a store at 2026-01-20T00:00:00Z, not this one at 2026-02-01T00:00:00Z",
+    );
 
     // Turned off: no gate.
     let mut text = policy_yaml("  - name: v1\n    store: {at: \"2026-02-01T00:00:00Z\"}\n");

@@ -5,8 +5,8 @@ use crd_lifecycle::api::{
     VersionPolicySpec, VersionSchedule,
 };
 use crd_lifecycle::lifecycle::{
-    self, BlockReason, CrdState, CrdVersion, Evaluation, GateInputs, PreflightResult, Schedule,
-    TrafficObservation,
+    self, BlockReason, CrdState, CrdVersion, Evaluation, GateInputs, PreflightPass, PreflightResult,
+    Schedule, TrafficObservation,
 };
 use jiff::{SignedDuration, Timestamp};
 use proptest::prelude::*;
@@ -436,7 +436,12 @@ fn gate_inputs(versions: usize) -> impl Strategy<Value = GateInputs> {
                         let result = match p {
                             0 => return None,
                             1 => PreflightResult::Running,
-                            2 => PreflightResult::Passed,
+                            // For the store it ran for, just checked: see `standing`.
+                            2 => PreflightResult::Passed(PreflightPass {
+                                store_at: Timestamp::MIN,
+                                checked_at: Timestamp::MIN,
+                                stands_for: jiff::SignedDuration::ZERO,
+                            }),
                             _ => PreflightResult::Failed("w1: bad".into()),
                         };
                         Some((name(i), result))
@@ -461,6 +466,22 @@ fn gate_inputs(versions: usize) -> impl Strategy<Value = GateInputs> {
         })
 }
 
+/// The gate inputs with every passed preflight standing at `at`: for its version's store,
+/// checked at `at`.
+fn standing(gates: &GateInputs, schedule: &Schedule, at: Timestamp) -> GateInputs {
+    let mut gates = gates.clone();
+    for (version, result) in &mut gates.preflight {
+        if let PreflightResult::Passed(pass) = result {
+            pass.store_at = schedule
+                .version(version)
+                .and_then(|v| v.at(MilestoneKind::Store))
+                .unwrap_or(at);
+            pass.checked_at = at;
+        }
+    }
+    gates
+}
+
 proptest! {
     // 256 cases by default; PROPTEST_CASES=N runs more.
     #![proptest_config(Config::default())]
@@ -478,7 +499,7 @@ proptest! {
         for at in instants {
             let probe = evaluate(&schedule, &case.crd, at);
             let crd = CrdState { stored_versions: stored_versions(&case, probe.storage_version(), &pick), ..case.crd.clone() };
-            let evaluation = schedule.evaluate_with_gates(&crd, &[], &gates, at);
+            let evaluation = schedule.evaluate_with_gates(&crd, &[], &standing(&gates, &schedule, at), at);
             let storage: Vec<_> = evaluation.versions.iter().filter(|v| v.present && v.storage).collect();
             prop_assert_eq!(storage.len(), 1, "at {}: {:?}", at, evaluation.versions);
             prop_assert!(storage[0].served, "storage not served at {}: {:?} {:?}", at, evaluation.versions, evaluation.blocked);

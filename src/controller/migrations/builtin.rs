@@ -87,10 +87,11 @@ impl Migrations {
     ) -> bool {
         let key = Job::Migrate.key(&policy.spec.crd_name);
         let goal = format!("builtin {storage_version}");
+        let held = self.failed_recently(&Job::Migrate, policy, storage_version);
         let this = self.clone();
         let policy = policy.clone();
         let storage = storage_version.to_owned();
-        self.launch(key, goal, false, async move {
+        self.launch(key, goal, held, async move {
             this.run_builtin(policy, storage, api).await
         })
     }
@@ -110,7 +111,7 @@ impl Migrations {
         let job = Job::Migrate;
         self.initialize_counters(&job, &crd);
         let started = Instant::now();
-        let mut status = MigrationStatus::running(&storage_version, Time(Timestamp::now()));
+        let mut status = MigrationStatus::running(&storage_version, Time(self.now()));
         let end = match self.follow(&policy, &storage_version, &api, &mut status).await {
             Ok(end) => end,
             Err(message) => {

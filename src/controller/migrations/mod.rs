@@ -37,7 +37,9 @@ use progress::{AbortOnDrop, TaskProgress, apply_counts, checkpoint_status};
 /// server-side applies never take each other's fields.
 pub const MIGRATION_FIELD_MANAGER: &str = "crd-lifecycle-migrator";
 
-/// Field manager of `status.preflight`.
+/// Field manager of the former single `status.preflight` (earlier releases), and the prefix
+/// of the field managers of `status.preflights` (one per version,
+/// `preflight::preflight_manager`).
 pub const PREFLIGHT_FIELD_MANAGER: &str = "crd-lifecycle-preflight";
 
 /// Field manager of `status.managedFieldsCleanup`.
@@ -45,10 +47,6 @@ pub const CLEANUP_FIELD_MANAGER: &str = "crd-lifecycle-managed-fields";
 
 /// How long after a failed run a new one may start.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(300);
-
-/// How long a passed preflight stands for its store: a reconcile that still sees the store
-/// waiting (its cache lagging behind the preflight's status write) starts no second one.
-pub(super) const PREFLIGHT_STANDS_FOR: Duration = Duration::from_secs(60);
 
 /// How long a CRD's object count stands for the lead of its preflights.
 const OBJECT_COUNT_FOR: Duration = Duration::from_secs(600);
@@ -102,32 +100,50 @@ pub(super) struct Running {
     pub(super) handle: JoinHandle<()>,
 }
 
+/// The objects a passed preflight read (`migrate::CheckedObjects`), and the result they
+/// belong to (its objects digest and fingerprint, as in its status).
+pub(super) struct RememberedObjects {
+    pub(super) digest: String,
+    pub(super) fingerprint: String,
+    pub(super) objects: Arc<migrate::CheckedObjects>,
+}
+
 /// The migrations of one controller.
+///
+/// What a run decides from (what ran, towards what, its result and when it ended) lives in
+/// the policy's status (`status.migration`, `status.managedFieldsCleanup`,
+/// `status.preflights`), read again from the apiserver when a run starts, so that a
+/// restarted controller or a new leader decides the same. The maps here are this process's
+/// own: its tasks, and caches whose loss costs requests, never a decision.
 pub struct Migrations {
     pub(super) client: Client,
     pub(super) recorder: Recorder,
     pub(super) metrics: Arc<Metrics>,
     pub(super) slots: Arc<Semaphore>,
+    /// The runs under way in this process (by key), to tell whether one runs and to abort
+    /// one towards another goal.
     pub(super) running: Mutex<HashMap<String, Running>>,
-    pub(super) failed_at: Mutex<HashMap<String, Instant>>,
-    /// When each preflight (by key) last passed.
-    pub(super) passed_at: Mutex<HashMap<String, Instant>>,
-    /// When each permission check (by CRD and run kind) last found everything allowed.
+    /// Cache: when each permission check (by CRD and run kind) last found everything
+    /// allowed (`PERMITTED_FOR`); a new leader asks again.
     pub(super) permitted_at: Mutex<HashMap<String, Instant>>,
     pub(super) progress_interval: Duration,
     pub(super) retry: migrate::RetryPolicy,
     pub(super) settle: migrate::SettleCheck,
     pub(super) retry_after_failure: Duration,
-    /// How often in a row each policy (by name) was found missing a permission.
+    /// Pacing only: how often in a row each policy (by name) was found missing a permission,
+    /// for the backoff of the next check (a new leader starts again at the first step).
     pub(super) missing_checks: Mutex<HashMap<String, u32>>,
-    /// The goal each job (by key) last succeeded towards, and when.
-    pub(super) succeeded_at: Mutex<HashMap<String, (String, Instant)>>,
-    /// Whether the built-in migrator's API is served, and when that was asked.
+    /// Cache: whether the built-in migrator's API is served, and when that was asked.
     pub(super) builtin_api: Mutex<Option<(Instant, Option<migrate::builtin::Migrations>)>>,
-    /// Each CRD's object count (for a preflight's lead), and when it was counted.
+    /// Cache: each CRD's object count (for a preflight's lead), and when it was counted.
     pub(super) object_counts: Mutex<HashMap<String, (Instant, Option<u64>)>>,
-    /// The controller's clock, for the instants preflights record (compared with the
-    /// schedule's).
+    /// Cache of what status cannot hold (bounded as it is not): the objects each passed
+    /// preflight (by key) read, so that the check before its store reads only those changed
+    /// since. Kept only for stores still to come; a controller without it compares the
+    /// objects' digest (`status.preflights[].objectsDigest`) instead.
+    pub(super) checked_objects: Mutex<HashMap<String, RememberedObjects>>,
+    /// The controller's clock, for the instants runs record (compared with the schedule's
+    /// and with each other's).
     pub(super) clock: super::clock::Clock,
 }
 
@@ -140,8 +156,6 @@ impl Migrations {
             metrics,
             slots: Arc::new(Semaphore::new(parallel.max(1))),
             running: Mutex::new(HashMap::new()),
-            failed_at: Mutex::new(HashMap::new()),
-            passed_at: Mutex::new(HashMap::new()),
             permitted_at: Mutex::new(HashMap::new()),
             progress_interval: PROGRESS_INTERVAL,
             retry: migrate::RetryPolicy::default(),
@@ -149,8 +163,8 @@ impl Migrations {
             retry_after_failure: RETRY_AFTER_FAILURE,
             builtin_api: Mutex::new(None),
             object_counts: Mutex::new(HashMap::new()),
+            checked_objects: Mutex::new(HashMap::new()),
             clock: Arc::new(Timestamp::now),
-            succeeded_at: Mutex::new(HashMap::new()),
             missing_checks: Mutex::new(HashMap::new()),
         }
     }
@@ -228,27 +242,68 @@ impl Migrations {
 
     /// Starts `job` for the policy's CRD towards `storage_version` unless the same run is
     /// under way (a run towards another goal can only end in a restart: it is aborted) or
-    /// the last one failed recently. Returns whether a run is under way now.
+    /// the last one failed recently (by the policy's status). Returns whether a run is under
+    /// way now.
     fn start(self: &Arc<Self>, policy: &VersionPolicy, storage_version: &str, job: Job) -> bool {
         let key = job.key(&policy.spec.crd_name);
         let goal = job.goal(storage_version);
-        // A reconcile from a lagging cache (the cleanup's status write not seen yet) starts
-        // no second full cleanup right after one succeeded, as for preflights.
-        let just_done = matches!(job, Job::CleanManagedFields { .. })
-            && lock(&self.succeeded_at)
-                .get(&key)
-                .is_some_and(|(done, at)| *done == goal && at.elapsed() < PREFLIGHT_STANDS_FOR);
+        let held = self.failed_recently(&job, policy, storage_version);
         let this = self.clone();
         let policy = policy.clone();
         let storage = storage_version.to_owned();
-        self.launch(key, goal, just_done, async move {
-            this.run(policy, storage, job).await
+        self.launch(
+            key,
+            goal,
+            held,
+            async move { this.run(policy, storage, job).await },
+        )
+    }
+
+    /// Whether the last run of `job` towards `storage_version` failed less than
+    /// `retry_after_failure` ago, by the policy's status (`phase` and `finishedAt`, on this
+    /// controller's clock): a new leader holds it back as long as the old one would have.
+    fn failed_recently(&self, job: &Job, policy: &VersionPolicy, storage_version: &str) -> bool {
+        let wait =
+            jiff::SignedDuration::try_from(self.retry_after_failure).unwrap_or(jiff::SignedDuration::MAX);
+        job.previous(policy).is_some_and(|previous| {
+            previous.phase == MigrationPhase::Failed
+                && previous.storage_version == storage_version
+                && previous.versions == job.versions()
+                && previous
+                    .finished_at
+                    .is_some_and(|at| self.now().duration_since(at.0) < wait)
         })
     }
 
-    /// Runs `task` as the run of `key` towards `goal`, unless that run is under way (`true`),
-    /// or `held` or the last run failed recently (`false`). A run towards another goal can
-    /// only end in a restart: it is aborted.
+    /// Whether a cleanup like `job` towards `storage_version` already succeeded, by the
+    /// policy's status.
+    fn cleaned(job: &Job, policy: &VersionPolicy, storage_version: &str) -> bool {
+        matches!(job, Job::CleanManagedFields { .. })
+            && job.previous(policy).is_some_and(|previous| {
+                previous.phase == MigrationPhase::Succeeded
+                    && previous.storage_version == storage_version
+                    && job.versions().iter().all(|v| previous.versions.contains(v))
+            })
+    }
+
+    /// The policy as the apiserver has it now (a task about to start decides on it: the
+    /// cache may lag behind this controller's own status writes); `cached` when it cannot
+    /// be read.
+    pub(super) async fn fresh(&self, cached: VersionPolicy) -> VersionPolicy {
+        let name = cached.metadata.name.clone().unwrap_or_default();
+        match super::status::read_policy(&self.client, &name).await {
+            Ok(Some(fresh)) => fresh,
+            Ok(None) => cached,
+            Err(error) => {
+                warn!(policy = name, error = %error, "cannot read the policy; deciding on the cached one");
+                cached
+            }
+        }
+    }
+
+    /// Runs `task` as the run of `key` towards `goal`, unless that run is under way (`true`)
+    /// or `held` (`false`). A run towards another goal can only end in a restart: it is
+    /// aborted.
     pub(super) fn launch(
         &self,
         key: String,
@@ -265,10 +320,7 @@ impl Migrations {
             }
             current.handle.abort();
         }
-        let failed_recently = lock(&self.failed_at)
-            .get(&key)
-            .is_some_and(|at| at.elapsed() < self.retry_after_failure);
-        if held || failed_recently {
+        if held {
             return false;
         }
         let handle = tokio::spawn(task);
@@ -317,6 +369,15 @@ impl Migrations {
     }
 
     async fn run(self: Arc<Self>, policy: VersionPolicy, storage_version: String, job: Job) {
+        // Decided again on the status as it is (a run that failed or a cleanup that
+        // succeeded moments ago may not show in the cache yet), and resumed from its
+        // latest checkpoint.
+        let policy = self.fresh(policy).await;
+        if self.failed_recently(&job, &policy, &storage_version)
+            || Self::cleaned(&job, &policy, &storage_version)
+        {
+            return;
+        }
         let Ok(_slot) = self.slots.clone().acquire_owned().await else {
             return;
         };
@@ -330,8 +391,8 @@ impl Migrations {
             Some(_) => previous
                 .as_ref()
                 .and_then(|m| m.started_at.clone())
-                .unwrap_or(Time(Timestamp::now())),
-            None => Time(Timestamp::now()),
+                .unwrap_or(Time(self.now())),
+            None => Time(self.now()),
         };
         let mut status = MigrationStatus {
             versions: job.versions(),
@@ -485,8 +546,8 @@ impl Migrations {
         self.conclude(name, reference, job, crd, status, end).await;
     }
 
-    /// Records how a run ended: its status (phase, end time and `status.message`), the
-    /// event, the result counter, and the failure time that holds the next run back.
+    /// Records how a run ended: its status (phase, end time and `status.message`: a failure
+    /// holds the next run back for `retry_after_failure`), the event and the result counter.
     async fn conclude(
         &self,
         name: &str,
@@ -509,7 +570,7 @@ impl Migrations {
         } else {
             MigrationPhase::Failed
         };
-        status.finished_at = Some(Time(Timestamp::now()));
+        status.finished_at = Some(Time(self.now()));
         self.write(name, job, &status).await;
         let (type_, reason) = match end {
             RunEnd::Succeeded => (EventType::Normal, job.reason("Succeeded")),
@@ -518,13 +579,6 @@ impl Migrations {
         };
         self.event(reference, type_, &reason, message).await;
         self.record_result(job, crd, end.label());
-        if succeeded {
-            lock(&self.failed_at).remove(&job.key(crd));
-            lock(&self.succeeded_at)
-                .insert(job.key(crd), (job.goal(&status.storage_version), Instant::now()));
-        } else {
-            lock(&self.failed_at).insert(job.key(crd), Instant::now());
-        }
     }
 
     async fn write(&self, name: &str, job: &Job, status: &MigrationStatus) {

@@ -63,7 +63,8 @@ pub struct State {
     pub faults: BTreeMap<String, ObjectFault>,
     /// What `GET /metrics` answers.
     pub metrics_text: String,
-    /// Top-level status fields each (policy, field manager) applied last.
+    /// The status fields, and entries of list maps (`field\0[key]`), each (policy, field
+    /// manager) applied last.
     status_owners: BTreeMap<(String, String), Vec<String>>,
     /// Bumped to make every continue token issued before expire (410, samples 16, 27).
     list_epoch: u64,

@@ -5,31 +5,108 @@ use serde_json::{Value, json};
 use super::*;
 
 /// Server-side apply of a policy's status, tracking ownership per field manager at the
-/// granularity of the status' top-level fields: a manager's apply sets the fields it sends
-/// and removes the ones it owned before and no longer sends; other managers' fields stay.
+/// granularity of the status' top-level fields, and of the entries (by key) of those that
+/// are list maps (`x-kubernetes-list-type: map` in the VersionPolicy CRD): a manager's apply
+/// sets the fields and entries it sends and removes those it owned before and no longer
+/// sends, unless another manager owns them too; other managers' fields and entries stay
+/// (tests/fixtures/ssa-status-list-map.txt, recorded from kube-apiserver v1.36). Within an
+/// entry, the applying manager's copy replaces the whole entry (each entry has one writer).
 pub(super) fn apply_policy_status(state: &mut State, name: &str, manager: &str, body: Value) -> (u16, Value) {
     let rv = state.next_resource_version();
-    let Some(policy) = state.policies.get_mut(name) else {
+    if !state.policies.contains_key(name) {
         return not_found("versionpolicies.crdlifecycle.io", name);
-    };
+    }
     let applied = body["status"].as_object().cloned().unwrap_or_default();
-    let owners = state
+    let list_maps = status_list_maps();
+    let key_of = |field: &str, entry: &Value| {
+        let keys = &list_maps[field];
+        let values: Vec<&Value> = keys.iter().map(|k| &entry[k.as_str()]).collect();
+        format!("{field}\0{}", json!(values))
+    };
+    let mut owned: Vec<String> = Vec::new();
+    for (field, value) in &applied {
+        match value.as_array().filter(|_| list_maps.contains_key(field)) {
+            Some(entries) => owned.extend(entries.iter().map(|e| key_of(field, e))),
+            None => owned.push(field.clone()),
+        }
+    }
+    let others: std::collections::BTreeSet<String> = state
         .status_owners
-        .entry((name.to_owned(), manager.to_owned()))
-        .or_default();
+        .iter()
+        .filter(|((policy, other), _)| policy == name && other != manager)
+        .flat_map(|(_, paths)| paths.iter().cloned())
+        .collect();
+    let previous = state
+        .status_owners
+        .insert((name.to_owned(), manager.to_owned()), owned.clone())
+        .unwrap_or_default();
+    let policy = state.policies.get_mut(name).expect("checked above");
     if !policy["status"].is_object() {
         policy["status"] = json!({});
     }
     let status = policy["status"].as_object_mut().expect("object");
-    for field in owners.iter().filter(|f| !applied.contains_key(*f)) {
-        status.remove(field);
+    for path in previous
+        .iter()
+        .filter(|p| !owned.contains(p) && !others.contains(*p))
+    {
+        match path.split_once('\0') {
+            None => {
+                status.remove(path);
+            }
+            Some((field, _)) => {
+                if let Some(entries) = status.get_mut(field).and_then(Value::as_array_mut) {
+                    entries.retain(|e| key_of(field, e) != *path);
+                }
+            }
+        }
     }
-    *owners = applied.keys().cloned().collect();
     for (field, value) in applied {
-        status.insert(field, value);
+        match value.as_array().filter(|_| list_maps.contains_key(&field)) {
+            Some(entries) => {
+                let list = status.entry(field.clone()).or_insert_with(|| json!([]));
+                if !list.is_array() {
+                    *list = json!([]);
+                }
+                let list = list.as_array_mut().expect("array");
+                for entry in entries {
+                    let key = key_of(&field, entry);
+                    match list.iter_mut().find(|e| key_of(&field, e) == key) {
+                        Some(existing) => *existing = entry.clone(),
+                        None => list.push(entry.clone()),
+                    }
+                }
+            }
+            None => {
+                status.insert(field, value);
+            }
+        }
     }
     policy["metadata"]["resourceVersion"] = rv.into();
     (200, policy.clone())
+}
+
+/// The status fields of the VersionPolicy CRD that are list maps, with their keys.
+fn status_list_maps() -> &'static BTreeMap<String, Vec<String>> {
+    static LIST_MAPS: std::sync::OnceLock<BTreeMap<String, Vec<String>>> = std::sync::OnceLock::new();
+    LIST_MAPS.get_or_init(|| {
+        let crd = serde_json::to_value(crd_lifecycle::api::versionpolicy_crd()).expect("CRD");
+        let mut maps = BTreeMap::new();
+        for version in crd["spec"]["versions"].as_array().into_iter().flatten() {
+            let fields = &version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
+            for (field, schema) in fields.as_object().into_iter().flatten() {
+                if schema["x-kubernetes-list-type"] == "map" {
+                    let keys = schema["x-kubernetes-list-map-keys"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|k| k.as_str().map(str::to_owned))
+                        .collect();
+                    maps.insert(field.clone(), keys);
+                }
+            }
+        }
+        maps
+    })
 }
 
 /// JSON Patch on a policy (its finalizers). Finalizers follow Kubernetes' documented
