@@ -16,9 +16,10 @@ pub struct Balancer {
 }
 
 impl Balancer {
-    /// Listens on a free loopback port and spreads connections over `backends` (ports).
-    pub async fn start(backends: Vec<u16>) -> Result<Balancer, String> {
-        let listener = TcpListener::bind("127.0.0.1:0")
+    /// Listens on a free port of `host` and spreads connections over `backends` (ports on
+    /// this machine).
+    pub async fn start(host: &str, backends: Vec<u16>) -> Result<Balancer, String> {
+        let listener = TcpListener::bind((host, 0))
             .await
             .map_err(|e| format!("balancer: {e}"))?;
         let port = listener.local_addr().map_err(|e| e.to_string())?.port();

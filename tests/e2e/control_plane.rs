@@ -9,6 +9,7 @@
 //! (`Env::control_plane`).
 
 use std::net::TcpListener;
+use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -17,6 +18,8 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::replicas::DiesWithParent as _;
 
 /// The token of the suite's administrator (`system:masters`).
 const ADMIN_TOKEN_USER: &str = "e2e-admin";
@@ -34,8 +37,7 @@ pub struct ControlPlane {
     controller_manager: Mutex<Option<Child>>,
     /// A kubeconfig for the administrator (token auth).
     pub kubeconfig: PathBuf,
-    /// How many times a scenario restarted the apiserver.
-    restarts: Mutex<u32>,
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 /// Where the binaries are, if the suite is to start its own control plane.
@@ -70,6 +72,20 @@ fn binary_version(binary: &Path) -> Result<(u32, u32), String> {
     }
 }
 
+/// `(major, minor)` from `etcd --version` ("etcd Version: 3.5.21"); (0, 0) when unknown.
+fn etcd_version(binary: &Path) -> (u32, u32) {
+    let Ok(output) = Command::new(binary).arg("--version").output() else {
+        return (0, 0);
+    };
+    let text = String::from_utf8_lossy(&output.stdout);
+    let Some(version) = text.lines().find_map(|l| l.strip_prefix("etcd Version: ")) else {
+        return (0, 0);
+    };
+    let mut parts = version.split(['.', ' ']);
+    let number = |part: Option<&str>| part.and_then(|p| p.parse::<u32>().ok()).unwrap_or(0);
+    (number(parts.next()), number(parts.next()))
+}
+
 fn write(path: &Path, text: &str) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
@@ -85,9 +101,7 @@ fn log_file(path: &Path) -> Result<Stdio, String> {
 
 /// Stops a process: SIGTERM, then SIGKILL after `grace`.
 fn stop(child: &mut Child, grace: Duration) {
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
+    crate::replicas::sigterm(child);
     let started = Instant::now();
     while started.elapsed() < grace {
         if let Ok(Some(_)) = child.try_wait() {
@@ -113,11 +127,24 @@ impl ControlPlane {
             }
         }
         let version = binary_version(&binary("kube-apiserver"))?;
+        if version.0 == 0 {
+            return Err(format!(
+                "{} reports no version (built without version ldflags?): the suite picks flags by version",
+                binary("kube-apiserver").display()
+            ));
+        }
+        let has_controller_manager = binary("kube-controller-manager").is_file();
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
         let dir = std::env::temp_dir().join(format!("crd-lifecycle-e2e-{}-{nanos:x}", std::process::id()));
-        std::fs::create_dir_all(dir.join("etcd")).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        // Private: it holds the administrator's token and the signing keys.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir.join("etcd"))
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| e.to_string())?;
 
         // Certificates: one CA signs the apiserver's serving certificate; a key pair signs
         // service-account tokens; one token user is the administrator.
@@ -173,8 +200,9 @@ impl ControlPlane {
             format!("--service-account-signing-key-file={}", path("sa.key")),
             "--allow-privileged=true".to_owned(),
         ];
-        // The built-in StorageVersionMigration: beta (off by default) from 1.35.
-        if version >= (1, 35) {
+        // The built-in StorageVersionMigration: beta (off by default) from 1.35; only where a
+        // controller manager runs its svm controller (else migrations would hang Pending).
+        if version >= (1, 35) && has_controller_manager {
             apiserver_args.push("--feature-gates=StorageVersionMigrator=true".to_owned());
             apiserver_args.push("--runtime-config=storagemigration.k8s.io/v1beta1=true".to_owned());
         }
@@ -188,13 +216,13 @@ impl ControlPlane {
             apiserver_args,
             controller_manager: Mutex::new(None),
             kubeconfig,
-            restarts: Mutex::new(0),
+            stopped: std::sync::atomic::AtomicBool::new(false),
             dir,
         };
         plane.start_etcd().await?;
         plane.start_apiserver().await?;
-        if plane.assets.join("kube-controller-manager").is_file() {
-            plane.start_controller_manager()?;
+        if has_controller_manager {
+            plane.start_controller_manager().await?;
         }
         Ok(plane)
     }
@@ -209,16 +237,21 @@ impl ControlPlane {
         let peer = free_port()?;
         let client_url = format!("http://127.0.0.1:{}", self.etcd_port);
         let peer_url = format!("http://127.0.0.1:{peer}");
+        let mut args = vec![
+            format!("--data-dir={}", self.dir.join("etcd").display()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=default={peer_url}"),
+        ];
+        // Faster on a loaded machine; the flag exists from etcd 3.5.
+        if etcd_version(&self.assets.join("etcd")) >= (3, 5) {
+            args.push("--unsafe-no-fsync=true".to_owned());
+        }
         let child = Command::new(self.assets.join("etcd"))
-            .args([
-                format!("--data-dir={}", self.dir.join("etcd").display()),
-                format!("--listen-client-urls={client_url}"),
-                format!("--advertise-client-urls={client_url}"),
-                format!("--listen-peer-urls={peer_url}"),
-                format!("--initial-advertise-peer-urls={peer_url}"),
-                format!("--initial-cluster=default={peer_url}"),
-                "--unsafe-no-fsync=true".to_owned(),
-            ])
+            .dies_with_parent()
+            .args(&args)
             .stdout(Stdio::null())
             .stderr(log_file(&self.dir.join("etcd.log"))?)
             .spawn()
@@ -230,6 +263,14 @@ impl ControlPlane {
                 && body.contains("true")
             {
                 return Ok(());
+            }
+            if let Some(child) = crate::env::lock(&self.etcd).as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                return Err(format!(
+                    "etcd exited ({status}); log: {}",
+                    self.dir.join("etcd.log").display()
+                ));
             }
             if started.elapsed() > Duration::from_secs(30) {
                 return Err(format!(
@@ -243,6 +284,7 @@ impl ControlPlane {
 
     async fn start_apiserver(&self) -> Result<(), String> {
         let child = Command::new(self.assets.join("kube-apiserver"))
+            .dies_with_parent()
             .args(&self.apiserver_args)
             .stdout(Stdio::null())
             .stderr(log_file(&self.dir.join("kube-apiserver.log"))?)
@@ -279,14 +321,16 @@ impl ControlPlane {
         ))
     }
 
-    fn start_controller_manager(&self) -> Result<(), String> {
+    /// Starts kube-controller-manager and waits until it serves its port (at most 60 s).
+    async fn start_controller_manager(&self) -> Result<(), String> {
         let kubeconfig = self.kubeconfig.display().to_string();
+        let port = free_port()?;
         let mut args = vec![
             format!("--kubeconfig={kubeconfig}"),
             format!("--authentication-kubeconfig={kubeconfig}"),
             format!("--authorization-kubeconfig={kubeconfig}"),
             "--bind-address=127.0.0.1".to_owned(),
-            format!("--secure-port={}", free_port()?),
+            format!("--secure-port={port}"),
             "--leader-elect=false".to_owned(),
             format!("--service-account-private-key-file={}", self.dir.join("sa.key").display()),
             format!("--root-ca-file={}", self.dir.join("ca.crt").display()),
@@ -296,13 +340,32 @@ impl ControlPlane {
             args.push("--feature-gates=StorageVersionMigrator=true".to_owned());
         }
         let child = Command::new(self.assets.join("kube-controller-manager"))
+            .dies_with_parent()
             .args(&args)
             .stdout(Stdio::null())
             .stderr(log_file(&self.dir.join("kube-controller-manager.log"))?)
             .spawn()
             .map_err(|e| format!("cannot start kube-controller-manager: {e}"))?;
         *crate::env::lock(&self.controller_manager) = Some(child);
-        Ok(())
+        let log = self.dir.join("kube-controller-manager.log");
+        let started = Instant::now();
+        loop {
+            if let Some(child) = crate::env::lock(&self.controller_manager).as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                return Err(format!("kube-controller-manager exited ({status}); log: {}", log.display()));
+            }
+            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+                return Ok(());
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                return Err(format!(
+                    "kube-controller-manager did not serve within 60 s; log: {}",
+                    log.display()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// A client for the administrator.
@@ -319,10 +382,13 @@ impl ControlPlane {
     /// Stops the apiserver (SIGTERM, as a rolling restart does) and starts it again with
     /// the same flags; returns once it is ready.
     pub async fn restart_apiserver(&self) -> Result<(), String> {
-        if let Some(mut child) = crate::env::lock(&self.apiserver).take() {
-            stop(&mut child, Duration::from_secs(20));
+        let running = crate::env::lock(&self.apiserver).take();
+        if let Some(mut child) = running {
+            // Waiting for it to stop blocks: off the runtime's few worker threads.
+            tokio::task::spawn_blocking(move || stop(&mut child, Duration::from_secs(20)))
+                .await
+                .map_err(|e| e.to_string())?;
         }
-        *crate::env::lock(&self.restarts) += 1;
         self.start_apiserver().await
     }
 
@@ -331,8 +397,11 @@ impl ControlPlane {
         Etcd { port: self.etcd_port }
     }
 
-    /// Stops everything and removes its files (kept with `E2E_KEEP_CONTROL_PLANE=1`).
+    /// Stops everything and removes its files (kept with `E2E_KEEP_CONTROL_PLANE=1`); once.
     pub fn stop(&self) {
+        if self.stopped.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
         for process in [&self.controller_manager, &self.apiserver, &self.etcd] {
             if let Some(mut child) = crate::env::lock(process).take() {
                 stop(&mut child, Duration::from_secs(10));
@@ -408,26 +477,6 @@ impl Etcd {
             found.push((key, value));
         }
         Ok(found)
-    }
-
-    /// The value etcd stores under `key` (e.g. `/registry/<group>/<plural>/<name>`: a custom
-    /// object as the apiserver encoded it, in the storage version of the moment it was
-    /// written), `None` when there is none.
-    pub async fn get(&self, key: &str) -> Result<Option<Value>, String> {
-        let encoded = base64::engine::general_purpose::STANDARD.encode(key);
-        let (code, text) = self
-            .http("POST", "/v3/kv/range", Some(&json!({"key": encoded})))
-            .await?;
-        let answer: Value = serde_json::from_str(&text).map_err(|e| format!("etcd answered {code}: {e}: {text}"))?;
-        let Some(value) = answer["kvs"][0]["value"].as_str() else {
-            return Ok(None);
-        };
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(value)
-            .map_err(|e| e.to_string())?;
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| format!("{key} is not stored as JSON: {e}"))
     }
 
     /// One request to etcd's JSON gateway (HTTP/1.0, so the body ends with the connection).

@@ -7,6 +7,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+
+use crate::replicas::DiesWithParent as _;
 use http::HeaderMap;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -178,6 +180,7 @@ impl Env {
             .map_err(|e| e.to_string())?;
         let mut command = Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"));
         command
+            .dies_with_parent()
             .args([
                 "run",
                 "--leader-election=false",
@@ -563,6 +566,15 @@ impl Env {
         Ok(())
     }
 
+    /// Merge-patches a policy (a list such as `spec.versions` is replaced whole).
+    pub async fn patch_policy(&self, name: &str, patch: Value) -> Result<(), String> {
+        self.policy_api()
+            .patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
     pub async fn policy(&self, name: &str) -> Result<Value, String> {
         let object = self.policy_api().get(name).await.map_err(|e| e.to_string())?;
         serde_json::to_value(object).map_err(|e| e.to_string())
@@ -785,7 +797,10 @@ where
 
 /// An RFC 3339 instant `seconds` from now.
 pub fn in_seconds(seconds: i64) -> (String, Instant) {
-    let at = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(seconds);
-    let instant = Instant::now() + Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
-    (at.round(jiff::Unit::Second).unwrap_or(at).to_string(), instant)
+    let (now, monotonic) = (jiff::Timestamp::now(), Instant::now());
+    let exact = now + jiff::SignedDuration::from_secs(seconds);
+    // Instants in a policy are whole seconds: the monotonic instant is the rounded one's.
+    let at = exact.round(jiff::Unit::Second).unwrap_or(exact);
+    let offset = at.duration_since(now).as_secs_f64().max(0.0);
+    (at.to_string(), monotonic + Duration::from_secs_f64(offset))
 }

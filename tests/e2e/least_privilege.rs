@@ -157,6 +157,11 @@ async fn aggregate_or_bind(env: &Env, account: &str, crd: &str) -> Outcome {
     if aggregated.is_ok() {
         return Ok(());
     }
+    // With the suite's own controller manager, aggregation must work.
+    ensure!(
+        !env.control_plane().is_some_and(|p| p.has_controller_manager()),
+        "the controller manager the suite started did not aggregate the grant into {migrator} within 20 s"
+    );
     println!(
         "e2e: least_privilege: no ClusterRole aggregation (no controller manager): binding the grant directly"
     );

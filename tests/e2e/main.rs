@@ -95,8 +95,14 @@ async fn run(filters: Vec<String>) -> ExitCode {
         }
         None => None,
     };
+    let own = control_plane.is_some();
     let env = match Env::connect(control_plane).await {
         Ok(env) => env,
+        // The suite's own control plane started: not reaching it is a failure.
+        Err(reason) if own => {
+            println!("e2e: cannot connect to the control plane the suite started: {reason}");
+            return ExitCode::FAILURE;
+        }
         Err(reason) => {
             let config = std::env::var("KUBECONFIG").unwrap_or_else(|_| "~/.kube/config".into());
             println!(
@@ -129,9 +135,10 @@ async fn run(filters: Vec<String>) -> ExitCode {
             continue;
         }
         let started = Instant::now();
-        let outcome = match tokio::time::timeout(Duration::from_secs(600), scenario(&env)).await {
+        let limit = scenario_limit(name);
+        let outcome = match tokio::time::timeout(limit, scenario(&env)).await {
             Ok(outcome) => outcome,
-            Err(_) => Err("timed out after 10 minutes".to_owned()),
+            Err(_) => Err(format!("timed out after {limit:?}")),
         };
         env.cleanup_scenario().await;
         match outcome {
@@ -152,4 +159,13 @@ async fn run(filters: Vec<String>) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// How long a scenario may take: 10 minutes, and for the soak its own length on top.
+fn scenario_limit(name: &str) -> Duration {
+    let soak = std::env::var("SOAK_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(120);
+    Duration::from_secs(600 + if name == "soak" { soak } else { 0 })
 }

@@ -37,6 +37,7 @@ impl Replica {
             .map_err(|e| e.to_string())?;
         let mut command = Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"));
         command
+            .dies_with_parent()
             .arg("run")
             .args(&self.args)
             .arg(format!("--identity={}", self.identity))
@@ -67,9 +68,7 @@ impl Replica {
     /// Returns how it exited (`None` if it had to be killed).
     pub fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
+        sigterm(&child);
         let started = Instant::now();
         while started.elapsed() < grace {
             if let Ok(Some(status)) = child.try_wait() {
@@ -95,5 +94,36 @@ impl Replica {
 impl Drop for Replica {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Makes a child process die with the suite (even when the suite is killed), and sends
+/// signals without a `kill` binary.
+pub trait DiesWithParent {
+    fn dies_with_parent(&mut self) -> &mut Self;
+}
+
+impl DiesWithParent for Command {
+    fn dies_with_parent(&mut self) -> &mut Self {
+        use std::os::unix::process::CommandExt as _;
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            self.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        }
+    }
+}
+
+/// Sends SIGTERM to a process.
+pub fn sigterm(child: &Child) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: a plain system call on a pid we spawned.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
     }
 }
