@@ -20,7 +20,9 @@ pub use engine::{
     phase_of_flags,
 };
 pub use error::{Error, FieldError, FieldErrors};
-pub use gates::{APPROVE_ANNOTATION, GateInputs, PreflightResult, TrafficObservation, parse_approvals};
+pub use gates::{
+    APPROVE_ANNOTATION, GateInputs, PreflightResult, TrafficObservation, WritersRead, parse_approvals,
+};
 pub use render::{as_manifest, render_crd};
 pub use schedule::{Schedule, ScheduledVersion, Transition};
 

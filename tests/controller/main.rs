@@ -13,6 +13,7 @@ use crd_lifecycle::api::VersionPolicy;
 use crd_lifecycle::controller::metrics::Metrics;
 use crd_lifecycle::controller::migrations::Migrations;
 use crd_lifecycle::controller::traffic::TrafficMonitor;
+use crd_lifecycle::controller::writer_reads::WriterReads;
 use crd_lifecycle::controller::{Context, reconcile};
 use jiff::Timestamp;
 use kube::core::DeserializeGuard;
@@ -100,6 +101,7 @@ impl Harness {
             resync: ctx.resync,
             migrations,
             traffic: ctx.traffic.clone(),
+            writers: ctx.writers.clone(),
             webhook,
         });
     }
@@ -308,18 +310,21 @@ pub fn test_context(
         },
     );
     let metrics = Arc::new(Metrics::default());
+    let retry = crd_lifecycle::migrate::RetryPolicy {
+        attempts: 3,
+        base_delay: Duration::from_millis(1),
+        max_delay: Duration::from_millis(5),
+    };
     let migrations = Migrations::new(client.clone(), recorder.clone(), metrics.clone(), 2)
         .with_progress_interval(Duration::from_millis(20))
         .with_retry_after_failure(Duration::from_millis(100))
-        .with_retry(crd_lifecycle::migrate::RetryPolicy {
-            attempts: 3,
-            base_delay: Duration::from_millis(1),
-            max_delay: Duration::from_millis(5),
-        })
+        .with_retry(retry.clone())
         .with_settle_check(fast_settle_check())
         .with_clock(clock.clone());
+    let writers = WriterReads::new(client.clone()).with_retry(retry);
     Arc::new(Context {
         traffic: TrafficMonitor::new(client.clone(), Duration::from_secs(1)),
+        writers: Arc::new(writers),
         client,
         recorder,
         metrics,
