@@ -192,13 +192,11 @@ async fn writes_fold_per_version_and_manager_as_pages_arrive() {
     }
 }
 
-/// The adopted policy, applied, changes nothing: `plan` renders the live CRD's flags, and
-/// the controller makes no patch and reports Ready.
-#[tokio::test(start_paused = true)]
-async fn an_adopted_policy_changes_nothing() {
-    let mut h = Harness::with_example_and_objects(4);
-    // The live CRD part-way through a life: v1alpha1 deprecated and unserved, v1beta1
-    // deprecated, v1 stored; nothing left to migrate.
+/// Adopts the live CRD part-way through a life (v1alpha1 deprecated and unserved, v1beta1
+/// deprecated, v1 stored) whose `status.storedVersions` is `stored`, and applies the policy
+/// printed: `plan` renders the live CRD's flags, and the controller patches no CRD, writes
+/// no object, trims nothing and reports Ready.
+async fn adopt_and_apply(h: &mut Harness, stored: Value) -> crd_lifecycle::adopt::Adopted {
     h.fake.edit_crd(CRD, |crd| {
         crd["metadata"]["creationTimestamp"] = json!("2025-06-01T10:00:00Z");
         crd["spec"]["versions"][0] = json!({"name": "v1alpha1", "served": false, "storage": false, "deprecated": true,
@@ -207,19 +205,25 @@ async fn an_adopted_policy_changes_nothing() {
         crd["spec"]["versions"][1]["deprecationWarning"] = json!("example.com/v1beta1 Widget is deprecated");
         crd["spec"]["versions"][2]["served"] = json!(true);
         crd["spec"]["versions"][2]["storage"] = json!(true);
-        crd["status"]["storedVersions"] = json!(["v1"]);
+        crd["status"]["storedVersions"] = stored.clone();
     });
     let live: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
         serde_json::from_value(h.fake.crd(CRD)).expect("crd");
     let before = h.flags();
-    let text = crd_lifecycle::adopt::adopt(&live, "widgets", "2026-11-23T00:00:00Z".parse().expect("now"));
-    let policy = crd_lifecycle::manifest::parse_policy(&text, "adopted.yaml").expect("a valid policy");
+    let adopted = crd_lifecycle::adopt::adopt(
+        &live,
+        "widgets",
+        "2026-11-23T00:00:00Z".parse().expect("now"),
+        Some(h.fake.object_keys(CRD).len() as u64),
+    );
+    let text = &adopted.policy;
+    let policy = crd_lifecycle::manifest::parse_policy(text, "adopted.yaml").expect("a valid policy");
     // plan: the CRD rendered now is the live one.
     let settings = crd_lifecycle::plan::PlanSettings {
         policy: String::new(),
         crd: String::new(),
         at: "2026-11-23T00:00:00Z".parse().expect("now"),
-        stored_versions: Some(vec!["v1".into()]),
+        stored_versions: serde_json::from_value(stored.clone()).expect("versions"),
         output: crd_lifecycle::plan::OutputFormat::Yaml,
     };
     let plan = crd_lifecycle::plan::Plan::new(
@@ -233,24 +237,80 @@ async fn an_adopted_policy_changes_nothing() {
             .is_satisfied_by(&crd_lifecycle::lifecycle::CrdState::from_crd(&live)),
         "{text}"
     );
-    // The controller: no patch, Ready.
+    // The controller: no patch, no rewrite, no trim, Ready.
     let mut value: Value = serde_json::to_value(&policy).expect("json");
     value["metadata"]["name"] = json!("widgets");
     h.add_policy(value, "2026-11-23T00:00:00Z");
     h.at("2026-11-23T00:00:00Z");
+    h.reconcile("widgets").await;
+    // Time for any background run to start and work.
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
     h.reconcile("widgets").await;
     assert!(
         h.fake.crd_writes().is_empty(),
         "no patch: {:?}",
         h.fake.crd_writes()
     );
+    let writes: Vec<String> = h
+        .fake
+        .object_requests()
+        .iter()
+        .filter(|r| r.method != "GET")
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(writes.is_empty(), "objects written: {writes:?}");
     assert_eq!(h.flags(), before);
+    assert_eq!(h.stored_versions(), stored);
     assert_eq!(
         h.condition("widgets", "Ready").0,
         "True",
         "{:#}",
         h.status("widgets")
     );
+    adopted
+}
+
+/// A CRD with nothing left to migrate: the adopted policy keeps the migration on (for the
+/// stores to come), and applying it changes nothing.
+#[tokio::test(start_paused = true)]
+async fn an_adopted_policy_changes_nothing() {
+    let mut h = Harness::with_example_and_objects(4);
+    let adopted = adopt_and_apply(&mut h, json!(["v1"])).await;
+    assert!(
+        adopted.policy.contains("\n  migration: {enabled: true}\n"),
+        "{}",
+        adopted.policy
+    );
+    assert_eq!(adopted.note, None);
+}
+
+/// A CRD whose `storedVersions` still lists v1alpha1: with the migration on, applying the
+/// policy would rewrite every object and trim. The policy printed has it off, and both the
+/// YAML comment and the note on stderr say what turning it on does.
+#[tokio::test(start_paused = true)]
+async fn an_adopted_policy_of_a_stale_crd_migrates_nothing_until_asked() {
+    let mut h = Harness::with_example_and_objects(4);
+    let adopted = adopt_and_apply(&mut h, json!(["v1alpha1", "v1"])).await;
+    let text = &adopted.policy;
+    assert!(
+        text.contains(
+            "  # The migration is off: status.storedVersions lists v1alpha1 besides the storage\n  \
+             # version v1, so with `migration: {enabled: true}` the controller would rewrite 4 objects into v1 \
+             and trim status.storedVersions from [v1alpha1, v1] to [v1].\n"
+        ) && text.contains("\n  migration: {enabled: false}\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# next: remove it once a migration trims it from status.storedVersions (turn `migration` on, below)"),
+        "{text}"
+    );
+    let note = adopted.note.expect("a note for stderr");
+    assert!(note.contains("applying it changes nothing"), "{note}");
+    assert!(
+        note.contains("the controller would rewrite 4 objects into v1 and trim status.storedVersions from [v1alpha1, v1] to [v1]"),
+        "{note}"
+    );
+    assert!(text.contains("so applying this policy changes nothing."), "{text}");
 }
 
 /// Reconciles until the writers gate's read (a background task) has ended: while it runs,
