@@ -109,7 +109,10 @@ pub fn adopt(
                 format!("The migration is off: status.storedVersions lists {stale_list} besides the storage"),
                 format!("version {storage}, so with `migration: {{enabled: true}}` {effect}."),
                 format!("Turn it on (or run `crd-lifecycle migrate {crd_name}`) when you want that; until"),
-                format!("then objects may still be stored in {stale_list}, and removing it stays blocked."),
+                format!(
+                    "then objects may still be stored in {stale_list}, and removing {} stays blocked.",
+                    if stale.len() == 1 { "it" } else { "them" }
+                ),
             ] {
                 out.push_str(&format!("  # {line}\n"));
             }

@@ -62,6 +62,9 @@ pub struct Known {
     pub recheck_at: Option<Timestamp>,
 }
 
+/// When a read ended, and with what.
+type Ended = (Instant, Result<Writes, String>);
+
 /// One read of a CRD's objects.
 struct Read {
     /// The uid of the CRD it reads.
@@ -71,7 +74,7 @@ struct Read {
     /// Objects read so far.
     progress: Arc<AtomicU64>,
     /// How it ended, and when (`None` while it runs).
-    ended: Arc<Mutex<Option<(Instant, Result<Writes, String>)>>>,
+    ended: Arc<Mutex<Option<Ended>>>,
     handle: JoinHandle<()>,
     /// When a reconcile last asked for it.
     asked: Instant,

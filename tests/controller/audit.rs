@@ -4,6 +4,7 @@
 use serde_json::{Value, json};
 
 use super::{CRD, Harness};
+use crate::apiserver::ListFault;
 use crd_lifecycle::audit::{self, AuditFormat, AuditSettings};
 
 /// An entry as a write through `version` by `manager` leaves it (sample 29).
@@ -310,7 +311,16 @@ async fn an_adopted_policy_of_a_stale_crd_migrates_nothing_until_asked() {
         note.contains("the controller would rewrite 4 objects into v1 and trim status.storedVersions from [v1alpha1, v1] to [v1]"),
         "{note}"
     );
-    assert!(text.contains("so applying this policy changes nothing."), "{text}");
+    assert!(
+        text.contains("so applying this policy changes nothing."),
+        "{text}"
+    );
+    assert_eq!(
+        h.condition("widgets", "Reconciling").1,
+        "MigrationPending",
+        "{:#}",
+        h.status("widgets")
+    );
 }
 
 /// Reconciles until the writers gate's read (a background task) has ended: while it runs,
@@ -440,6 +450,37 @@ async fn the_writers_gate_holds_while_its_read_runs() {
     assert_eq!(h.fake.metadata_lists().len(), 3, "one read of three pages");
 }
 
+/// A read that fails (here the apiserver keeps answering 503) holds the unserve and says
+/// why; a minute later the next reconcile reads again.
+#[tokio::test(start_paused = true)]
+async fn a_failed_writers_read_holds_the_gate_and_is_tried_again() {
+    let mut h = writers_gated(4, 500);
+    // The test context retries a page 3 times.
+    h.fake
+        .lock()
+        .list_faults
+        .extend((0..3).map(|_| ListFault::Status {
+            code: 503,
+            retry_after: None,
+        }));
+    h.at("2026-05-31T00:00:00Z");
+    reconcile_through_writers_read(&mut h, "widgets").await;
+    let (_, reason, message) = h.condition("widgets", "Blocked");
+    assert_eq!(reason, "VersionInUse", "{message}");
+    assert!(
+        message.contains("the objects' managedFields cannot be read (listing widgets.example.com through v1alpha1 failed: 503"),
+        "{message}"
+    );
+    assert!(h.flags().starts_with("v1alpha1:sd"), "{}", h.flags());
+    // Not again at once.
+    h.reconcile("widgets").await;
+    assert_eq!(h.fake.metadata_lists().len(), 3);
+    tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+    reconcile_through_writers_read(&mut h, "widgets").await;
+    assert_eq!(h.fake.metadata_lists().len(), 4);
+    assert!(h.flags().starts_with("v1alpha1:d"), "{}", h.flags());
+}
+
 /// A continue token that expires in the middle of the writers gate's read is followed with
 /// the fresh token (samples 27, 28): the writer on a page after it is found, and nothing is
 /// listed from the start again.
@@ -454,7 +495,8 @@ async fn the_writers_gate_follows_an_expired_continue_token() {
         name,
         vec![entry("v1alpha1", "late-writer", "Update", "2026-05-30T06:00:00Z")],
     );
-    h.fake.after_next_list_page(|state| state.expire_continue_tokens());
+    h.fake
+        .after_next_list_page(|state| state.expire_continue_tokens());
     h.at("2026-05-31T00:00:00Z");
     reconcile_through_writers_read(&mut h, "widgets").await;
     let (_, reason, message) = h.condition("widgets", "Blocked");
@@ -465,8 +507,5 @@ async fn the_writers_gate_follows_an_expired_continue_token() {
     );
     let lists = h.fake.metadata_lists();
     assert_eq!(lists.len(), 3, "2 pages and the expired one");
-    assert_eq!(
-        lists.iter().filter(|r| !r.query.contains("continue=")).count(),
-        1
-    );
+    assert_eq!(lists.iter().filter(|r| !r.query.contains("continue=")).count(), 1);
 }

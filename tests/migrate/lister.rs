@@ -143,3 +143,29 @@ async fn failed_and_stalled_pages_are_asked_for_again() {
         "{error}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn tokens_that_keep_expiring_end_the_listing() {
+    // Every request takes longer than the compaction interval: each fresh token has
+    // expired again by the time it is used, and no page is ever listed after the first.
+    let fake = cluster(30);
+    {
+        let mut state = fake.lock();
+        state.latency = Duration::from_millis(20);
+        state.compact_every = Some(Duration::from_millis(10));
+    }
+    let settings = ListSettings {
+        max_expired_in_a_row: 5,
+        ..list_settings(10)
+    };
+    let error = digest(&fake, settings).await.expect_err("gives up");
+    assert!(
+        error.contains("the continue token expired 6 times in a row"),
+        "{error}"
+    );
+    assert_eq!(
+        fake.metadata_lists().len(),
+        7,
+        "the first page and 6 expired requests"
+    );
+}
