@@ -1,8 +1,10 @@
 //! The one pager: lists every object of a CRD through one version, metadata only
 //! (`PartialObjectMetadataList`, samples 09, 10), a page at a time, and hands each page to
 //! the caller as it arrives, so that memory is bounded by the page size whatever the number
-//! of objects. The objects digest, `audit` and the writers gate fold its pages; a
-//! migration's run can take its pages as a stream (`Lister::pages`), from a checkpoint.
+//! of objects. The objects digest, `audit` and the writers gate fold its pages
+//! (`Lister::fold`); `Lister::pages` gives them as a stream from any continue token (a
+//! checkpoint's), with each expired token's replacement, as a migration's run needs them
+//! (`run.rs` still pages by itself).
 //!
 //! Every page request is bounded by the request timeout and retried while it fails
 //! transiently (no answer, 429, 5xx; after the apiserver's `Retry-After` where it gives

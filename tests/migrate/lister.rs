@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crd_lifecycle::migrate::{Collection, ListSettings, Lister, ObjectsDigest, RetryPolicy};
+use crd_lifecycle::migrate::{Collection, ListSettings, Listed, Lister, ObjectsDigest, RetryPolicy};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use tokio::time::Instant;
 
@@ -167,5 +167,34 @@ async fn tokens_that_keep_expiring_end_the_listing() {
         fake.metadata_lists().len(),
         7,
         "the first page and 6 expired requests"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn pages_stream_from_a_checkpoint_and_hand_over_each_fresh_token() {
+    use futures::StreamExt;
+    let fake = cluster(30);
+    let client = fake.client();
+    let lister = Lister::new(&client, collection(&fake), list_settings(10));
+    let first = match std::pin::pin!(lister.pages(None)).next().await {
+        Some(Ok(Listed::Page(page))) => page,
+        other => panic!("a page: {other:?}"),
+    };
+    let checkpoint = first.next.expect("more pages");
+    // Resumed later, after a compaction: the 410's fresh token is handed over (a run
+    // records it as its checkpoint), then the rest is listed.
+    fake.lock().expire_continue_tokens();
+    let mut listed = Vec::new();
+    let mut rest = std::pin::pin!(lister.pages(Some(checkpoint)));
+    while let Some(item) = rest.next().await {
+        listed.push(match item.expect("lists") {
+            Listed::Page(page) => format!("{} objects", page.objects.len()),
+            Listed::Continued(token) => format!("continued with {token}"),
+            Listed::Restarted => "restarted".to_owned(),
+        });
+    }
+    assert_eq!(
+        listed,
+        ["continued with 1:ns0/w00027", "10 objects", "10 objects"]
     );
 }
