@@ -147,6 +147,9 @@ async fn run() {
     let metrics = Arc::new(Metrics::default());
     let context = Arc::new(Context {
         traffic: TrafficMonitor::new(client.clone(), Duration::from_secs(3600)),
+        writers: Arc::new(crd_lifecycle::controller::writer_reads::WriterReads::new(
+            client.clone(),
+        )),
         migrations: Arc::new(Migrations::new(
             client.clone(),
             recorder.clone(),

@@ -1,13 +1,31 @@
 //! `crd-lifecycle adopt`: a VersionPolicy for a live CRD that changes nothing when applied:
 //! every version's current state written as milestones already reached, with commented
-//! suggestions for the next steps under the Kubernetes deprecation policy (pure).
+//! suggestions for the next steps under the Kubernetes deprecation policy (pure). A CRD
+//! whose `status.storedVersions` lists versions besides the storage version gets the
+//! migration off, saying what turning it on would do: rewrite every object and trim.
 
 use jiff::Timestamp;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
-/// The policy as YAML, with comments. Milestones that are reached are dated at the CRD's
-/// creation (or `now` without one): every one is in the past, none is in the future.
-pub fn adopt(crd: &CustomResourceDefinition, policy_name: &str, now: Timestamp) -> String {
+/// What `adopt` prints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Adopted {
+    /// The policy as YAML, with comments.
+    pub policy: String,
+    /// What to tell the person on stderr: why the migration is off, and what turning it on
+    /// would do.
+    pub note: Option<String>,
+}
+
+/// The policy for the live CRD. Milestones that are reached are dated at the CRD's creation
+/// (or `now` without one): every one is in the past, none is in the future. `objects` is how
+/// many objects the CRD has, where known (said in the note about a stale `storedVersions`).
+pub fn adopt(
+    crd: &CustomResourceDefinition,
+    policy_name: &str,
+    now: Timestamp,
+    objects: Option<u64>,
+) -> Adopted {
     let crd_name = crd.metadata.name.clone().unwrap_or_default();
     let reached = crd
         .metadata
@@ -37,6 +55,8 @@ pub fn adopt(crd: &CustomResourceDefinition, policy_name: &str, now: Timestamp) 
          metadata:\n  name: {policy_name}\n\
          spec:\n  crdName: {crd_name}\n  versions:\n"
     );
+    // A migration would rewrite every object and trim storedVersions at once.
+    let stale: Vec<&String> = stored.iter().filter(|v| Some(*v) != storage.as_ref()).collect();
     let mut left_out = Vec::new();
     for version in &crd.spec.versions {
         let deprecated = version.deprecated.unwrap_or(false);
@@ -72,14 +92,45 @@ pub fn adopt(crd: &CustomResourceDefinition, policy_name: &str, now: Timestamp) 
             out.push_str(&format!("    # next: {line}\n"));
         }
     }
-    out.push_str("  migration: {enabled: true}\n");
+    let note = match (stale.is_empty(), storage.as_deref()) {
+        (true, _) => {
+            out.push_str("  migration: {enabled: true}\n");
+            None
+        }
+        (false, storage) => {
+            let storage = storage.unwrap_or("the storage version");
+            let objects = objects.map_or_else(|| "every object".to_owned(), |n| format!("{n} objects"));
+            let stale_list = stale.iter().map(|v| v.as_str()).collect::<Vec<_>>().join(", ");
+            let effect = format!(
+                "the controller would rewrite {objects} into {storage} and trim status.storedVersions from [{}] to [{storage}]",
+                stored.join(", ")
+            );
+            for line in [
+                format!("The migration is off: status.storedVersions lists {stale_list} besides the storage"),
+                format!("version {storage}, so with `migration: {{enabled: true}}` {effect}."),
+                format!("Turn it on (or run `crd-lifecycle migrate {crd_name}`) when you want that; until"),
+                format!(
+                    "then objects may still be stored in {stale_list}, and removing {} stays blocked.",
+                    if stale.len() == 1 { "it" } else { "them" }
+                ),
+            ] {
+                out.push_str(&format!("  # {line}\n"));
+            }
+            out.push_str("  migration: {enabled: false}\n");
+            Some(format!(
+                "{crd_name}: status.storedVersions lists {stale_list} besides the storage version {storage}. \
+                 The policy printed has `migration: {{enabled: false}}`, so applying it changes nothing; \
+                 with the migration on, {effect}."
+            ))
+        }
+    };
     for name in left_out {
         out.push_str(&format!(
             "# {name} is neither served nor deprecated: it is left out (its flags stay as they are).\n\
              # To serve it later, add it with `introduce: {{at: ...}}`.\n"
         ));
     }
-    out
+    Adopted { policy: out, note }
 }
 
 /// The next steps for a version, under the Kubernetes API deprecation policy (alpha: any
@@ -120,7 +171,7 @@ fn suggestions(
     }
     if !served {
         let waits = if stored.iter().any(|v| v == name) {
-            "after the migration trims it from status.storedVersions (it runs when applied) and the managedFields cleanup"
+            "once a migration trims it from status.storedVersions (turn `migration` on, below) and after the managedFields cleanup"
         } else {
             "after the managedFields cleanup"
         };
@@ -146,7 +197,15 @@ mod tests {
             "status": {"storedVersions": ["v1"]}
         }))
         .expect("crd");
-        let text = adopt(&crd, "widgets", "2026-11-23T00:00:00Z".parse().expect("now"));
+        let adopted = adopt(
+            &crd,
+            "widgets",
+            "2026-11-23T00:00:00Z".parse().expect("now"),
+            Some(4),
+        );
+        assert_eq!(adopted.note, None, "storedVersions is clean");
+        let text = adopted.policy;
+        assert!(text.ends_with("  migration: {enabled: true}\n# v2 is neither served nor deprecated: it is left out (its flags stay as they are).\n# To serve it later, add it with `introduce: {at: ...}`.\n"), "{text}");
         assert!(text.contains("  - name: v1alpha1\n    deprecate: {at: \"2025-06-01T10:00:00Z\"}\n    unserve: {at: \"2025-06-01T10:00:00Z\"}\n"), "{text}");
         assert!(text.contains("    deprecate: {at: \"2025-06-01T10:00:00Z\", warning: \"use v1\"}\n    # next: a deprecated beta may be unserved 9 months"), "{text}");
         assert!(

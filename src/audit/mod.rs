@@ -8,16 +8,20 @@ mod findings;
 mod render;
 
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::api::{Api, ListParams};
 
-pub use findings::{Collected, CrdAudit, Entry, Problem, VersionFlags, audit};
+pub use findings::{
+    Collected, CrdAudit, Entry, ManagerWrites, Problem, VersionFlags, VersionWrites, Writer, Writes, audit,
+};
 pub use render::{AuditFormat, render};
 
 use crate::api::VersionPolicy;
+use crate::migrate::{Collection, ListSettings, Lister};
 
 /// What to audit, and how.
 #[derive(Clone, Debug)]
@@ -113,8 +117,8 @@ async fn governing_policies(client: &Client) -> Vec<(String, String)> {
     }
 }
 
-/// Reads one CRD's versions and its objects' managedFields (metadata-only pages through
-/// the storage version).
+/// Reads one CRD's versions and its objects' writes (metadata-only pages through the
+/// storage version).
 async fn collect(client: &Client, crd: &CustomResourceDefinition, page_size: u32) -> Collected {
     let versions: Vec<VersionFlags> = crd
         .spec
@@ -138,78 +142,44 @@ async fn collect(client: &Client, crd: &CustomResourceDefinition, page_size: u32
         versions,
         ..Collected::default()
     };
-    match managed_fields_entries(client, crd, page_size).await {
-        Ok(entries) => {
-            collected.objects = entries.len() as u64;
-            collected.entries = entries;
-        }
+    let settings = ListSettings {
+        page_size,
+        ..ListSettings::default()
+    };
+    match read_writes(client, crd, &settings, None).await {
+        Ok(writes) => collected.writes = writes,
         Err(error) => collected.list_error = Some(error),
     }
     collected
 }
 
-/// Every object's managedFields entries of the CRD's group (its manager, the version it
-/// wrote through, when), read with paged metadata-only lists through the storage version
-/// (or another served one).
-pub async fn managed_fields_entries(
+/// The field managers' writes through each version of the CRD's group, from its objects'
+/// managedFields: one paged metadata-only listing (`migrate::Lister`: retried, expired
+/// continue tokens followed) through the storage version (or another served one), folded
+/// a page at a time. `progress` counts the objects read so far.
+pub async fn read_writes(
     client: &Client,
     crd: &CustomResourceDefinition,
-    page_size: u32,
-) -> Result<Vec<Vec<Entry>>, String> {
-    let Some(through) = crd
-        .spec
-        .versions
-        .iter()
-        .find(|v| v.storage && v.served)
-        .or_else(|| crd.spec.versions.iter().find(|v| v.served))
-    else {
-        return Err("no version is served".to_owned());
+    settings: &ListSettings,
+    progress: Option<&AtomicU64>,
+) -> Result<Writes, String> {
+    let collection = Collection::of_crd(crd)?;
+    let settings = ListSettings {
+        with_managed_fields: true,
+        ..settings.clone()
     };
-    let resource = ApiResource {
-        group: crd.spec.group.clone(),
-        version: through.name.clone(),
-        api_version: format!("{}/{}", crd.spec.group, through.name),
-        kind: crd.spec.names.kind.clone(),
-        plural: crd.spec.names.plural.clone(),
-    };
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-    let group = crd.spec.group.clone();
-    let pages = futures::stream::try_unfold(Some(String::new()), |token| {
-        let api = api.clone();
-        async move {
-            let Some(token) = token else { return Ok(None) };
-            let mut params = ListParams::default().limit(page_size);
-            if !token.is_empty() {
-                params = params.continue_token(&token);
+    let group = crd.spec.group.as_str();
+    let lister = Lister::new(client, collection, settings);
+    let folded = lister
+        .fold(Writes::default, |writes, page| {
+            for object in &page.objects {
+                writes.add(&Entry::of_group(group, &object.managed_fields));
             }
-            let page = api.list_metadata(&params).await?;
-            let next = page.metadata.continue_.clone().filter(|t| !t.is_empty());
-            Ok::<_, kube::Error>(Some((page.items, next)))
-        }
-    });
-    let mut all = Vec::new();
-    pages
-        .try_for_each(|items| {
-            for item in items {
-                let entries = item
-                    .metadata
-                    .managed_fields
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter_map(|entry| {
-                        let (entry_group, version) = entry.api_version.as_deref()?.rsplit_once('/')?;
-                        (entry_group == group).then(|| Entry {
-                            manager: entry.manager.unwrap_or_default(),
-                            version: version.to_owned(),
-                            time: entry.time.map(|t| t.0),
-                        })
-                    })
-                    .collect();
-                all.push(entries);
+            if let Some(progress) = progress {
+                progress.store(writes.objects, Ordering::Relaxed);
             }
-            futures::future::ready(Ok(()))
         })
         .await
-        .map_err(|e| e.to_string())?;
-    Ok(all)
+        .map_err(|error| error.to_string())?;
+    Ok(folded.state)
 }

@@ -16,6 +16,7 @@ use super::error::Error;
 use super::metrics::Metrics;
 use super::migrations::Migrations;
 use super::traffic::TrafficMonitor;
+use super::writer_reads::WriterReads;
 use crate::api::VersionPolicy;
 
 pub use super::clock::Clock;
@@ -34,6 +35,8 @@ pub struct Context {
     pub migrations: Arc<Migrations>,
     /// Samples the apiserver's request counters for traffic gates.
     pub traffic: Arc<TrafficMonitor>,
+    /// Reads the objects' managedFields for writers gates, in the background.
+    pub writers: Arc<WriterReads>,
     /// The conversion webhook this controller serves, if any.
     pub webhook: Option<Arc<WebhookEndpoint>>,
 }

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use super::preflight;
 use super::traffic::TrafficMonitor;
+use super::writer_reads::{Known, WriterReads};
 use crate::api::{MigrationPhase, TrafficStatus, VersionPolicy, VersionPolicyStatus};
 use crate::lifecycle::{APPROVE_ANNOTATION, GateInputs, PreflightResult, parse_approvals, parse_duration};
 
@@ -138,61 +139,35 @@ pub fn preflight_results(
 }
 
 /// For each governed version whose `unserve` has a writers gate, is due at `now` and is
-/// still served: every field manager's last write through it, from the objects'
-/// managedFields (one paged metadata-only list of the CRD's objects, only while such a gate
-/// is due: the gate reads them at its instant, not at every reconcile before). A version
-/// whose objects cannot be read is left out, so its gate holds.
-pub async fn writers(
-    client: &kube::Client,
+/// still served: what is known of the field managers' writes through it, from the objects'
+/// managedFields. `reads` reads them in the background (`spec.migration.pageSize` objects a
+/// page), only while such a gate is due (from its instant, not at every reconcile before),
+/// and keeps the result while it stands; a
+/// version whose read is under way or failed holds its gate, and `Known::recheck_at` says
+/// when to look again.
+pub fn writers(
+    reads: &WriterReads,
     policy: &VersionPolicy,
     crd: &CustomResourceDefinition,
     now: jiff::Timestamp,
-) -> std::collections::BTreeMap<String, Vec<(String, jiff::Timestamp)>> {
+) -> Known {
     // An invalid schedule is reported by the evaluation; nothing to read for it.
-    let due: Vec<String> =
+    let due: Vec<(String, jiff::SignedDuration)> =
         crate::lifecycle::Schedule::new(&policy.spec, &crate::lifecycle::CrdState::from_crd(crd), now)
             .map(|schedule| {
                 schedule
                     .versions
                     .iter()
-                    .filter(|v| {
-                        v.no_writers_for.is_some() && v.reached(crate::api::MilestoneKind::Unserve, now)
-                    })
-                    .map(|v| v.name.clone())
+                    .filter(|v| v.reached(crate::api::MilestoneKind::Unserve, now))
+                    .filter_map(|v| Some((v.name.clone(), v.no_writers_for?)))
                     .collect()
             })
             .unwrap_or_default();
-    let gated: Vec<&str> = due
-        .iter()
-        .filter(|v| crd.spec.versions.iter().any(|c| c.name == **v && c.served))
-        .map(String::as_str)
+    let gated: Vec<(String, jiff::SignedDuration)> = due
+        .into_iter()
+        .filter(|(v, _)| crd.spec.versions.iter().any(|c| c.name == *v && c.served))
         .collect();
-    let mut writers = std::collections::BTreeMap::new();
-    if gated.is_empty() {
-        return writers;
-    }
-    let entries = match crate::audit::managed_fields_entries(client, crd, 500).await {
-        Ok(entries) => entries,
-        Err(error) => {
-            tracing::warn!(
-                crd = policy.spec.crd_name,
-                error,
-                "cannot read managedFields for the writers gate"
-            );
-            return writers;
-        }
-    };
-    for version in gated {
-        let mut last: std::collections::BTreeMap<String, jiff::Timestamp> = std::collections::BTreeMap::new();
-        for entry in entries.iter().flatten().filter(|e| e.version == version) {
-            if let Some(time) = entry.time {
-                let slot = last.entry(entry.manager.clone()).or_insert(time);
-                *slot = (*slot).max(time);
-            }
-        }
-        writers.insert(version.to_owned(), last.into_iter().collect());
-    }
-    writers
+    reads.writers(crd, &gated, policy.spec.migration.page_size, now)
 }
 
 /// Who set the approval annotation, and when: the field manager that owns it in

@@ -24,6 +24,7 @@ pub mod status;
 pub mod supervise;
 pub mod traffic;
 mod webhook_tasks;
+pub mod writer_reads;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -56,6 +57,7 @@ use metrics::Metrics;
 use migrations::Migrations;
 use supervise::{Essential, Supervisor};
 use traffic::TrafficMonitor;
+use writer_reads::WriterReads;
 
 /// Settings of `crd-lifecycle run`.
 #[derive(Clone, Debug)]
@@ -262,6 +264,7 @@ async fn controller(
         })),
     };
     let context = Arc::new(Context {
+        writers: Arc::new(WriterReads::new(client.clone())),
         client,
         recorder,
         metrics,

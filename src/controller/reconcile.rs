@@ -89,6 +89,8 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
     let mut unavailable_recheck = false;
     // When the next store's preflight is to start ahead of its instant.
     let mut preflight_wake: Option<Timestamp> = None;
+    // When to look again at a writers gate's read under way.
+    let mut writers_recheck: Option<Timestamp> = None;
 
     if let Some(owner) = competing_owner(policy, &ctx.policies) {
         observation.blocked.push((
@@ -105,6 +107,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         let outcome = apply(policy, ctx, now).await?;
         crd_after = outcome.crd_after;
         evaluation = outcome.evaluation;
+        writers_recheck = outcome.writers_recheck;
         observation.blocked = outcome.blocked;
         observation.applied = outcome.applied;
         observation.dry_run_patch = outcome.dry_run_patch;
@@ -264,7 +267,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
     let recheck = unavailable_recheck
         .then(|| now.checked_add(RECHECK_MISSING_AFTER).ok())
         .flatten();
-    let wake = [next, wake_at, regrant, recheck, preflight_wake]
+    let wake = [next, wake_at, regrant, recheck, preflight_wake, writers_recheck]
         .into_iter()
         .flatten()
         .min();
@@ -304,6 +307,8 @@ struct Applied {
     /// Per version, what a preflight through it checks against (`preflight::fingerprints`),
     /// as the CRD is after the patch.
     fingerprints: std::collections::BTreeMap<String, String>,
+    /// When to look again at a writers gate whose read is under way (or failed).
+    writers_recheck: Option<Timestamp>,
 }
 
 /// Reads the CRD, evaluates the policy and applies the guarded patch, recomputing it when
@@ -311,7 +316,6 @@ struct Applied {
 async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<Applied, Error> {
     let crd_name = &policy.spec.crd_name;
     let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
-    let mut writers = None;
     for _ in 0..PATCH_ATTEMPTS {
         let mut outcome = Applied::default();
         let Some(crd) = get_crd(ctx, crd_name).await? else {
@@ -323,12 +327,11 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
         };
         outcome.fingerprints = preflight::fingerprints(&crd);
         let mut gates = gate_inputs::gates(policy, &crd, &ctx.traffic);
-        // Read once per reconcile: a patch retried after a concurrent CRD change needs no
-        // second list of the objects.
-        if writers.is_none() {
-            writers = Some(gate_inputs::writers(&ctx.client, policy, &crd, now).await);
-        }
-        gates.inputs.writers = writers.clone().unwrap_or_default();
+        // Read in the background; a reconcile takes what is known and looks again while a
+        // read is under way.
+        let writers = gate_inputs::writers(&ctx.writers, policy, &crd, now);
+        gates.inputs.writers = writers.writers;
+        outcome.writers_recheck = writers.recheck_at;
         if !gates.invalid_approvals.is_empty() {
             warn!(policy = policy.name_any(), entries = ?gates.invalid_approvals, "ignoring approval entries that are not <version>.<milestone>");
         }

@@ -50,9 +50,21 @@ pub struct GateInputs {
     pub traffic: BTreeMap<String, TrafficObservation>,
     /// Conversion preflights, per version they read through.
     pub preflight: BTreeMap<String, PreflightResult>,
-    /// Per version with a writers gate: each field manager's last write through it
-    /// (from managedFields); absent when the objects could not be read.
-    pub writers: BTreeMap<String, Vec<(String, Timestamp)>>,
+    /// Per version with a writers gate: what is known of the field managers' writes
+    /// through it (managedFields); absent before the objects are read.
+    pub writers: BTreeMap<String, WritersRead>,
+}
+
+/// What the controller read of the writes through one version (its objects'
+/// `metadata.managedFields`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WritersRead {
+    /// The objects are being read; this many so far.
+    Reading { objects: u64 },
+    /// Each field manager's last write through the version.
+    Read(Vec<(String, Timestamp)>),
+    /// The objects could not be read (why).
+    Failed(String),
 }
 
 /// What the controller saw of the requests to one version.
@@ -264,13 +276,31 @@ impl Schedule {
         if kind == MilestoneKind::Unserve
             && let Some(window) = version.no_writers_for
         {
-            let Some(writers) = gates.writers.get(name) else {
-                return Some((
-                    BlockReason::VersionInUse,
-                    format!(
-                        "{name} unserve waits until no field manager has written through {name} for {window:#}; the objects' managedFields are not read yet"
-                    ),
-                ));
+            let waits = format!(
+                "{name} unserve waits until no field manager has written through {name} for {window:#}"
+            );
+            let writers = match gates.writers.get(name) {
+                Some(WritersRead::Read(writers)) => writers,
+                Some(WritersRead::Reading { objects }) => {
+                    return Some((
+                        BlockReason::VersionInUse,
+                        format!(
+                            "{waits}; reading the objects' managedFields ({objects} objects read so far)"
+                        ),
+                    ));
+                }
+                Some(WritersRead::Failed(error)) => {
+                    return Some((
+                        BlockReason::VersionInUse,
+                        format!("{waits}; the objects' managedFields cannot be read ({error}), trying again"),
+                    ));
+                }
+                None => {
+                    return Some((
+                        BlockReason::VersionInUse,
+                        format!("{waits}; the objects' managedFields are not read yet"),
+                    ));
+                }
             };
             let mut recent: Vec<&(String, Timestamp)> =
                 writers.iter().filter(|(_, last)| *last + window > at).collect();
@@ -285,7 +315,7 @@ impl Schedule {
                 return Some((
                     BlockReason::VersionInUse,
                     format!(
-                        "{name} unserve waits until no field manager has written through {name} for {window:#}: {}; satisfied at {satisfied_at} if nobody writes",
+                        "{waits}: {}; satisfied at {satisfied_at} if nobody writes",
                         named.join(", ")
                     ),
                 ));

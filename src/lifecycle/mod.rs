@@ -21,7 +21,8 @@ pub use engine::{
 };
 pub use error::{Error, FieldError, FieldErrors};
 pub use gates::{
-    APPROVE_ANNOTATION, GateInputs, PreflightPass, PreflightResult, TrafficObservation, parse_approvals,
+    APPROVE_ANNOTATION, GateInputs, PreflightPass, PreflightResult, TrafficObservation, WritersRead,
+    parse_approvals,
 };
 pub use render::{as_manifest, render_crd};
 pub use schedule::{Schedule, ScheduledVersion, Transition};

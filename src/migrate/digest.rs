@@ -1,8 +1,9 @@
 //! A digest of a CRD's objects (each one's namespace, name and resourceVersion): equal
 //! digests mean no object was created, changed or deleted in between.
 
-use super::requests::{Answer, ObjectKey, Requester};
-use super::target::Target;
+use super::Error;
+use super::lister::Lister;
+use super::requests::ObjectKey;
 
 /// An order-independent digest of a set of objects.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -33,42 +34,15 @@ impl ObjectsDigest {
     }
 }
 
-/// Lists every object (metadata only, through the target's version) and digests them. A
-/// continue token that expired is followed with the fresh one the apiserver gives (samples
-/// 27, 28); without one the listing starts over.
-pub(super) async fn list_digest(
-    requester: &Requester<'_>,
-    target: &Target,
-    page_size: u32,
-) -> Result<ObjectsDigest, Answer> {
-    let mut digest = ObjectsDigest::default();
-    let mut token: Option<String> = None;
-    let mut restarts = 0;
-    loop {
-        match requester
-            .list_page(target, page_size, token.as_deref(), false)
-            .await
-        {
-            Ok(page) => {
-                page.objects.iter().for_each(|key| digest.add(key));
-                token = page.next;
-                if token.is_none() {
-                    return Ok(digest);
-                }
-            }
-            Err(Answer::Status {
-                code: 410,
-                continue_token: Some(fresh),
-                ..
-            }) => token = Some(fresh),
-            Err(Answer::Status { code: 410, .. }) if restarts < 3 => {
-                restarts += 1;
-                digest = ObjectsDigest::default();
-                token = None;
-            }
-            Err(answer) => return Err(answer),
-        }
-    }
+/// Lists every object (metadata only, through the lister's version) and digests them, a
+/// page at a time (`Lister::fold`: expired continue tokens are followed with the fresh one).
+pub(super) async fn list_digest(lister: &Lister<'_>) -> Result<ObjectsDigest, Error> {
+    let folded = lister
+        .fold(ObjectsDigest::default, |digest, page| {
+            page.objects.iter().for_each(|key| digest.add(key));
+        })
+        .await?;
+    Ok(folded.state)
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ mod checked;
 pub mod command;
 mod digest;
 mod discovery;
+mod lister;
 pub mod managed_fields;
 pub mod permissions;
 mod progress;
@@ -39,9 +40,10 @@ use tracing::{info, warn};
 pub use checked::CheckedObjects;
 pub use digest::ObjectsDigest;
 pub use discovery::{SettleCheck, storage_version_hash};
+pub use lister::{Collection, Folded, ListSettings, Listed, Lister};
 pub use progress::{Checkpoint, Counts, ObjectResult, Observer, PageTracker, Quiet, Rate, Resume};
 pub use report::{Failure, Outcome, Report};
-pub use requests::{Answer, ObjectKey};
+pub use requests::{Answer, ObjectKey, Page};
 pub use settings::{ManagedFieldsCleanup, Mode, RetryPolicy, Settings};
 pub use target::{Target, conversion_fingerprint};
 
@@ -349,7 +351,8 @@ pub async fn trim_after(client: &Client, crd_name: &str, settings: &Settings) ->
 }
 
 /// How many objects the CRD has (one list of a single object, whose
-/// `remainingItemCount` gives the rest, sample 30); `None` when the apiserver does not say.
+/// `remainingItemCount` gives the rest, sample 30, retried while it fails transiently);
+/// `None` when the apiserver does not say.
 pub async fn count_objects(
     client: &Client,
     crd_name: &str,
@@ -357,30 +360,21 @@ pub async fn count_objects(
 ) -> Result<Option<u64>, Error> {
     let requester = Requester::unthrottled(client, settings.request_timeout);
     let target = read_target(client, crd_name, None, settings).await?;
-    requester
-        .count(&target)
-        .await
-        .map_err(|answer| listing_failed(&target, &answer))
+    requests::retried(
+        &settings.retry,
+        &format!("counting the objects of {crd_name}"),
+        || requester.count(&target),
+    )
+    .await
+    .map_err(|answer| listing_failed(&target, &answer))
 }
 
 /// A digest of the CRD's objects as they are now (one metadata-only listing through the
 /// storage version), to compare with `Report::objects_digest` of an earlier run.
 pub async fn objects_digest(client: &Client, crd_name: &str, settings: &Settings) -> Result<String, Error> {
-    let requester = Requester::unthrottled(client, settings.request_timeout);
     let target = read_target(client, crd_name, None, settings).await?;
-    let transient = |answer: &Answer| match answer {
-        Answer::Status { code, .. } => *code == 429 || *code >= 500,
-        Answer::Transport(_) => true,
-        Answer::Ok => false,
-    };
-    let listed = (|| digest::list_digest(&requester, &target, settings.page_size))
-        .retry(settings.retry.backoff())
-        .sleep(tokio::time::sleep)
-        .when(transient)
-        .await;
-    listed
-        .map(|d| d.value())
-        .map_err(|answer| listing_failed(&target, &answer))
+    let lister = Lister::new(client, Collection::from(&target), ListSettings::from(settings));
+    digest::list_digest(&lister).await.map(|d| d.value())
 }
 
 fn listing_failed(target: &Target, answer: &Answer) -> Error {

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use backon::Retryable;
 use governor::DefaultDirectRateLimiter;
 use http::{HeaderMap, StatusCode};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
@@ -14,6 +15,7 @@ use kube::client::Body;
 use kube::core::{DynamicObject, ObjectList, PartialObjectMeta};
 use serde_json::{Value, json};
 
+use super::settings::RetryPolicy;
 use super::target::Target;
 
 /// One object to process, as listed (metadata only).
@@ -66,6 +68,43 @@ pub enum Answer {
     Transport(String),
 }
 
+impl Answer {
+    /// Worth asking again: no answer, 429, or 5xx (which may also be a conversion webhook
+    /// failing for good: the retries are bounded).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Answer::Status { code, .. } => *code == 429 || *code >= 500,
+            Answer::Transport(_) => true,
+            Answer::Ok => false,
+        }
+    }
+
+    /// The wait the apiserver asked for (`Retry-After`), if any.
+    fn asked_wait(&self) -> Option<Duration> {
+        match self {
+            Answer::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+}
+
+/// Sends `request` until it succeeds, fails for good, or `retry` is used up: transient
+/// failures (`Answer::is_transient`) are retried with backoff, or after the apiserver's
+/// `Retry-After` where it gives one.
+pub(super) async fn retried<T, F, Fut>(retry: &RetryPolicy, what: &str, request: F) -> Result<T, Answer>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Answer>>,
+{
+    request
+        .retry(retry.backoff())
+        .sleep(tokio::time::sleep)
+        .when(Answer::is_transient)
+        .adjust(|answer, backoff| backoff.map(|wait| answer.asked_wait().unwrap_or(wait)))
+        .notify(|answer, wait| tracing::warn!("{what}: {answer}; retrying in {wait:?}"))
+        .await
+}
+
 impl std::fmt::Display for Answer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -103,6 +142,7 @@ pub enum Discovered {
 }
 
 /// Sends a migration's requests: throttled, each bounded by `timeout`.
+#[derive(Clone, Copy)]
 pub struct Requester<'a> {
     pub client: &'a Client,
     pub limiter: Option<&'a DefaultDirectRateLimiter>,
@@ -118,11 +158,23 @@ impl Requester<'_> {
         token: Option<&str>,
         with_managed_fields: bool,
     ) -> Result<Page, Answer> {
+        self.list_page_at(&target.list_path(), page_size, token, with_managed_fields)
+            .await
+    }
+
+    /// Lists one page of the collection at `path` (metadata only).
+    pub(super) async fn list_page_at(
+        &self,
+        path: &str,
+        page_size: u32,
+        token: Option<&str>,
+        with_managed_fields: bool,
+    ) -> Result<Page, Answer> {
         let mut params = ListParams::default().limit(page_size);
         if let Some(token) = token {
             params = params.continue_token(token);
         }
-        let request = kube::core::Request::new(target.list_path())
+        let request = kube::core::Request::new(path)
             .list_metadata(&params)
             .map_err(|e| Answer::Transport(e.to_string()))?;
         let bytes = self.send(request).await?;

@@ -13,6 +13,7 @@ use crd_lifecycle::api::VersionPolicy;
 use crd_lifecycle::controller::metrics::Metrics;
 use crd_lifecycle::controller::migrations::Migrations;
 use crd_lifecycle::controller::traffic::TrafficMonitor;
+use crd_lifecycle::controller::writer_reads::WriterReads;
 use crd_lifecycle::controller::{Context, reconcile};
 use jiff::Timestamp;
 use kube::core::DeserializeGuard;
@@ -100,6 +101,7 @@ impl Harness {
             resync: ctx.resync,
             migrations,
             traffic: ctx.traffic.clone(),
+            writers: ctx.writers.clone(),
             webhook,
         });
     }
@@ -370,8 +372,10 @@ pub fn test_context(
     );
     let metrics = Arc::new(Metrics::default());
     let migrations = test_migrations(client.clone(), recorder.clone(), metrics.clone(), clock.clone());
+    let writers = WriterReads::new(client.clone()).with_retry(test_retry());
     Arc::new(Context {
         traffic: TrafficMonitor::new(client.clone(), Duration::from_secs(1)),
+        writers: Arc::new(writers),
         client,
         recorder,
         metrics,
@@ -394,11 +398,16 @@ fn test_migrations(
     Migrations::new(client, recorder, metrics, 2)
         .with_progress_interval(Duration::from_millis(20))
         .with_retry_after_failure(Duration::from_millis(100))
-        .with_retry(crd_lifecycle::migrate::RetryPolicy {
-            attempts: 3,
-            base_delay: Duration::from_millis(1),
-            max_delay: Duration::from_millis(5),
-        })
+        .with_retry(test_retry())
         .with_settle_check(fast_settle_check())
         .with_clock(clock)
+}
+
+/// Fast retries for tests.
+fn test_retry() -> crd_lifecycle::migrate::RetryPolicy {
+    crd_lifecycle::migrate::RetryPolicy {
+        attempts: 3,
+        base_delay: Duration::from_millis(1),
+        max_delay: Duration::from_millis(5),
+    }
 }

@@ -4,6 +4,7 @@ use crate::fixtures::{crd, crd_yaml, flags, policy, policy_yaml, ts};
 use crd_lifecycle::api::MilestoneKind;
 use crd_lifecycle::lifecycle::{
     BlockReason, CrdState, GateInputs, PreflightPass, PreflightResult, Schedule, TrafficObservation,
+    WritersRead,
 };
 
 fn three_versions() -> CrdState {
@@ -347,13 +348,35 @@ fn a_writers_gate_waits_until_nobody_writes_through_the_version() {
             .message
             .contains("managedFields are not read yet")
     );
-    let writes = |list: &[(&str, &str)]| GateInputs {
-        writers: [(
-            "v1beta1".to_owned(),
-            list.iter().map(|(m, t)| ((*m).to_owned(), ts(t))).collect(),
-        )]
-        .into(),
+    let gates_with = |read: WritersRead| GateInputs {
+        writers: [("v1beta1".to_owned(), read)].into(),
         ..GateInputs::default()
+    };
+    // Being read, or unreadable: held, saying so.
+    let reading =
+        schedule.evaluate_with_gates(&crd, &[], &gates_with(WritersRead::Reading { objects: 1500 }), at);
+    assert_eq!(
+        reading.blocked[0].message,
+        "v1beta1 unserve waits until no field manager has written through v1beta1 for 168h; \
+         reading the objects' managedFields (1500 objects read so far)"
+    );
+    assert!(reading.version("v1beta1").is_some_and(|v| v.served));
+    let failed = schedule.evaluate_with_gates(
+        &crd,
+        &[],
+        &gates_with(WritersRead::Failed("403 Forbidden".into())),
+        at,
+    );
+    assert_eq!(failed.blocked[0].reason, BlockReason::VersionInUse);
+    assert!(
+        failed.blocked[0]
+            .message
+            .contains("cannot be read (403 Forbidden)")
+    );
+    let writes = |list: &[(&str, &str)]| {
+        gates_with(WritersRead::Read(
+            list.iter().map(|(m, t)| ((*m).to_owned(), ts(t))).collect(),
+        ))
     };
     let gates = writes(&[
         ("kubectl-edit", "2026-03-30T10:00:00Z"),

@@ -2,6 +2,7 @@
 
 #[path = "../support/apiserver/mod.rs"]
 mod apiserver;
+mod lister;
 
 use std::sync::Mutex;
 use std::time::Duration;
