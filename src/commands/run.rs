@@ -89,6 +89,10 @@ fn webhook_settings(args: &RunArgs) -> Result<Option<WebhookSettings>, CommandEr
             replica: args.identity.clone().unwrap_or_else(default_identity),
             ttl: record_ttl,
         }),
+        connections: crd_lifecycle::webhook::Connections::new(
+            flags.webhook_drain,
+            flags.webhook_max_connection_age,
+        ),
     }))
 }
 

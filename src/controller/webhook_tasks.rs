@@ -1,6 +1,7 @@
 //! The conversion webhook as the controller runs it: its certificates (loaded, renewed,
 //! their CA published to the CRDs), the policy cache it converts with, and its server, each
-//! a supervised task.
+//! a supervised task. Every replica serves it, leader or not; SIGTERM drains it (see
+//! [`crate::webhook::Connections`]) while the controller's writers stop at once.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -13,7 +14,7 @@ use tracing::{info, warn};
 use super::RunError;
 use super::conversion_config::{self, WebhookEndpoint, WebhookTarget};
 use super::supervise::{Essential, Supervisor};
-use crate::webhook::{CertStore, WebhookMetrics};
+use crate::webhook::{CertStore, Connections, Readiness, Server, WebhookMetrics};
 
 /// Where the conversion webhook listens, how the apiserver reaches it, and its
 /// certificates.
@@ -27,6 +28,8 @@ pub struct WebhookSettings {
     /// Where each replica records what it serves (so that a CA stays trusted while a
     /// replica serves a certificate it signed, across restarts).
     pub record: Option<super::rotation_record::RotationRecord>,
+    /// How connections age, and the drain after SIGTERM.
+    pub connections: Connections,
 }
 
 /// Where the webhook's certificates come from.
@@ -38,15 +41,52 @@ pub enum CertificateSource {
     Secret { namespace: String, name: String },
 }
 
+/// The webhook `run` serves.
+pub(super) struct Webhook {
+    /// Its CRD settings and the CA bundle the leader writes to the CRDs.
+    pub endpoint: Arc<WebhookEndpoint>,
+    /// Completes once the server has stopped (after its drain, once the connections closed
+    /// or their deadline passed).
+    stopped: tokio::sync::oneshot::Receiver<()>,
+    connections: Connections,
+}
+
+impl Webhook {
+    /// Waits until the server has drained and stopped (it started draining at the
+    /// shutdown signal), for at most its drain and in-flight deadline and a little more.
+    pub async fn drained(self, supervisor: &mut Supervisor) {
+        let bound = self.connections.drain + self.connections.in_flight_deadline + Duration::from_secs(2);
+        info!("waiting for the conversion webhook to drain");
+        tokio::select! {
+            _ = self.stopped => {}
+            failed = supervisor.first_failure() => {
+                warn!(error = %failed, "an essential task stopped while the conversion webhook drained");
+            }
+            () = tokio::time::sleep(bound) => warn!("the conversion webhook did not stop within {bound:?}"),
+        }
+    }
+}
+
 /// Loads the certificates, keeps them fresh, and serves the webhook with a cache of the
-/// policies of its own.
+/// policies of its own. `readiness` says when it may be sent reviews; `signal` starts its
+/// drain.
 pub(super) async fn start_webhook(
     client: Client,
     settings: WebhookSettings,
     metrics: Arc<WebhookMetrics>,
-    shutdown: impl Future<Output = ()> + Send + Clone + 'static,
+    readiness: Arc<Readiness>,
+    signal: impl Future<Output = ()> + Send + 'static,
     supervisor: &mut Supervisor,
-) -> Result<Arc<WebhookEndpoint>, RunError> {
+) -> Result<Webhook, RunError> {
+    // A taken address fails at once.
+    let listener = tokio::net::TcpListener::bind(settings.address)
+        .await
+        .map_err(|error| {
+            RunError::Webhook(format!(
+                "cannot listen on {} (--webhook-port): {error}",
+                settings.address
+            ))
+        })?;
     let endpoint = Arc::new(WebhookEndpoint::new(settings.target.clone()));
     let certs = Arc::new(CertStore::default());
     let rotation = Arc::new(std::sync::Mutex::new(conversion_config::CaRotation::default()));
@@ -107,6 +147,7 @@ pub(super) async fn start_webhook(
         }
     };
     refresh().await.map_err(RunError::Webhook)?;
+    readiness.certificate_served();
     let interval = match settings.certificates {
         CertificateSource::Files { .. } => Duration::from_secs(60),
         CertificateSource::Secret { .. } => Duration::from_secs(3600),
@@ -128,17 +169,21 @@ pub(super) async fn start_webhook(
         Err("the watches ended".to_owned())
     }));
     let cache = Arc::new(cache);
-    let policies: Arc<dyn crate::webhook::PolicySource> = cache.clone();
-    let serve = crate::webhook::serve(
-        settings.address,
+    let connections = settings.connections;
+    let server = Server {
         certs,
-        policies,
+        policies: cache.clone(),
         metrics,
-        settings.limits.clone(),
-        shutdown,
-    );
+        limits: settings.limits.clone(),
+        readiness: readiness.clone(),
+        connections,
+    };
+    let stop = crate::webhook::drain_after(signal, readiness.clone(), connections.drain);
+    let (stopped, stopped_rx) = tokio::sync::oneshot::channel();
     supervisor.add(Essential::spawn("the conversion webhook server", async move {
-        serve.await.map_err(|error| error.to_string())
+        let served = server.serve(listener, stop).await;
+        let _ = stopped.send(());
+        served.map_err(|error| error.to_string())
     }));
     // Ready (and so in the Service) only once the webhook knows every policy and every
     // CRD's recorded conversion: before that it would refuse reviews it can answer.
@@ -147,5 +192,10 @@ pub(super) async fn start_webhook(
         ready = cache.wait_until_ready() => ready.map_err(|e| RunError::Webhook(e.to_string()))?,
         failed = supervisor.first_failure() => return Err(failed.into()),
     }
-    Ok(endpoint)
+    readiness.policies_loaded();
+    Ok(Webhook {
+        endpoint,
+        stopped: stopped_rx,
+        connections,
+    })
 }

@@ -271,6 +271,7 @@ mod preflight_ahead;
 mod safety;
 mod sequence;
 mod webhook;
+mod webhook_drain;
 mod webhook_limits;
 
 /// Discovery confirmations 1 ms apart, so that tests do not wait seconds for a switch.

@@ -139,24 +139,24 @@ async fn the_webhook_serves_https_and_picks_up_renewed_certificates() {
     store
         .set_pem(&bundle.cert_pem, &bundle.key_pem)
         .expect("installed");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port();
-    let address: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("address");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a free port");
+    let port = listener.local_addr().expect("address").port();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let mut registry = prometheus_client::registry::Registry::with_prefix("crd_lifecycle");
     let metrics = Arc::new(webhook::WebhookMetrics::registered(&mut registry));
-    let server = tokio::spawn(webhook::serve(
-        address,
-        store.clone(),
-        policies(),
-        metrics.clone(),
-        webhook::Limits::default(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let server = webhook::Server {
+        certs: store.clone(),
+        policies: policies(),
+        metrics: metrics.clone(),
+        limits: webhook::Limits::default(),
+        readiness: Arc::new(webhook::Readiness::ready()),
+        connections: webhook::Connections::default(),
+    };
+    let server = tokio::spawn(server.serve(listener, async move {
+        let _ = stopped.await;
+    }));
 
     // A client that trusts only the generated CA, as the apiserver does with caBundle.
     let ca = rustls_pem_to_der(&bundle.ca_pem);
