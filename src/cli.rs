@@ -351,7 +351,7 @@ pub struct WebhookArgs {
     pub webhook_secret: String,
 
     /// A serving certificate to use instead (PEM, e.g. from cert-manager); with
-    /// --webhook-key-file and --webhook-ca-file. Re-read every minute.
+    /// --webhook-key-file and --webhook-ca-file. Checked for changes every 15 s.
     #[arg(long, value_name = "FILE", env = "CRD_LIFECYCLE_WEBHOOK_CERT_FILE", requires_all = ["webhook_key_file", "webhook_ca_file"])]
     pub webhook_cert_file: Option<String>,
 

@@ -46,7 +46,7 @@ pub use error::{Error, status_code};
 pub use reconcile::{competing_owner, error_policy, reconcile, requeue_after};
 pub use release::RELEASE_FINALIZER;
 use webhook_tasks::start_webhook;
-pub use webhook_tasks::{CertificateSource, WebhookSettings};
+pub use webhook_tasks::{CertificateRefresher, CertificateSource, WebhookSettings};
 
 use crate::api::VersionPolicy;
 pub use conversion_config::{WebhookEndpoint, WebhookTarget};
