@@ -13,6 +13,9 @@ mod env;
 mod flags;
 mod least_privilege;
 mod scenarios;
+#[path = "../support/webhook_client.rs"]
+mod webhook_client;
+mod webhook_rollout;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -38,6 +41,9 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     }),
     ("builtin_migration", |env| {
         Box::pin(builtin_migration::builtin_migration(env))
+    }),
+    ("webhook_rollout", |env| {
+        Box::pin(webhook_rollout::webhook_rollout(env))
     }),
 ];
 
