@@ -1,8 +1,9 @@
 //! What each replica's webhook serves, kept where every replica and a restarted one can see
 //! it: annotations of the webhook Secret (`--webhook-secret`, in the lease namespace; created
 //! with no data when certificates come from files). Each replica writes
-//! `serving.crdlifecycle.io/<replica>: <CA fingerprint> <time>` at every certificate refresh;
-//! an entry older than its time to live belongs to a replica that is gone and is dropped.
+//! `serving.crdlifecycle.io/<replica>: <CA fingerprint> <time>` whenever what it serves
+//! changes and at least every third of the time to live; an entry older than its time to
+//! live belongs to a replica that is gone and is dropped.
 //! A CA stays in the CRDs' `caBundle` while a live replica serves a certificate it signed.
 //! The record says since when it is kept (`crdlifecycle.io/serving-record-since`): only a
 //! record kept for a whole time to live names every live replica (one re-created with its
@@ -46,7 +47,8 @@ pub struct RotationRecord {
     pub secret: String,
     /// This replica's identity (leader-election identity).
     pub replica: String,
-    /// How long an entry stands without being written again (a few refresh intervals).
+    /// How long an entry stands without being written again; each replica writes its own
+    /// at least every third of this.
     pub ttl: Duration,
 }
 
