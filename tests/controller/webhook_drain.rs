@@ -195,3 +195,27 @@ async fn connections_past_their_maximum_age_are_asked_to_close() {
         .expect("a graceful close");
     assert!(served.metrics.connections_aged_out.get() >= 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_never_starts_its_tls_handshake_is_dropped_after_ten_seconds() {
+    use tokio::io::AsyncReadExt;
+    let served = serve_with(
+        policy_changing("int(self)", "string(self)"),
+        Limits::default(),
+        test_connections(),
+    )
+    .await;
+    let mut silent = tokio::net::TcpStream::connect(("127.0.0.1", served.port))
+        .await
+        .expect("connects");
+    let connected = tokio::time::Instant::now();
+    let mut byte = [0u8; 1];
+    let read = silent.read(&mut byte).await.expect("read");
+    assert_eq!(read, 0, "the server closed the connection");
+    // The clock is paused: this is the server's own timeout, to the millisecond.
+    let waited = connected.elapsed();
+    assert!(
+        waited >= Duration::from_secs(10) && waited < Duration::from_secs(11),
+        "{waited:?}"
+    );
+}
