@@ -351,7 +351,7 @@ pub struct WebhookArgs {
     pub webhook_secret: String,
 
     /// A serving certificate to use instead (PEM, e.g. from cert-manager); with
-    /// --webhook-key-file and --webhook-ca-file. Re-read every minute.
+    /// --webhook-key-file and --webhook-ca-file. Checked for changes every 15 s.
     #[arg(long, value_name = "FILE", env = "CRD_LIFECYCLE_WEBHOOK_CERT_FILE", requires_all = ["webhook_key_file", "webhook_ca_file"])]
     pub webhook_cert_file: Option<String>,
 
@@ -382,6 +382,21 @@ pub struct WebhookArgs {
         default_value_t = crd_lifecycle::webhook::DEFAULT_MAX_REVIEW_BYTES
     )]
     pub webhook_max_review_bytes: usize,
+
+    /// After SIGTERM, how long the webhook keeps serving while /readyz answers 503, so that
+    /// the Service's endpoints drop the replica before it stops accepting (0s to 10m). Then
+    /// it stops accepting, sends HTTP/2 GOAWAY and gives requests in flight up to 15 s: set
+    /// the pod's terminationGracePeriodSeconds to at least this plus 20 s.
+    #[arg(long, value_name = "DURATION", env = "CRD_LIFECYCLE_WEBHOOK_DRAIN", default_value = "10s",
+          value_parser = parse_drain)]
+    pub webhook_drain: Duration,
+
+    /// A webhook connection older than this is asked to close gracefully (HTTP/2 GOAWAY), so
+    /// that the apiserver reconnects and its reviews spread over the replicas (1s to 24h;
+    /// 0s: never).
+    #[arg(long, value_name = "DURATION", env = "CRD_LIFECYCLE_WEBHOOK_MAX_CONNECTION_AGE",
+          default_value = "5m", value_parser = parse_max_connection_age)]
+    pub webhook_max_connection_age: Duration,
 }
 
 /// Arguments of `crd-lifecycle webhook`.
@@ -434,6 +449,21 @@ pub struct StandaloneWebhookArgs {
         default_value_t = crd_lifecycle::webhook::DEFAULT_MAX_REVIEW_BYTES
     )]
     pub max_review_bytes: usize,
+
+    /// After SIGTERM, how long to keep serving while /readyz answers 503, so that the
+    /// Service's endpoints drop the replica before it stops accepting (0s to 10m). Then it
+    /// stops accepting, sends HTTP/2 GOAWAY and gives requests in flight up to 15 s: set the
+    /// pod's terminationGracePeriodSeconds to at least this plus 20 s.
+    #[arg(long, value_name = "DURATION", env = "CRD_LIFECYCLE_WEBHOOK_DRAIN", default_value = "10s",
+          value_parser = parse_drain)]
+    pub drain: Duration,
+
+    /// A connection older than this is asked to close gracefully (HTTP/2 GOAWAY), so that
+    /// the apiserver reconnects and its reviews spread over the replicas (1s to 24h; 0s:
+    /// never).
+    #[arg(long, value_name = "DURATION", env = "CRD_LIFECYCLE_WEBHOOK_MAX_CONNECTION_AGE",
+          default_value = "5m", value_parser = parse_max_connection_age)]
+    pub max_connection_age: Duration,
 }
 
 /// Arguments of `crd-lifecycle plan`.
@@ -497,6 +527,29 @@ pub fn parse_resync(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(seconds))
 }
 
+/// Parses the webhook's drain period: 0s to 10m.
+pub fn parse_drain(text: &str) -> Result<Duration, String> {
+    let seconds = whole_seconds(text)?;
+    if seconds > 600 {
+        return Err(format!("{text:?} is outside 0s..10m"));
+    }
+    Ok(Duration::from_secs(seconds))
+}
+
+/// Parses a maximum connection age: 1s to 24h, or 0s for none.
+pub fn parse_max_connection_age(text: &str) -> Result<Duration, String> {
+    let seconds = whole_seconds(text)?;
+    if seconds > 86_400 {
+        return Err(format!("{text:?} is over 24h (0s: connections never age out)"));
+    }
+    Ok(Duration::from_secs(seconds))
+}
+
+fn whole_seconds(text: &str) -> Result<u64, String> {
+    let duration = crd_lifecycle::lifecycle::parse_duration(text)?;
+    u64::try_from(duration.as_secs()).map_err(|_| format!("{text:?} is negative"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -556,6 +609,38 @@ mod tests {
         assert_eq!(args.resync, Duration::from_secs(30));
         assert_eq!(args.metrics_addr.port(), 8080);
         assert!(Cli::try_parse_from(["crd-lifecycle", "run", "--resync", "1h"]).is_err());
+        assert_eq!(args.webhook.webhook_drain, Duration::from_secs(10));
+        assert_eq!(args.webhook.webhook_max_connection_age, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn webhook_drain_and_connection_age_flags() {
+        let cli = Cli::try_parse_from([
+            "crd-lifecycle",
+            "webhook",
+            "--drain",
+            "0s",
+            "--max-connection-age",
+            "0s",
+        ])
+        .expect("valid arguments");
+        let Command::Webhook(args) = cli.command else {
+            panic!("not webhook")
+        };
+        assert_eq!(args.drain, Duration::ZERO, "no drain");
+        assert_eq!(
+            args.max_connection_age,
+            Duration::ZERO,
+            "connections never age out"
+        );
+        for (flag, bad, message) in [
+            ("--drain", "11m", "outside 0s..10m"),
+            ("--max-connection-age", "2d", "over 24h"),
+            ("--drain", "5", "invalid duration"),
+        ] {
+            let error = Cli::try_parse_from(["crd-lifecycle", "webhook", flag, bad]).expect_err("refused");
+            assert!(error.to_string().contains(message), "{flag} {bad}: {error}");
+        }
     }
 
     #[test]

@@ -14,5 +14,6 @@ pub mod manifest;
 pub mod migrate;
 pub mod plan;
 pub mod schema;
+pub mod signals;
 mod sync;
 pub mod webhook;

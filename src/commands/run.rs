@@ -70,7 +70,7 @@ fn webhook_settings(args: &RunArgs) -> Result<Option<WebhookSettings>, CommandEr
             name: flags.webhook_secret.clone(),
         },
     };
-    // Three certificate refreshes (every minute with files, every hour with the Secret).
+    // Three times the interval each replica records what it serves at (a third of this).
     let record_ttl = match &certificates {
         CertificateSource::Files { .. } => std::time::Duration::from_secs(180),
         CertificateSource::Secret { .. } => std::time::Duration::from_secs(3 * 3600),
@@ -89,6 +89,10 @@ fn webhook_settings(args: &RunArgs) -> Result<Option<WebhookSettings>, CommandEr
             replica: args.identity.clone().unwrap_or_else(default_identity),
             ttl: record_ttl,
         }),
+        connections: crd_lifecycle::webhook::Connections::new(
+            flags.webhook_drain,
+            flags.webhook_max_connection_age,
+        ),
     }))
 }
 

@@ -1,7 +1,7 @@
 //! Keeping a CRD's `spec.conversion` pointed at the operator's conversion webhook, and its
 //! `caBundle` ahead of the serving certificate when the CA rotates.
 
-use std::sync::{Mutex, RwLock};
+use std::sync::RwLock;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -97,34 +97,12 @@ impl WebhookEndpoint {
         self.bundle_changes.subscribe()
     }
 
-    /// Whether every CRD whose `spec.conversion` points at this webhook trusts `ca` (PEM) in
-    /// its `caBundle`: only then may the serving certificate switch to one `ca` signed.
-    pub async fn crds_trust(&self, client: &kube::Client, ca: &str) -> Result<bool, kube::Error> {
-        Ok(self
-            .our_bundles(client)
-            .await?
-            .iter()
-            .all(|bundle| bundle.contains(ca.trim())))
-    }
-
-    /// The CAs (PEM) in the `caBundle` of the CRDs pointed at this webhook, each once.
-    pub async fn crd_cas(&self, client: &kube::Client) -> Result<Vec<String>, kube::Error> {
-        let mut cas: Vec<String> = Vec::new();
-        for bundle in self.our_bundles(client).await? {
-            for ca in pem_blocks(&bundle) {
-                if !cas.iter().any(|known| same_ca(known, &ca)) {
-                    cas.push(ca);
-                }
-            }
-        }
-        Ok(cas)
-    }
-
-    /// The `caBundle` (PEM, empty when unset) of every CRD pointed at this webhook.
-    async fn our_bundles(&self, client: &kube::Client) -> Result<Vec<String>, kube::Error> {
+    /// The `caBundle` of every CRD whose `spec.conversion` points at this webhook: one list
+    /// of the CRDs.
+    pub async fn read_bundles(&self, client: &kube::Client) -> Result<CrdBundles, kube::Error> {
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         let list = crds.list(&Default::default()).await?;
-        Ok(list
+        let bundles = list
             .items
             .iter()
             .filter_map(|crd| {
@@ -142,7 +120,8 @@ impl WebhookEndpoint {
                     .map(|b| String::from_utf8_lossy(&b.0).into_owned())
                     .unwrap_or_default()
             })
-            .collect())
+            .collect();
+        Ok(CrdBundles { bundles })
     }
 
     /// Whether a CRD's webhook client config points at this webhook.
@@ -188,6 +167,44 @@ impl WebhookEndpoint {
     }
 }
 
+/// The `caBundle` (PEM, empty when unset) of each CRD pointed at the webhook, as read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CrdBundles {
+    pub bundles: Vec<String>,
+}
+
+impl CrdBundles {
+    /// Whether every CRD pointed at the webhook trusts `ca` (PEM); true when none is.
+    pub fn all_trust(&self, ca: &str) -> bool {
+        self.bundles
+            .iter()
+            .all(|bundle| pem_blocks(bundle).iter().any(|block| same_ca(block, ca)))
+    }
+
+    /// How many of the CRDs trust `ca`, and how many there are.
+    pub fn trusting(&self, ca: &str) -> (usize, usize) {
+        let trusting = self
+            .bundles
+            .iter()
+            .filter(|bundle| pem_blocks(bundle).iter().any(|block| same_ca(block, ca)))
+            .count();
+        (trusting, self.bundles.len())
+    }
+
+    /// The CAs (PEM) in their bundles, each once.
+    pub fn cas(&self) -> Vec<String> {
+        let mut cas: Vec<String> = Vec::new();
+        for bundle in &self.bundles {
+            for ca in pem_blocks(bundle) {
+                if !cas.iter().any(|known| same_ca(known, &ca)) {
+                    cas.push(ca);
+                }
+            }
+        }
+        cas
+    }
+}
+
 /// A certificate, its key and the CA that signed it (PEM), as read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertificateSet {
@@ -213,13 +230,17 @@ pub enum Rotation {
 /// is used (otherwise the apiserver would refuse the webhook until every CRD is updated). It
 /// starts from what the CRDs trust (shared by every replica and kept across restarts, unlike
 /// this process's memory), and a CA leaves the bundle only once no live replica serves a
-/// certificate it signed.
+/// certificate it signed. Its bundle always holds the CA of the certificate served and of
+/// the one waiting to be.
 #[derive(Debug, Default)]
 pub struct CaRotation {
     /// The CAs the bundle holds, oldest first.
     trusted: Vec<String>,
     serving: Option<CertificateSet>,
     pending: Option<CertificateSet>,
+    /// Whether the CRDs were read at least once: only then is the bundle known (before, it
+    /// might leave out a CA another replica serves).
+    seeded: bool,
 }
 
 fn same_ca(a: &str, b: &str) -> bool {
@@ -227,27 +248,33 @@ fn same_ca(a: &str, b: &str) -> bool {
 }
 
 impl CaRotation {
-    /// A set was read (from files, or a Secret). `crd_cas` are the CAs the CRDs pointed at
-    /// this webhook trust now; `trusted_by_every_crd` whether each of them trusts the set's
-    /// CA.
-    pub fn load(&mut self, set: CertificateSet, crd_cas: &[String], trusted_by_every_crd: bool) -> Rotation {
-        // What the CRDs trust stays trusted until no replica needs it (see `prune`).
-        for ca in crd_cas {
-            if !self.trusted.iter().any(|t| same_ca(t, ca)) {
-                self.trusted.push(ca.clone());
+    /// The CAs the CRDs pointed at the webhook trust now stay in the bundle until no replica
+    /// needs them (see `prune`).
+    pub fn learn(&mut self, crds: &CrdBundles) {
+        for ca in crds.cas() {
+            if !self.trusted.iter().any(|t| same_ca(t, &ca)) {
+                self.trusted.push(ca);
             }
         }
+        self.seeded = true;
+    }
+
+    /// A set was read (from files, or a Secret), and the CRDs with it. It is served at once
+    /// when the CA in use signed it (a renewal) or when every CRD already trusts its CA (a
+    /// first start, or the CA reached the CRDs); otherwise its CA is appended to the bundle
+    /// and it waits (a restart mid-rotation must not serve a certificate the CRDs cannot
+    /// verify yet).
+    pub fn load(&mut self, set: CertificateSet, crds: &CrdBundles) -> Rotation {
+        self.learn(crds);
         if !self.trusted.iter().any(|t| same_ca(t, &set.ca)) {
             self.trusted.push(set.ca.clone());
         }
-        // At once: one the CA in use signed (a renewal), or, first in this process, one
-        // every CRD already trusts (a restart mid-rotation must not serve a certificate the
-        // CRDs cannot verify yet). Any other waits until every CRD trusts its CA.
+        if self.serving.as_ref() == Some(&set) {
+            self.pending = None;
+            return Rotation::Unchanged;
+        }
         let renewal = self.serving.as_ref().is_some_and(|s| same_ca(&s.ca, &set.ca));
-        if renewal || (self.serving.is_none() && trusted_by_every_crd) {
-            if self.serving.as_ref() == Some(&set) {
-                return Rotation::Unchanged;
-            }
+        if renewal || crds.all_trust(&set.ca) {
             self.pending = None;
             self.serving = Some(set.clone());
             return Rotation::Serve(set);
@@ -261,12 +288,9 @@ impl CaRotation {
         self.pending.as_ref().map(|p| p.ca.as_str())
     }
 
-    /// Every CRD trusts the pending CA: serve its set. The previous CA stays in the bundle
-    /// while replicas still serve certificates it signed.
-    pub fn promote(&mut self) -> Option<CertificateSet> {
-        let set = self.pending.take()?;
-        self.serving = Some(set.clone());
-        Some(set)
+    /// The set served, if any.
+    pub fn serving(&self) -> Option<&CertificateSet> {
+        self.serving.as_ref()
     }
 
     /// The fingerprint of the CA whose certificate this replica serves.
@@ -274,6 +298,13 @@ impl CaRotation {
         self.serving
             .as_ref()
             .map(|s| super::rotation_record::fingerprint(&s.ca))
+    }
+
+    /// Whether the bundle holds the CA with this fingerprint.
+    pub fn knows(&self, fingerprint: &str) -> bool {
+        self.trusted
+            .iter()
+            .any(|ca| super::rotation_record::fingerprint(ca) == fingerprint)
     }
 
     /// Drops every CA that no live replica serves a certificate of (`live`: their
@@ -288,12 +319,14 @@ impl CaRotation {
         self.trusted = kept;
     }
 
-    /// The `caBundle`: every trusted CA, oldest first.
-    pub fn bundle(&self) -> String {
-        self.trusted
-            .iter()
-            .map(|ca| format!("{}\n", ca.trim_end()))
-            .collect()
+    /// The `caBundle`: every trusted CA, oldest first; `None` until the CRDs were read.
+    pub fn bundle(&self) -> Option<String> {
+        self.seeded.then(|| {
+            self.trusted
+                .iter()
+                .map(|ca| format!("{}\n", ca.trim_end()))
+                .collect()
+        })
     }
 }
 
@@ -309,57 +342,6 @@ fn pem_blocks(bundle: &str) -> Vec<String> {
         }
     }
     blocks
-}
-
-/// Reads a certificate set, and serves it or waits until the CRDs trust its CA; records
-/// what this replica serves in `record` and keeps in the bundle exactly the CAs that the
-/// set, a pending set or a live replica needs. `serve` installs a set in the TLS server.
-pub async fn refresh(
-    set: CertificateSet,
-    rotation: &Mutex<CaRotation>,
-    endpoint: &WebhookEndpoint,
-    client: &kube::Client,
-    record: Option<&super::rotation_record::RotationRecord>,
-    serve: impl Fn(&CertificateSet) -> Result<(), String>,
-) -> Result<Rotation, String> {
-    let crd_cas = endpoint.crd_cas(client).await.map_err(|e| e.to_string())?;
-    let trusted = endpoint
-        .crds_trust(client, &set.ca)
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut outcome = crate::sync::lock(rotation).load(set, &crd_cas, trusted);
-    match &outcome {
-        Rotation::Serve(set) => serve(set)?,
-        Rotation::Pending => {
-            let pending = crate::sync::lock(rotation).pending_ca().map(str::to_owned);
-            if let Some(ca) = pending
-                && endpoint
-                    .crds_trust(client, &ca)
-                    .await
-                    .map_err(|e| e.to_string())?
-                && let Some(set) = crate::sync::lock(rotation).promote()
-            {
-                serve(&set)?;
-                tracing::info!("every CRD trusts the new CA: serving the certificate it signed");
-                outcome = Rotation::Serve(set);
-            } else {
-                tracing::info!(
-                    "a new CA is in caBundle; the certificate it signed is served once every CRD trusts it"
-                );
-            }
-        }
-        Rotation::Unchanged => {}
-    }
-    if let Some(record) = record {
-        let serving = crate::sync::lock(rotation).serving_fingerprint();
-        let live = record
-            .publish(client, serving.as_deref(), jiff::Timestamp::now())
-            .await?;
-        crate::sync::lock(rotation).prune(&live);
-    }
-    let bundle = crate::sync::lock(rotation).bundle();
-    endpoint.set_ca_bundle(bundle);
-    Ok(outcome)
 }
 
 #[cfg(test)]
@@ -412,7 +394,21 @@ mod tests {
         CertificateSet {
             cert: format!("cert-{n}"),
             key: format!("key-{n}"),
-            ca: format!("CA-{ca}"),
+            ca: pem(ca),
+        }
+    }
+
+    fn pem(ca: u8) -> String {
+        format!("-----BEGIN CERTIFICATE-----\nCA{ca}\n-----END CERTIFICATE-----\n")
+    }
+
+    /// CRDs pointed at the webhook, each trusting the given CAs.
+    fn crds(trusting: &[&[u8]]) -> CrdBundles {
+        CrdBundles {
+            bundles: trusting
+                .iter()
+                .map(|cas| cas.iter().map(|&ca| pem(ca)).collect())
+                .collect(),
         }
     }
 
@@ -420,32 +416,38 @@ mod tests {
     fn a_new_ca_is_trusted_before_its_certificate_is_served() {
         use crate::controller::rotation_record::fingerprint;
         let mut rotation = CaRotation::default();
-        assert_eq!(rotation.load(set(1, 1), &[], true), Rotation::Serve(set(1, 1)));
-        assert_eq!(rotation.bundle(), "CA-1\n");
-        let one = ["CA-1".to_owned()];
-        assert_eq!(rotation.load(set(1, 1), &one, true), Rotation::Unchanged);
+        assert_eq!(rotation.bundle(), None, "unknown before the CRDs were read");
+        assert_eq!(rotation.load(set(1, 1), &crds(&[])), Rotation::Serve(set(1, 1)));
+        assert_eq!(rotation.bundle().as_deref(), Some(pem(1).as_str()));
+        let one = crds(&[&[1], &[1]]);
+        assert_eq!(rotation.load(set(1, 1), &one), Rotation::Unchanged);
         // Renewed by the same CA: served at once.
-        assert_eq!(rotation.load(set(2, 1), &one, true), Rotation::Serve(set(2, 1)));
+        assert_eq!(rotation.load(set(2, 1), &one), Rotation::Serve(set(2, 1)));
         // A new CA: appended to the bundle, the certificate waits.
-        assert_eq!(rotation.load(set(3, 2), &one, false), Rotation::Pending);
-        assert_eq!(rotation.bundle(), "CA-1\nCA-2\n");
-        assert_eq!(rotation.pending_ca(), Some("CA-2"));
+        assert_eq!(rotation.load(set(3, 2), &one), Rotation::Pending);
+        assert_eq!(rotation.bundle(), Some(pem(1) + &pem(2)));
+        assert_eq!(rotation.pending_ca(), Some(pem(2).as_str()));
+        // One CRD of two trusts it: still waiting.
         assert_eq!(
-            rotation.load(set(3, 2), &one, false),
-            Rotation::Pending,
-            "still waiting"
+            rotation.load(set(3, 2), &crds(&[&[1, 2], &[1]])),
+            Rotation::Pending
         );
-        assert_eq!(rotation.promote(), Some(set(3, 2)));
+        assert_eq!(
+            rotation.load(set(3, 2), &crds(&[&[1, 2], &[1, 2]])),
+            Rotation::Serve(set(3, 2))
+        );
+        assert_eq!(rotation.pending_ca(), None);
         // The old CA stays while a replica serves a certificate it signed...
-        rotation.prune(&[fingerprint("CA-1"), fingerprint("CA-2")]);
+        rotation.prune(&[fingerprint(&pem(1)), fingerprint(&pem(2))]);
         assert_eq!(
             rotation.bundle(),
-            "CA-1\nCA-2\n",
+            Some(pem(1) + &pem(2)),
             "the old CA stays for slower replicas"
         );
         // ...and goes once none does.
-        rotation.prune(&[fingerprint("CA-2")]);
-        assert_eq!(rotation.bundle(), "CA-2\n");
+        rotation.prune(&[fingerprint(&pem(2))]);
+        assert_eq!(rotation.bundle(), Some(pem(2)));
+        assert!(rotation.knows(&fingerprint(&pem(2))) && !rotation.knows(&fingerprint(&pem(1))));
     }
 
     /// A replica restarted mid-rotation: its memory is empty, the Secret already holds the
@@ -455,19 +457,30 @@ mod tests {
     fn a_restart_mid_rotation_keeps_the_old_ca_and_waits_to_serve_the_new() {
         use crate::controller::rotation_record::fingerprint;
         let mut restarted = CaRotation::default();
-        let crds_trust = ["CA-1".to_owned()];
-        assert_eq!(restarted.load(set(3, 2), &crds_trust, false), Rotation::Pending);
+        assert_eq!(restarted.load(set(3, 2), &crds(&[&[1]])), Rotation::Pending);
+        assert_eq!(restarted.serving(), None, "nothing served");
         assert_eq!(
             restarted.bundle(),
-            "CA-1\nCA-2\n",
+            Some(pem(1) + &pem(2)),
             "the CRDs' CA is kept, the new one appended"
         );
         // Another replica still serves CA-1's certificate.
-        restarted.prune(&[fingerprint("CA-1")]);
-        assert_eq!(restarted.bundle(), "CA-1\nCA-2\n");
+        restarted.prune(&[fingerprint(&pem(1))]);
+        assert_eq!(restarted.bundle(), Some(pem(1) + &pem(2)));
         // Once every CRD trusts CA-2, it serves it.
-        let both = ["CA-1".to_owned(), "CA-2".to_owned()];
-        assert_eq!(restarted.load(set(3, 2), &both, true), Rotation::Serve(set(3, 2)));
+        assert_eq!(
+            restarted.load(set(3, 2), &crds(&[&[1, 2]])),
+            Rotation::Serve(set(3, 2))
+        );
         assert_eq!(restarted.pending_ca(), None);
+    }
+
+    #[test]
+    fn bundles_count_the_crds_that_trust_a_ca() {
+        let read = crds(&[&[1, 2], &[2], &[]]);
+        assert_eq!(read.trusting(&pem(2)), (2, 3));
+        assert!(!read.all_trust(&pem(2)), "the third trusts nothing");
+        assert_eq!(read.cas(), [pem(1), pem(2)]);
+        assert!(crds(&[]).all_trust(&pem(9)), "no CRD to trust it");
     }
 }

@@ -18,6 +18,9 @@ pub struct Health {
     pub alive: AtomicBool,
     /// True once the apiserver answered and the controller (or the standby loop) runs.
     pub ready: AtomicBool,
+    /// The conversion webhook's readiness, when this replica serves it: `/readyz` is ready
+    /// only when both are (the webhook's Service selects these pods by readiness).
+    pub webhook: Option<Arc<crate::webhook::Readiness>>,
 }
 
 #[derive(Clone)]
@@ -54,7 +57,17 @@ async fn healthz(State(state): State<ServerState>) -> impl IntoResponse {
 }
 
 async fn readyz(State(state): State<ServerState>) -> impl IntoResponse {
-    probe(state.health.ready.load(Ordering::Relaxed))
+    if !state.health.ready.load(Ordering::Relaxed) {
+        return probe(false).into_response();
+    }
+    match state.health.webhook.as_ref().map(|webhook| webhook.check()) {
+        Some(Err(why)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ok: the conversion webhook is not ready: {why}\n"),
+        )
+            .into_response(),
+        _ => probe(true).into_response(),
+    }
 }
 
 fn probe(ok: bool) -> (StatusCode, &'static str) {

@@ -47,7 +47,7 @@ pub use error::{Error, status_code};
 pub use reconcile::{competing_owner, error_policy, reconcile, requeue_after};
 pub use release::RELEASE_FINALIZER;
 use webhook_tasks::start_webhook;
-pub use webhook_tasks::{CertificateSource, WebhookSettings};
+pub use webhook_tasks::{CertificateRefresher, CertificateSource, WebhookSettings};
 
 use crate::api::VersionPolicy;
 pub use conversion_config::{WebhookEndpoint, WebhookTarget};
@@ -96,11 +96,29 @@ pub enum RunError {
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// Runs the controller until SIGTERM / SIGINT (or until leadership is lost).
+///
+/// SIGTERM ends two jobs on two clocks. The controller's writers (reconciles, migrations,
+/// cleanups, the sampler) stop within [`SHUTDOWN_GRACE`] and the leader releases its lease
+/// at once, so that a standby takes over without waiting for the lease to expire: a
+/// terminating replica writes nothing more. The conversion webhook, which writes nothing
+/// (it answers the apiserver's reviews; its certificate Secret and rotation record are per
+/// replica and guarded by resourceVersion), keeps serving, not ready, for its drain period,
+/// then sends GOAWAY and lets its requests in flight finish (see
+/// [`crate::webhook::Connections`]); the process exits once both are done, and `/healthz`,
+/// `/readyz` and `/metrics` answer until then. A lost lease or a failed essential task exits
+/// at once, webhook included: the process is restarted.
 pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> {
     let metrics = Arc::new(Metrics::default());
-    let health = Arc::new(Health::default());
+    let webhook_readiness = settings
+        .webhook
+        .as_ref()
+        .map(|_| Arc::new(crate::webhook::Readiness::default()));
+    let health = Arc::new(Health {
+        webhook: webhook_readiness.clone(),
+        ..Health::default()
+    });
     health.alive.store(true, Ordering::Relaxed);
-    let shutdown = shutdown_signal().shared();
+    let signal = crate::signals::terminated().shared();
 
     // Bound first, so that an address in use stops the process at once.
     let listener = tokio::net::TcpListener::bind(settings.metrics_address)
@@ -109,27 +127,65 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
     let version = client.apiserver_version().await.map_err(RunError::Unreachable)?;
     info!(apiserver = %version.git_version, "connected");
     let mut supervisor = Supervisor::default();
-    let server = http::serve(listener, metrics.clone(), health.clone(), shutdown.clone());
+    // The probes and metrics answer until the process exits (the webhook's drain included).
+    let (exiting, exited) = tokio::sync::oneshot::channel::<()>();
+    let server = http::serve(listener, metrics.clone(), health.clone(), async move {
+        let _ = exited.await;
+    });
     supervisor.add(Essential::spawn("the metrics server", async move {
         server.await.map_err(|error| error.to_string())
     }));
 
     // Every replica serves the conversion webhook (the Service spreads calls over them),
     // leader or not.
-    let webhook = match &settings.webhook {
-        Some(webhook_settings) => Some(
+    let webhook = match (&settings.webhook, webhook_readiness) {
+        (Some(webhook_settings), Some(readiness)) => Some(
             start_webhook(
                 client.clone(),
                 webhook_settings.clone(),
                 metrics.webhook.clone(),
-                shutdown.clone(),
+                readiness,
+                signal.clone(),
                 &mut supervisor,
             )
             .await?,
         ),
-        None => None,
+        _ => None,
     };
+    let endpoint = webhook.as_ref().map(|webhook| webhook.endpoint.clone());
+    let result = lead(
+        client,
+        settings,
+        metrics,
+        health,
+        endpoint,
+        signal.clone(),
+        &mut supervisor,
+    )
+    .await;
+    // Stopped by the signal: the writers are stopped and the lease is released; the
+    // webhook drains on.
+    if let Some(webhook) = webhook
+        && result.is_ok()
+        && signal.peek().is_some()
+    {
+        webhook.drained(&mut supervisor).await;
+    }
+    let _ = exiting.send(());
+    result
+}
 
+/// Waits for leadership (when elected), then runs the controller until `shutdown`, a lost
+/// lease or a failed essential task; releases the lease unless it was lost.
+async fn lead(
+    client: Client,
+    settings: RunSettings,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    webhook: Option<Arc<WebhookEndpoint>>,
+    shutdown: impl Future<Output = ()> + Clone + Send + Sync + 'static,
+    supervisor: &mut Supervisor,
+) -> Result<(), RunError> {
     let elector = settings
         .lease
         .clone()
@@ -164,7 +220,7 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
             None => std::future::pending().await,
         }
     };
-    // SIGTERM stops the process within SHUTDOWN_GRACE whatever the watches are doing
+    // SIGTERM stops the controller within SHUTDOWN_GRACE whatever the watches are doing
     // (refused, retrying, stalled): in-flight reconciles get that long to finish.
     let deadline = {
         let shutdown = shutdown.clone();
@@ -176,7 +232,7 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
     let result = tokio::select! {
         result = controller => result,
         () = deadline => {
-            warn!("the controller did not stop within {SHUTDOWN_GRACE:?} of the shutdown signal; exiting anyway");
+            warn!("the controller did not stop within {SHUTDOWN_GRACE:?} of the shutdown signal; stopping it anyway");
             Ok(())
         }
         lost = hold => {
@@ -376,28 +432,4 @@ fn policies_for_crd(
         .filter(|guard| Some(guard.name_any().as_str()) != except)
         .map(|guard| ObjectRef::from_obj(guard.as_ref()))
         .collect()
-}
-
-/// Completes on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
-    info!("shutdown signal received");
 }

@@ -1,9 +1,13 @@
 //! What each replica's webhook serves, kept where every replica and a restarted one can see
 //! it: annotations of the webhook Secret (`--webhook-secret`, in the lease namespace; created
 //! with no data when certificates come from files). Each replica writes
-//! `serving.crdlifecycle.io/<replica>: <CA fingerprint> <time>` at every certificate refresh;
-//! an entry older than its time to live belongs to a replica that is gone and is dropped.
+//! `serving.crdlifecycle.io/<replica>: <CA fingerprint> <time>` whenever what it serves
+//! changes and at least every third of the time to live; an entry older than its time to
+//! live belongs to a replica that is gone and is dropped.
 //! A CA stays in the CRDs' `caBundle` while a live replica serves a certificate it signed.
+//! The record says since when it is kept (`crdlifecycle.io/serving-record-since`): only a
+//! record kept for a whole time to live names every live replica (one re-created with its
+//! Secret, e.g. deleted to make a new CA, does not yet), so only then may a CA leave.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,6 +20,19 @@ use kube::api::{Api, PostParams};
 
 /// Prefix of the annotations.
 pub const ANNOTATION_PREFIX: &str = "serving.crdlifecycle.io/";
+/// Since when the record is kept (RFC 3339).
+pub const SINCE_ANNOTATION: &str = "crdlifecycle.io/serving-record-since";
+
+/// What the record says after this replica's entry was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Live {
+    /// The CA fingerprints live replicas serve, this one's included.
+    pub fingerprints: Vec<String>,
+    /// Whether the record has been kept for a whole time to live, so that every live
+    /// replica had time to write its entry: only then may a CA missing from it leave the
+    /// bundle.
+    pub complete: bool,
+}
 
 /// A short, stable fingerprint of a CA certificate (PEM): SHA-256 of its trimmed text.
 pub fn fingerprint(ca_pem: &str) -> String {
@@ -30,7 +47,8 @@ pub struct RotationRecord {
     pub secret: String,
     /// This replica's identity (leader-election identity).
     pub replica: String,
-    /// How long an entry stands without being written again (a few refresh intervals).
+    /// How long an entry stands without being written again; each replica writes its own
+    /// at least every third of this.
     pub ttl: Duration,
 }
 
@@ -42,13 +60,13 @@ impl RotationRecord {
 
     /// Writes that this replica serves a certificate signed by the CA with `serving`
     /// fingerprint (none: nothing served yet), drops entries past their time to live, and
-    /// returns the fingerprints live replicas serve, this one's included.
+    /// returns what live replicas serve.
     pub async fn publish(
         &self,
         client: &Client,
         serving: Option<&str>,
         now: Timestamp,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Live, String> {
         let api: Api<Secret> = Api::namespaced(client.clone(), &self.namespace);
         let failed = |e: kube::Error| {
             format!(
@@ -95,7 +113,7 @@ fn update(
     serving: Option<&str>,
     now: Timestamp,
     ttl: Duration,
-) -> Vec<String> {
+) -> Live {
     match serving {
         Some(fingerprint) => {
             annotations.insert(key.to_owned(), format!("{fingerprint} {now}"));
@@ -105,6 +123,16 @@ fn update(
         }
     }
     let ttl = jiff::SignedDuration::try_from(ttl).unwrap_or(jiff::SignedDuration::MAX);
+    let since = match annotations
+        .get(SINCE_ANNOTATION)
+        .and_then(|at| at.parse::<Timestamp>().ok())
+    {
+        Some(since) => since,
+        None => {
+            annotations.insert(SINCE_ANNOTATION.to_owned(), now.to_string());
+            now
+        }
+    };
     annotations.retain(|name, value| {
         !name.starts_with(ANNOTATION_PREFIX)
             || value
@@ -123,7 +151,10 @@ fn update(
         .collect();
     live.sort();
     live.dedup();
-    live
+    Live {
+        fingerprints: live,
+        complete: now.duration_since(since) >= ttl,
+    }
 }
 
 #[cfg(test)]
@@ -151,7 +182,18 @@ mod tests {
             now,
             Duration::from_secs(600),
         );
-        assert_eq!(live, ["new-ca", "old-ca"]);
+        assert_eq!(live.fingerprints, ["new-ca", "old-ca"]);
+        assert!(!live.complete, "a record just started may miss replicas");
+        assert_eq!(annotations[SINCE_ANNOTATION], "2026-11-23T12:00:00Z");
+        let later = update(
+            &mut annotations,
+            &format!("{ANNOTATION_PREFIX}c"),
+            Some("new-ca"),
+            "2026-11-23T12:10:00Z".parse().expect("time"),
+            Duration::from_secs(600),
+        );
+        assert!(later.complete, "kept for a whole time to live");
+        assert_eq!(later.fingerprints, ["new-ca"], "old-ca's entry expired");
         assert!(
             !annotations.contains_key(&format!("{ANNOTATION_PREFIX}b")),
             "expired"

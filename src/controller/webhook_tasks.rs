@@ -1,19 +1,25 @@
 //! The conversion webhook as the controller runs it: its certificates (loaded, renewed,
 //! their CA published to the CRDs), the policy cache it converts with, and its server, each
-//! a supervised task.
+//! a supervised task. Every replica serves it, leader or not; SIGTERM drains it (see
+//! [`crate::webhook::Connections`]) while the controller's writers stop at once.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use kube::Client;
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::RunError;
-use super::conversion_config::{self, WebhookEndpoint, WebhookTarget};
+use super::conversion_config::{
+    CaRotation, CertificateSet, CrdBundles, Rotation, WebhookEndpoint, WebhookTarget,
+};
+use super::rotation_record::RotationRecord;
 use super::supervise::{Essential, Supervisor};
-use crate::webhook::{CertStore, WebhookMetrics};
+use crate::webhook::{CertStore, Connections, Readiness, Server, WebhookMetrics};
 
 /// Where the conversion webhook listens, how the apiserver reaches it, and its
 /// certificates.
@@ -26,126 +32,397 @@ pub struct WebhookSettings {
     pub limits: crate::webhook::Limits,
     /// Where each replica records what it serves (so that a CA stays trusted while a
     /// replica serves a certificate it signed, across restarts).
-    pub record: Option<super::rotation_record::RotationRecord>,
+    pub record: Option<RotationRecord>,
+    /// How connections age, and the drain after SIGTERM.
+    pub connections: Connections,
 }
 
 /// Where the webhook's certificates come from.
 #[derive(Clone, Debug)]
 pub enum CertificateSource {
-    /// Supplied by the user (e.g. cert-manager), re-read every minute.
+    /// Supplied by the user (e.g. cert-manager), checked for changes every
+    /// [`FILES_CHECKED_EVERY`].
     Files { cert: String, key: String, ca: String },
-    /// Self-signed, kept (and renewed) in this Secret.
+    /// Self-signed, kept (and renewed) in this Secret, read every [`SECRET_READ_EVERY`].
     Secret { namespace: String, name: String },
 }
 
-/// Loads the certificates, keeps them fresh, and serves the webhook with a cache of the
-/// policies of its own.
+/// How often certificate files are read to see whether they changed (a local read; the
+/// CRDs are read only when they did).
+pub const FILES_CHECKED_EVERY: Duration = Duration::from_secs(15);
+/// How often the certificate Secret is read (it changes only when the serving certificate
+/// is renewed, a month before it expires, or when someone deletes it).
+pub const SECRET_READ_EVERY: Duration = Duration::from_secs(3600);
+
+/// The webhook `run` serves.
+pub(super) struct Webhook {
+    /// Its CRD settings and the CA bundle the leader writes to the CRDs.
+    pub endpoint: Arc<WebhookEndpoint>,
+    /// Completes once the server has stopped (after its drain, once the connections closed
+    /// or their deadline passed).
+    stopped: tokio::sync::oneshot::Receiver<()>,
+    connections: Connections,
+}
+
+impl Webhook {
+    /// Waits until the server has drained and stopped (it started draining at the
+    /// shutdown signal), for at most its drain and in-flight deadline and a little more.
+    pub async fn drained(self, supervisor: &mut Supervisor) {
+        let bound = self.connections.drain + self.connections.in_flight_deadline + Duration::from_secs(2);
+        info!("waiting for the conversion webhook to drain");
+        tokio::select! {
+            _ = self.stopped => {}
+            failed = supervisor.first_failure() => {
+                warn!(error = %failed, "an essential task stopped while the conversion webhook drained");
+            }
+            () = tokio::time::sleep(bound) => warn!("the conversion webhook did not stop within {bound:?}"),
+        }
+    }
+}
+
+/// Starts the webhook: binds its address (a taken one fails at once), then serves at once
+/// while its certificates and caches load. `readiness` says when it may be sent reviews;
+/// `signal` starts its drain.
 pub(super) async fn start_webhook(
     client: Client,
     settings: WebhookSettings,
     metrics: Arc<WebhookMetrics>,
-    shutdown: impl Future<Output = ()> + Send + Clone + 'static,
+    readiness: Arc<Readiness>,
+    signal: impl Future<Output = ()> + Send + 'static,
     supervisor: &mut Supervisor,
-) -> Result<Arc<WebhookEndpoint>, RunError> {
+) -> Result<Webhook, RunError> {
+    let listener = tokio::net::TcpListener::bind(settings.address)
+        .await
+        .map_err(|error| {
+            RunError::Webhook(format!(
+                "cannot listen on {} (--webhook-port): {error}",
+                settings.address
+            ))
+        })?;
     let endpoint = Arc::new(WebhookEndpoint::new(settings.target.clone()));
     let certs = Arc::new(CertStore::default());
-    let rotation = Arc::new(std::sync::Mutex::new(conversion_config::CaRotation::default()));
-    let refresh = {
-        let (client, endpoint, certs, source, rotation, metrics, record) = (
-            client.clone(),
-            endpoint.clone(),
-            certs.clone(),
-            settings.certificates.clone(),
-            rotation.clone(),
-            metrics.clone(),
-            settings.record.clone(),
-        );
-        let names = settings.target.certificate_names();
-        move || {
-            let (client, endpoint, certs, source, names, rotation, metrics, record) = (
-                client.clone(),
-                endpoint.clone(),
-                certs.clone(),
-                source.clone(),
-                names.clone(),
-                rotation.clone(),
-                metrics.clone(),
-                record.clone(),
-            );
-            async move {
-                let loaded = match &source {
-                    CertificateSource::Files { cert, key, ca } => {
-                        crate::webhook::certs::read_files(cert, key, ca).map_err(|e| e.to_string())
-                    }
-                    CertificateSource::Secret { namespace, name } => {
-                        crate::webhook::certs::ensure_secret(&client, namespace, name, &names)
-                            .await
-                            .map(|b| (b.cert_pem, b.key_pem, b.ca_pem))
-                            .map_err(|e| e.to_string())
-                    }
-                };
-                let result = match loaded {
-                    Ok((cert, key, ca)) => {
-                        let set = conversion_config::CertificateSet { cert, key, ca };
-                        conversion_config::refresh(set, &rotation, &endpoint, &client, record.as_ref(), |s| {
-                            certs.set_pem(&s.cert, &s.key)?;
-                            // The certificate now served: its expiry for the alert.
-                            if let Err(error) = metrics.set_certificate(&s.cert) {
-                                warn!(error = %error, "cannot read the serving certificate's expiry");
-                            }
-                            Ok(())
-                        })
-                        .await
-                    }
-                    Err(error) => Err(error),
-                };
-                if let Err(error) = &result {
-                    warn!(error = %error, "cannot load the conversion webhook's certificates");
-                }
-                result.map(|_| ())
-            }
-        }
-    };
-    refresh().await.map_err(RunError::Webhook)?;
-    let interval = match settings.certificates {
-        CertificateSource::Files { .. } => Duration::from_secs(60),
-        CertificateSource::Secret { .. } => Duration::from_secs(3600),
-    };
-    // A failed refresh keeps the certificates in use and is tried again next time.
+    let refresher = CertificateRefresher::new(
+        client.clone(),
+        &settings,
+        endpoint.clone(),
+        certs.clone(),
+        readiness.clone(),
+        metrics.clone(),
+    );
+    // Failures are retried with backoff and reported by /readyz; it never gives up.
     supervisor.add(Essential::spawn(
         "the webhook certificate refresher",
         async move {
-            loop {
-                tokio::time::sleep(interval).await;
-                let _ = refresh().await;
-            }
+            refresher.run().await;
+            Err("it returned".to_owned())
         },
     ));
 
     let (cache, watches) = crate::webhook::CachedPolicies::watch(client);
+    let cache = Arc::new(cache);
+    // Ready only once the webhook knows every policy and every CRD's recorded conversion:
+    // before that it would refuse reviews it can answer.
+    let loaded = {
+        let (cache, readiness) = (cache.clone(), readiness.clone());
+        async move {
+            if cache.wait_until_ready().await.is_ok() {
+                readiness.policies_loaded();
+                info!("the conversion webhook's caches are filled");
+            }
+        }
+    };
     supervisor.add(Essential::spawn("the conversion webhook's watches", async move {
-        watches.await;
+        futures::future::join(watches, loaded).await;
         Err("the watches ended".to_owned())
     }));
-    let cache = Arc::new(cache);
-    let policies: Arc<dyn crate::webhook::PolicySource> = cache.clone();
-    let serve = crate::webhook::serve(
-        settings.address,
+    let connections = settings.connections;
+    let server = Server {
         certs,
-        policies,
+        policies: cache,
         metrics,
-        settings.limits.clone(),
-        shutdown,
-    );
+        limits: settings.limits.clone(),
+        readiness: readiness.clone(),
+        connections,
+    };
+    let stop = crate::webhook::drain_after(signal, readiness, connections.drain);
+    let (stopped, stopped_rx) = tokio::sync::oneshot::channel();
     supervisor.add(Essential::spawn("the conversion webhook server", async move {
-        serve.await.map_err(|error| error.to_string())
+        let served = server.serve(listener, stop).await;
+        let _ = stopped.send(());
+        served.map_err(|error| error.to_string())
     }));
-    // Ready (and so in the Service) only once the webhook knows every policy and every
-    // CRD's recorded conversion: before that it would refuse reviews it can answer.
-    info!("waiting for the conversion webhook's caches");
-    tokio::select! {
-        ready = cache.wait_until_ready() => ready.map_err(|e| RunError::Webhook(e.to_string()))?,
-        failed = supervisor.first_failure() => return Err(failed.into()),
+    Ok(Webhook {
+        endpoint,
+        stopped: stopped_rx,
+        connections,
+    })
+}
+
+/// Keeps one replica's serving certificate fresh and the CAs the replicas need in the
+/// bundle the leader writes to the CRDs. Each pass reads the certificates (files, or the
+/// Secret, renewing it when due); the CRDs are read (one list) only when there is something
+/// to learn from them: a new certificate set, a set waiting for its CA to be trusted, a
+/// served CA some CRD does not trust, or a CA a live replica serves that this one has no
+/// copy of. What this replica serves is recorded on the Secret (`RotationRecord`) at least
+/// every third of the record's time to live. Reading certificates or CRDs and writing the
+/// record fail and are retried independently, with backoff; the bundle reaches the CRDs even
+/// while the record cannot be written (without pruning: liveness unknown). `/readyz` is
+/// Ready only while this replica serves a certificate whose CA every CRD pointed at the
+/// webhook trusts.
+pub struct CertificateRefresher {
+    client: Client,
+    source: CertificateSource,
+    names: Vec<String>,
+    endpoint: Arc<WebhookEndpoint>,
+    certs: Arc<CertStore>,
+    readiness: Arc<Readiness>,
+    metrics: Arc<WebhookMetrics>,
+    record: Option<RotationRecord>,
+    rotation: CaRotation,
+    /// The set last loaded into `rotation`.
+    loaded: Option<CertificateSet>,
+    /// The CRDs as last read.
+    crds: Option<CrdBundles>,
+    /// A live replica serves a CA this one has no copy of: read the CRDs.
+    unknown_ca: bool,
+    /// Why the last certificate pass failed, if it did.
+    failure: Option<String>,
+    /// Failed passes in a row; checks in a row while something waits on the CRDs.
+    retries: Option<ExponentialBackoff>,
+    rechecks: Option<ExponentialBackoff>,
+    /// When the record is due next, what it last said this replica serves, and failed
+    /// writes in a row.
+    record_due: Instant,
+    recorded: Option<Option<String>>,
+    record_retries: Option<ExponentialBackoff>,
+}
+
+/// After a failure: 1 s, then twice as long each time (with jitter), at most a minute.
+fn retry_backoff() -> ExponentialBackoff {
+    doubling(Duration::from_secs(60)).with_jitter().build()
+}
+
+/// While a set waits for the CRDs: 1 s, then twice as long each time, at most 30 s.
+fn recheck_backoff() -> ExponentialBackoff {
+    doubling(Duration::from_secs(30)).build()
+}
+
+/// 1 s, then twice as long each time up to `max`, without end.
+fn doubling(max: Duration) -> ExponentialBuilder {
+    ExponentialBuilder::new()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(max)
+        .without_max_times()
+}
+
+impl CertificateRefresher {
+    /// The refresher of the webhook `settings` describe. `certs` is what its server
+    /// serves, `readiness` what its `/readyz` says.
+    pub fn new(
+        client: Client,
+        settings: &WebhookSettings,
+        endpoint: Arc<WebhookEndpoint>,
+        certs: Arc<CertStore>,
+        readiness: Arc<Readiness>,
+        metrics: Arc<WebhookMetrics>,
+    ) -> CertificateRefresher {
+        CertificateRefresher {
+            client,
+            source: settings.certificates.clone(),
+            names: settings.target.certificate_names(),
+            endpoint,
+            certs,
+            readiness,
+            metrics,
+            record: settings.record.clone(),
+            rotation: CaRotation::default(),
+            loaded: None,
+            crds: None,
+            unknown_ca: false,
+            failure: None,
+            retries: None,
+            rechecks: None,
+            record_due: Instant::now(),
+            recorded: None,
+            record_retries: None,
+        }
     }
-    Ok(endpoint)
+
+    /// Refreshes forever.
+    pub async fn run(mut self) {
+        loop {
+            let wait = self.refresh().await;
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// One pass; returns how long until the next one is due.
+    pub async fn refresh(&mut self) -> Duration {
+        let certificate_wait = match self.refresh_certificate().await {
+            Ok(wait) => {
+                self.failure = None;
+                self.retries = None;
+                wait
+            }
+            Err(error) => {
+                warn!(error = %error, "cannot refresh the conversion webhook's certificate; retrying");
+                self.failure = Some(error);
+                next(&mut self.retries, retry_backoff)
+            }
+        };
+        let record_wait = self.refresh_record().await;
+        // Whatever the record's fate: the CAs the replicas need reach the CRDs.
+        if let Some(bundle) = self.rotation.bundle() {
+            self.endpoint.set_ca_bundle(bundle);
+        }
+        self.update_readiness();
+        if self.unknown_ca && self.failure.is_none() {
+            // Learn that CA from the CRDs before this replica's bundle can drop it.
+            return Duration::ZERO;
+        }
+        certificate_wait.min(record_wait)
+    }
+
+    /// Reads the certificates and, when there is something to learn, the CRDs; serves a
+    /// set once the CRDs trust its CA.
+    async fn refresh_certificate(&mut self) -> Result<Duration, String> {
+        let set = self.read_set().await?;
+        let changed = self.loaded.as_ref() != Some(&set);
+        let unsettled = self.rotation.pending_ca().is_some() || !self.serving_trusted();
+        if changed || unsettled || self.unknown_ca {
+            // A set that cannot be served is refused before it changes anything.
+            CertStore::check_pem(&set.cert, &set.key)?;
+            let crds =
+                self.endpoint.read_bundles(&self.client).await.map_err(|error| {
+                    format!("cannot read the CustomResourceDefinitions' caBundle: {error}")
+                })?;
+            self.unknown_ca = false;
+            match self.rotation.load(set.clone(), &crds) {
+                Rotation::Serve(set) => self.serve(&set)?,
+                Rotation::Pending => {
+                    let (trusting, total) = crds.trusting(&set.ca);
+                    info!(
+                        trusting,
+                        total,
+                        "a new CA is in this replica's caBundle; the certificate it signed is served once every CRD pointed at the webhook trusts it"
+                    );
+                }
+                Rotation::Unchanged => {}
+            }
+            self.crds = Some(crds);
+            self.loaded = Some(set);
+        }
+        if self.rotation.pending_ca().is_some() || !self.serving_trusted() {
+            return Ok(next(&mut self.rechecks, recheck_backoff));
+        }
+        self.rechecks = None;
+        Ok(match self.source {
+            CertificateSource::Files { .. } => FILES_CHECKED_EVERY,
+            CertificateSource::Secret { .. } => SECRET_READ_EVERY,
+        })
+    }
+
+    async fn read_set(&self) -> Result<CertificateSet, String> {
+        match &self.source {
+            CertificateSource::Files { cert, key, ca } => crate::webhook::certs::read_files(cert, key, ca)
+                .map(|(cert, key, ca)| CertificateSet { cert, key, ca })
+                .map_err(|error| error.to_string()),
+            CertificateSource::Secret { namespace, name } => {
+                crate::webhook::certs::ensure_secret(&self.client, namespace, name, &self.names)
+                    .await
+                    .map(|bundle| CertificateSet {
+                        cert: bundle.cert_pem,
+                        key: bundle.key_pem,
+                        ca: bundle.ca_pem,
+                    })
+                    .map_err(|error| error.to_string())
+            }
+        }
+    }
+
+    fn serve(&self, set: &CertificateSet) -> Result<(), String> {
+        self.certs.set_pem(&set.cert, &set.key)?;
+        // The certificate now served: its expiry for the alert.
+        if let Err(error) = self.metrics.set_certificate(&set.cert) {
+            warn!(error = %error, "cannot read the serving certificate's expiry");
+        }
+        info!("serving a new certificate for the conversion webhook");
+        Ok(())
+    }
+
+    /// Whether every CRD pointed at the webhook, as last read, trusts the CA served.
+    fn serving_trusted(&self) -> bool {
+        match (self.rotation.serving(), &self.crds) {
+            (Some(set), Some(crds)) => crds.all_trust(&set.ca),
+            _ => false,
+        }
+    }
+
+    /// Records what this replica serves when it changed or the record is due, and drops
+    /// from the bundle the CAs no live replica serves. Returns how long until it is due.
+    async fn refresh_record(&mut self) -> Duration {
+        let Some(record) = &self.record else {
+            return SECRET_READ_EVERY;
+        };
+        let serving = self.rotation.serving_fingerprint();
+        let now = Instant::now();
+        if now < self.record_due && self.recorded.as_ref() == Some(&serving) {
+            return self.record_due - now;
+        }
+        match record
+            .publish(&self.client, serving.as_deref(), jiff::Timestamp::now())
+            .await
+        {
+            Ok(live) => {
+                self.unknown_ca = live
+                    .fingerprints
+                    .iter()
+                    .any(|fingerprint| !self.rotation.knows(fingerprint));
+                // A record younger than its time to live may miss a replica: no CA leaves.
+                if live.complete {
+                    self.rotation.prune(&live.fingerprints);
+                }
+                self.recorded = Some(serving);
+                self.record_retries = None;
+                self.record_due = now + record.ttl / 3;
+            }
+            Err(error) => {
+                // Nothing is pruned: which replicas are alive is unknown.
+                warn!(error = %error, "cannot record what this replica serves; retrying (the caBundle keeps every CA it holds)");
+                self.record_due = now + next(&mut self.record_retries, retry_backoff);
+            }
+        }
+        self.record_due - now
+    }
+
+    fn update_readiness(&self) {
+        let trusting = |ca: &str| self.crds.as_ref().map_or((0, 0), |crds| crds.trusting(ca));
+        match (self.rotation.serving(), self.rotation.pending_ca()) {
+            (Some(_), _) if self.serving_trusted() => self.readiness.certificate_served(),
+            (Some(set), _) => {
+                let (trusting, total) = trusting(&set.ca);
+                self.readiness.certificate_not_served(format!(
+                    "the CA of the certificate served is in the caBundle of {trusting} of the {total} CRDs pointed at the webhook; waiting for the leader to add it"
+                ));
+            }
+            (None, Some(ca)) => {
+                let (trusting, total) = trusting(ca);
+                self.readiness.certificate_not_served(format!(
+                    "the serving certificate's CA is new: waiting until every CRD pointed at the webhook trusts it ({trusting} of {total} do)"
+                ));
+            }
+            (None, None) => self.readiness.certificate_not_served(match &self.failure {
+                Some(error) => format!("no serving certificate: {error}"),
+                None => "no serving certificate yet".to_owned(),
+            }),
+        }
+    }
+}
+
+/// The next delay of a backoff, starting it if needed.
+fn next(backoff: &mut Option<ExponentialBackoff>, start: fn() -> ExponentialBackoff) -> Duration {
+    backoff
+        .get_or_insert_with(start)
+        .next()
+        .unwrap_or(Duration::from_secs(60))
 }

@@ -1,5 +1,5 @@
 //! The conversion webhook's metrics: reviews answered (by policy and result), how long each
-//! took, and when the serving certificate expires. Registered into the controller's registry
+//! took, its connections, and when the serving certificate expires. Registered into the controller's registry
 //! (`crd_lifecycle_` prefix); the standalone `webhook` command keeps them unregistered.
 
 use std::sync::atomic::AtomicU64;
@@ -43,6 +43,11 @@ pub struct WebhookMetrics {
     /// `crd_lifecycle_webhook_certificate_expiration_timestamp_seconds`: the serving
     /// certificate's notAfter (Unix time); absent until a certificate is loaded.
     pub certificate_expiration: Gauge<f64, AtomicU64>,
+    /// `crd_lifecycle_webhook_open_connections`: client connections open now.
+    pub open_connections: Gauge,
+    /// `crd_lifecycle_webhook_connections_aged_out_total`: connections asked to close
+    /// (HTTP/2 GOAWAY) because they reached their maximum age.
+    pub connections_aged_out: Counter,
 }
 
 impl Default for WebhookMetrics {
@@ -53,6 +58,8 @@ impl Default for WebhookMetrics {
             // the apiserver's timeout is at most 30 s.
             review_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             certificate_expiration: Gauge::default(),
+            open_connections: Gauge::default(),
+            connections_aged_out: Counter::default(),
         }
     }
 }
@@ -76,6 +83,16 @@ impl WebhookMetrics {
             "webhook_certificate_expiration_timestamp_seconds",
             "When the conversion webhook's serving certificate expires (notAfter, Unix time)",
             metrics.certificate_expiration.clone(),
+        );
+        registry.register(
+            "webhook_open_connections",
+            "Client connections the conversion webhook has open",
+            metrics.open_connections.clone(),
+        );
+        registry.register(
+            "webhook_connections_aged_out",
+            "Connections the conversion webhook asked to close (HTTP/2 GOAWAY) at their maximum age",
+            metrics.connections_aged_out.clone(),
         );
         metrics
     }
@@ -133,6 +150,8 @@ mod tests {
         let metrics = WebhookMetrics::registered(&mut registry);
         metrics.observe_review("widgets", ReviewResult::success, Duration::from_millis(2));
         metrics.certificate_expiration.set(1.8e9);
+        metrics.open_connections.inc();
+        metrics.connections_aged_out.inc();
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
         assert!(
@@ -145,6 +164,14 @@ mod tests {
         );
         assert!(
             text.contains("crd_lifecycle_webhook_certificate_expiration_timestamp_seconds 1800000000"),
+            "{text}"
+        );
+        assert!(
+            text.contains("crd_lifecycle_webhook_open_connections 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("crd_lifecycle_webhook_connections_aged_out_total 1"),
             "{text}"
         );
     }

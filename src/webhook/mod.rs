@@ -3,6 +3,7 @@
 
 pub mod certs;
 pub mod metrics;
+mod readiness;
 mod server;
 pub mod standalone;
 
@@ -17,16 +18,42 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::PartialObjectMeta;
 
 use crate::api::{ConversionSpec, VersionPolicy};
-use crate::conversion::{Budget, Converter, RecordedConversion, object_name};
+use crate::conversion::{Budget, ConversionError, Converter, RecordedConversion, object_name};
 
 pub use metrics::{ReviewResult, WebhookMetrics};
-pub use server::{CertStore, router, serve};
+pub use readiness::Readiness;
+pub use server::{
+    CertStore, Connections, DEFAULT_DRAIN, DEFAULT_IN_FLIGHT_DEADLINE, DEFAULT_MAX_CONNECTION_AGE, Server,
+    drain_after,
+};
+
+/// Converts the objects of a review: a policy's compiled conversion.
+pub trait Convert: Send + Sync {
+    /// Converts one object in place to `to_version`, spending from `budget`.
+    fn convert_in_place(
+        &self,
+        object: &mut serde_json::Value,
+        to_version: &str,
+        budget: &mut Budget,
+    ) -> Result<(), ConversionError>;
+}
+
+impl Convert for Converter {
+    fn convert_in_place(
+        &self,
+        object: &mut serde_json::Value,
+        to_version: &str,
+        budget: &mut Budget,
+    ) -> Result<(), ConversionError> {
+        Converter::convert_in_place(self, object, to_version, budget)
+    }
+}
 
 /// What the webhook knows of a policy's conversion.
 #[derive(Clone)]
 pub enum Lookup {
     /// The policy's conversion, compiled.
-    Found(Arc<Converter>),
+    Found(Arc<dyn Convert>),
     /// The policy's `spec.conversion` does not validate (the message says why).
     Invalid(String),
     /// No policy of that name has a conversion, and no CRD records one for it.

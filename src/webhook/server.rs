@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -18,12 +19,13 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use super::metrics::{ReviewResult, WebhookMetrics};
-use super::{Limits, Lookup, PolicySource};
+use super::{Limits, Lookup, PolicySource, Readiness};
 
 /// The serving certificate, replaceable at any time.
 #[derive(Debug, Default)]
@@ -34,24 +36,45 @@ pub struct CertStore {
 impl CertStore {
     /// Installs a certificate chain and key (PEM).
     pub fn set_pem(&self, cert_pem: &str, key_pem: &str) -> Result<(), String> {
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("invalid certificate PEM: {e}"))?;
-        if chain.is_empty() {
-            return Err("no certificate in the PEM".to_owned());
-        }
-        let key =
-            PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| format!("invalid key PEM: {e}"))?;
-        let signing_key = rustls::crypto::ring::sign::any_supported_type(&key)
-            .map_err(|e| format!("unsupported key: {e}"))?;
-        let certified = Arc::new(CertifiedKey::new(chain, signing_key));
+        let certified = certified_key(cert_pem, key_pem)?;
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some(certified);
         Ok(())
+    }
+
+    /// Whether a certificate chain and key (PEM) could be installed.
+    pub fn check_pem(cert_pem: &str, key_pem: &str) -> Result<(), String> {
+        certified_key(cert_pem, key_pem).map(|_| ())
+    }
+
+    /// Whether the certificate served is the first of this PEM chain.
+    pub fn serves(&self, cert_pem: &str) -> bool {
+        let Some(Ok(wanted)) = CertificateDer::pem_slice_iter(cert_pem.as_bytes()).next() else {
+            return false;
+        };
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|current| current.cert.first() == Some(&wanted))
     }
 
     pub fn is_ready(&self) -> bool {
         self.current.read().unwrap_or_else(|p| p.into_inner()).is_some()
     }
+}
+
+fn certified_key(cert_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>, String> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("invalid certificate PEM: {e}"))?;
+    if chain.is_empty() {
+        return Err("no certificate in the PEM".to_owned());
+    }
+    let key =
+        PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| format!("invalid key PEM: {e}"))?;
+    let signing_key =
+        rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| format!("unsupported key: {e}"))?;
+    Ok(Arc::new(CertifiedKey::new(chain, signing_key)))
 }
 
 #[derive(Debug)]
@@ -90,12 +113,30 @@ const LARGE_REVIEWS_AT_ONCE: usize = 2;
 /// Bytes of an over-limit body kept to find its uid.
 const PREFIX_BYTES: usize = 64 << 10;
 
-/// `POST /convert/<policy>` and `GET /healthz`; every review is counted in `metrics`.
-pub fn router(policies: Arc<dyn PolicySource>, metrics: Arc<WebhookMetrics>, limits: Limits) -> Router {
+/// `POST /convert/<policy>`, `GET /healthz` and `GET /readyz`; every review is counted in
+/// `metrics`.
+fn router(
+    policies: Arc<dyn PolicySource>,
+    metrics: Arc<WebhookMetrics>,
+    limits: Limits,
+    readiness: Arc<Readiness>,
+) -> Router {
     let cores = std::thread::available_parallelism().map_or(2, usize::from).max(2);
     Router::new()
         .route("/convert/{policy}", post(convert))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let readiness = readiness.clone();
+                async move {
+                    match readiness.check() {
+                        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
+                        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
+                    }
+                }
+            }),
+        )
         .with_state(WebhookState {
             policies,
             metrics,
@@ -267,55 +308,299 @@ async fn read_body(mut body: Body, length: Option<usize>, limit: usize) -> Resul
     Ok(buffer.freeze())
 }
 
-/// Serves HTTPS on `address` until `shutdown` completes.
-pub async fn serve(
-    address: SocketAddr,
-    certs: Arc<CertStore>,
-    policies: Arc<dyn PolicySource>,
+/// How the webhook's connections age and how the webhook stops.
+#[derive(Clone, Copy, Debug)]
+pub struct Connections {
+    /// After the shutdown signal: how long the webhook keeps serving, not ready, so that the
+    /// Service's endpoints drop it before it stops accepting.
+    pub drain: Duration,
+    /// Once the webhook stops accepting (and whenever a connection reaches `max_age`):
+    /// how long requests in flight get to finish before their connection is closed.
+    pub in_flight_deadline: Duration,
+    /// A connection older than this (give or take a tenth, so that connections opened
+    /// together do not all close together) is asked to close gracefully: HTTP/2 GOAWAY,
+    /// HTTP/1.1 `Connection: close` after the response in progress. The client opens a new
+    /// one, which the Service may send to another replica. `None`: never.
+    pub max_age: Option<Duration>,
+}
+
+/// Default `drain`: endpoint changes reach kube-proxy (or the apiserver's own endpoint
+/// resolver) within a few seconds.
+pub const DEFAULT_DRAIN: Duration = Duration::from_secs(10);
+/// Default `in_flight_deadline`: a conversion's cost is bounded (see `Limits`); this is
+/// for slow clients.
+pub const DEFAULT_IN_FLIGHT_DEADLINE: Duration = Duration::from_secs(15);
+/// Default `max_age`.
+pub const DEFAULT_MAX_CONNECTION_AGE: Duration = Duration::from_secs(300);
+
+impl Connections {
+    /// `drain` and `max_age` (zero: connections never age out), with the default deadline
+    /// for requests in flight.
+    pub fn new(drain: Duration, max_age: Duration) -> Connections {
+        Connections {
+            drain,
+            in_flight_deadline: DEFAULT_IN_FLIGHT_DEADLINE,
+            max_age: (!max_age.is_zero()).then_some(max_age),
+        }
+    }
+}
+
+impl Default for Connections {
+    fn default() -> Connections {
+        Connections {
+            drain: DEFAULT_DRAIN,
+            in_flight_deadline: DEFAULT_IN_FLIGHT_DEADLINE,
+            max_age: Some(DEFAULT_MAX_CONNECTION_AGE),
+        }
+    }
+}
+
+/// A TLS handshake not done within this is dropped (a client that connects and sends
+/// nothing holds no task for long).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The conversion webhook's HTTPS server.
+pub struct Server {
+    pub certs: Arc<CertStore>,
+    pub policies: Arc<dyn PolicySource>,
+    pub metrics: Arc<WebhookMetrics>,
+    pub limits: Limits,
+    /// What `/readyz` answers.
+    pub readiness: Arc<Readiness>,
+    pub connections: Connections,
+}
+
+/// Completes `drain` after `signal`, having marked `readiness` draining when `signal`
+/// completed: the `stop` of [`Server::serve`] for a process that got SIGTERM.
+pub async fn drain_after(signal: impl Future<Output = ()>, readiness: Arc<Readiness>, drain: Duration) {
+    signal.await;
+    readiness.begin_drain();
+    info!(
+        drain = ?drain,
+        "draining the conversion webhook: not ready, still serving until endpoints drop this replica"
+    );
+    tokio::time::sleep(drain).await;
+}
+
+impl Server {
+    /// Serves HTTPS on `listener` until `stop` completes. Then the listener closes (new
+    /// connections are refused), every connection is asked to close gracefully (HTTP/2
+    /// GOAWAY: the client sends its next requests elsewhere, the streams in flight finish),
+    /// and requests in flight get `in_flight_deadline` to finish; whatever is still open
+    /// then is closed.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        stop: impl Future<Output = ()> + Send,
+    ) -> std::io::Result<()> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(std::io::Error::other)?
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(Resolver(self.certs)));
+        // HTTP/2 first, as the apiserver's client prefers it; HTTP/1.1 for other clients.
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        info!(address = %listener.local_addr()?, "serving the conversion webhook (HTTPS /convert/<policy>)");
+        let app = router(self.policies, self.metrics.clone(), self.limits, self.readiness);
+        let builder = auto::Builder::new(TokioExecutor::new());
+        let connections = self.connections;
+        // Told to every connection when the server stops.
+        let (stopping, stopped) = watch::channel(false);
+        let mut open = JoinSet::new();
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        let connection = Connection {
+                            acceptor: acceptor.clone(),
+                            service: TowerToHyperService::new(app.clone()),
+                            builder: builder.clone(),
+                            stopped: stopped.clone(),
+                            connections,
+                            metrics: self.metrics.clone(),
+                        };
+                        open.spawn(connection.serve(stream, peer));
+                    }
+                    Err(error) => warn!(error = %error, "accept failed"),
+                },
+                // Finished connections are reaped as they go.
+                Some(_) = open.join_next(), if !open.is_empty() => {}
+                () = &mut stop => break,
+            }
+        }
+        drop(listener);
+        info!(
+            connections = open.len(),
+            "the conversion webhook stopped accepting; asking its connections to close"
+        );
+        let _ = stopping.send(true);
+        let all_closed = async { while open.join_next().await.is_some() {} };
+        if tokio::time::timeout(connections.in_flight_deadline, all_closed)
+            .await
+            .is_err()
+        {
+            warn!(
+                connections = open.len(),
+                deadline = ?connections.in_flight_deadline,
+                "connections still open at the deadline; closing them"
+            );
+            open.shutdown().await;
+        }
+        info!("the conversion webhook stopped");
+        Ok(())
+    }
+}
+
+/// One accepted connection and what it needs to serve itself.
+struct Connection {
+    acceptor: TlsAcceptor,
+    service: TowerToHyperService<Router>,
+    builder: auto::Builder<TokioExecutor>,
+    stopped: watch::Receiver<bool>,
+    connections: Connections,
     metrics: Arc<WebhookMetrics>,
-    limits: Limits,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(std::io::Error::other)?
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(Resolver(certs)));
-    // HTTP/2 first, as the apiserver's client prefers it; HTTP/1.1 for other clients.
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let acceptor = TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind(address).await?;
-    info!(address = %listener.local_addr()?, "serving the conversion webhook (HTTPS /convert/<policy>)");
-    let app = router(policies, metrics, limits);
-    let connections = auto::Builder::new(TokioExecutor::new());
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    warn!(error = %error, "accept failed");
-                    continue;
-                }
-            },
-            () = &mut shutdown => return Ok(()),
-        };
-        let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(app.clone());
-        let connections = connections.clone();
-        tokio::spawn(async move {
-            let tls = match acceptor.accept(stream).await {
-                Ok(tls) => tls,
-                Err(error) => {
+}
+
+/// Counts a connection open while it lives.
+struct Open(Arc<WebhookMetrics>);
+
+impl Open {
+    fn new(metrics: Arc<WebhookMetrics>) -> Open {
+        metrics.open_connections.inc();
+        Open(metrics)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open_connections.dec();
+    }
+}
+
+impl Connection {
+    async fn serve(mut self, stream: tokio::net::TcpStream, peer: SocketAddr) {
+        let _open = Open::new(self.metrics.clone());
+        let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.acceptor.accept(stream));
+        let tls = tokio::select! {
+            tls = handshake => match tls {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => {
                     debug!(%peer, error = %error, "TLS handshake failed");
                     return;
                 }
-            };
-            let served = connections.serve_connection(TokioIo::new(tls), service).await;
-            if let Err(error) = served {
-                debug!(%peer, error = %error, "connection ended with an error");
+                Err(_) => {
+                    debug!(%peer, "TLS handshake not done within {HANDSHAKE_TIMEOUT:?}");
+                    return;
+                }
+            },
+            () = stopping(&mut self.stopped) => return,
+        };
+        let connection = self.builder.serve_connection(TokioIo::new(tls), self.service);
+        let mut connection = std::pin::pin!(connection);
+        let max_age = self.connections.max_age.map(|age| jittered(age, peer));
+        // Its maximum age, then (once asked to close) the deadline of its requests in flight.
+        let mut deadline = std::pin::pin!(tokio::time::sleep(max_age.unwrap_or_default()));
+        let mut asked_to_close = false;
+        loop {
+            tokio::select! {
+                served = connection.as_mut() => {
+                    if let Err(error) = served {
+                        debug!(%peer, error = %error, "connection ended with an error");
+                    }
+                    return;
+                }
+                () = deadline.as_mut(), if max_age.is_some() => {
+                    if asked_to_close {
+                        debug!(%peer, "requests still in flight on a connection past its maximum age; closing it");
+                        return;
+                    }
+                    debug!(%peer, "connection reached its maximum age; asking the client to reconnect");
+                    self.metrics.connections_aged_out.inc();
+                    connection.as_mut().graceful_shutdown();
+                    asked_to_close = true;
+                    let grace = self.connections.in_flight_deadline;
+                    deadline.as_mut().reset(tokio::time::Instant::now() + grace);
+                }
+                () = stopping(&mut self.stopped) => {
+                    if !asked_to_close {
+                        connection.as_mut().graceful_shutdown();
+                    }
+                    // Served to its end; the server bounds the wait.
+                    if let Err(error) = connection.await {
+                        debug!(%peer, error = %error, "connection ended with an error");
+                    }
+                    return;
+                }
             }
-        });
+        }
+    }
+}
+
+/// Completes once the server stops.
+async fn stopping(stopped: &mut watch::Receiver<bool>) {
+    // An error: the server is gone, which is a stop too.
+    let _ = stopped.wait_for(|stopped| *stopped).await;
+}
+
+/// `age` give or take a tenth, different for every connection.
+fn jittered(age: Duration, peer: SocketAddr) -> Duration {
+    use std::hash::BuildHasher;
+    let random = std::collections::hash_map::RandomState::new().hash_one((peer, std::time::Instant::now()));
+    // A factor in [0.9, 1.1).
+    let factor = 0.9 + (random % 2_000) as f64 / 10_000.0;
+    age.mul_f64(factor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_drain_reports_not_ready_at_the_signal_and_ends_after_its_period() {
+        let readiness = Arc::new(Readiness::ready());
+        let (signal, signalled) = tokio::sync::oneshot::channel::<()>();
+        let drain = tokio::spawn(drain_after(
+            async {
+                let _ = signalled.await;
+            },
+            readiness.clone(),
+            Duration::from_secs(10),
+        ));
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert_eq!(readiness.check(), Ok(()), "ready until the signal");
+        assert!(!drain.is_finished());
+        let signalled_at = tokio::time::Instant::now();
+        let _ = signal.send(());
+        tokio::task::yield_now().await;
+        assert!(readiness.is_draining(), "not ready at once");
+        tokio::time::sleep(Duration::from_millis(9_999)).await;
+        assert!(!drain.is_finished(), "still serving during the drain");
+        drain.await.expect("drained");
+        assert_eq!(signalled_at.elapsed(), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn connection_ages_vary_by_a_tenth_at_most() {
+        let age = Duration::from_secs(300);
+        let peer: SocketAddr = ([10, 0, 0, 1], 44_123).into();
+        let ages: Vec<Duration> = (0..200).map(|_| jittered(age, peer)).collect();
+        assert!(
+            ages.iter()
+                .all(|a| *a >= age.mul_f64(0.9) && *a < age.mul_f64(1.1))
+        );
+        assert!(ages.iter().any(|a| *a != ages[0]), "not all the same");
+    }
+
+    #[test]
+    fn connections_from_flags() {
+        let connections = Connections::new(Duration::from_secs(7), Duration::ZERO);
+        assert_eq!(connections.max_age, None, "0s: connections never age out");
+        assert_eq!(connections.drain, Duration::from_secs(7));
+        assert_eq!(connections.in_flight_deadline, DEFAULT_IN_FLIGHT_DEADLINE);
+        let aged = Connections::new(Duration::ZERO, Duration::from_secs(60));
+        assert_eq!(aged.max_age, Some(Duration::from_secs(60)));
     }
 }

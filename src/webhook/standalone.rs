@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::{CachedPolicies, CertStore, PolicySource, StaticPolicies, certs};
+use super::{CachedPolicies, CertStore, Connections, PolicySource, Readiness, Server, StaticPolicies, certs};
 use crate::manifest;
 
 /// What the standalone webhook serves, and how.
@@ -23,9 +23,10 @@ pub struct StandaloneSettings {
     pub crd: Option<String>,
     /// What one review may cost.
     pub limits: super::Limits,
+    /// How connections age, and the drain after SIGTERM.
+    pub connections: Connections,
 }
 
-/// Serves until Ctrl-C / SIGTERM. Errors are bad input or a failed start.
 /// Why the standalone webhook cannot start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -55,6 +56,12 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot listen on port {port}: {source}")]
+    Bind {
+        port: u16,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the webhook stopped: {0}")]
     Serve(#[source] std::io::Error),
 }
@@ -69,6 +76,8 @@ impl Error {
     }
 }
 
+/// Serves until SIGTERM / SIGINT, then drains (see [`Connections`]). Errors are bad input
+/// or a failed start.
 pub async fn run(args: &StandaloneSettings, client: Option<kube::Client>) -> Result<(), Error> {
     let policies: Arc<dyn PolicySource> = if args.policy.is_empty() {
         let client = client.ok_or(Error::NoPolicySource)?;
@@ -141,16 +150,22 @@ pub async fn run(args: &StandaloneSettings, client: Option<kube::Client>) -> Res
         }
     }
     let address = SocketAddr::from(([0, 0, 0, 0], args.port));
-    super::serve(
-        address,
-        store,
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|source| Error::Bind {
+            port: args.port,
+            source,
+        })?;
+    // Policies and certificate are loaded: ready until the shutdown signal.
+    let readiness = Arc::new(Readiness::ready());
+    let server = Server {
+        certs: store,
         policies,
-        Arc::new(super::WebhookMetrics::default()),
-        args.limits.clone(),
-        async {
-            let _ = tokio::signal::ctrl_c().await;
-        },
-    )
-    .await
-    .map_err(Error::Serve)
+        metrics: Arc::new(super::WebhookMetrics::default()),
+        limits: args.limits.clone(),
+        readiness: readiness.clone(),
+        connections: args.connections,
+    };
+    let stop = super::drain_after(crate::signals::terminated(), readiness, args.connections.drain);
+    server.serve(listener, stop).await.map_err(Error::Serve)
 }

@@ -334,7 +334,9 @@ mod preflight_ahead;
 mod safety;
 mod sequence;
 mod webhook;
+mod webhook_drain;
 mod webhook_limits;
+mod webhook_rotation;
 
 /// Discovery confirmations 1 ms apart, so that tests do not wait seconds for a switch.
 pub fn fast_settle_check() -> crd_lifecycle::migrate::SettleCheck {

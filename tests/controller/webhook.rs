@@ -139,24 +139,24 @@ async fn the_webhook_serves_https_and_picks_up_renewed_certificates() {
     store
         .set_pem(&bundle.cert_pem, &bundle.key_pem)
         .expect("installed");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port();
-    let address: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("address");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a free port");
+    let port = listener.local_addr().expect("address").port();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let mut registry = prometheus_client::registry::Registry::with_prefix("crd_lifecycle");
     let metrics = Arc::new(webhook::WebhookMetrics::registered(&mut registry));
-    let server = tokio::spawn(webhook::serve(
-        address,
-        store.clone(),
-        policies(),
-        metrics.clone(),
-        webhook::Limits::default(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let server = webhook::Server {
+        certs: store.clone(),
+        policies: policies(),
+        metrics: metrics.clone(),
+        limits: webhook::Limits::default(),
+        readiness: Arc::new(webhook::Readiness::ready()),
+        connections: webhook::Connections::default(),
+    };
+    let server = tokio::spawn(server.serve(listener, async move {
+        let _ = stopped.await;
+    }));
 
     // A client that trusts only the generated CA, as the apiserver does with caBundle.
     let ca = rustls_pem_to_der(&bundle.ca_pem);
@@ -247,7 +247,7 @@ fn rustls_pem_to_der(pem: &str) -> Vec<u8> {
         .to_vec()
 }
 
-mod crd_conversion {
+pub(crate) mod crd_conversion {
     use std::sync::Arc;
 
     use crd_lifecycle::api::VersionPolicy;
@@ -264,7 +264,8 @@ mod crd_conversion {
 
     const CRD: &str = "gadgets.example.com";
 
-    fn harness() -> Harness {
+    /// The conversion example's CRD and policy (migrations off).
+    pub(crate) fn harness() -> Harness {
         let mut h = Harness::new();
         h.fake
             .create_crd(yaml(include_str!("../../examples/conversion/crd.yaml")));
@@ -491,250 +492,6 @@ mod crd_conversion {
         });
         h.reconcile("gadgets").await;
         assert_eq!(h.fake.crd(CRD)["spec"]["conversion"], json!({"strategy": "None"}));
-    }
-
-    #[tokio::test]
-    async fn a_new_ca_reaches_ca_bundle_before_the_serving_certificate_changes() {
-        use crd_lifecycle::controller::conversion_config::{CaRotation, CertificateSet, Rotation, refresh};
-        let mut h = harness();
-        let endpoint = Arc::new(WebhookEndpoint::new(
-            WebhookTarget::parse_service("crd-lifecycle/crd-lifecycle-webhook").expect("service"),
-        ));
-        let rotation = std::sync::Mutex::new(CaRotation::default());
-        let served = std::sync::Mutex::new(Vec::<String>::new());
-        let serve = |set: &CertificateSet| {
-            served.lock().expect("lock").push(set.cert.clone());
-            Ok(())
-        };
-        let files = |n: u8, ca: u8| CertificateSet {
-            cert: format!("serving-{n}"),
-            key: format!("key-{n}"),
-            ca: format!("-----BEGIN CERTIFICATE-----\nCA{ca}\n-----END CERTIFICATE-----\n"),
-        };
-        let client = h.ctx.client.clone();
-        let ca_bundle = |h: &Harness| {
-            let encoded =
-                h.fake.crd(CRD)["spec"]["conversion"]["webhook"]["clientConfig"]["caBundle"].clone();
-            let bytes: k8s_openapi::ByteString = serde_json::from_value(encoded).expect("base64");
-            String::from_utf8(bytes.0).expect("pem")
-        };
-
-        let record = crd_lifecycle::controller::rotation_record::RotationRecord {
-            namespace: "crd-lifecycle".into(),
-            secret: "crd-lifecycle-webhook-tls".into(),
-            replica: "replica-a".into(),
-            ttl: std::time::Duration::from_secs(180),
-        };
-        let first = refresh(files(1, 1), &rotation, &endpoint, &client, Some(&record), serve)
-            .await
-            .expect("loads");
-        assert!(matches!(first, Rotation::Serve(_)));
-        let mut changes = endpoint.bundle_changes();
-        changes.mark_unchanged();
-        h.serve_webhook(endpoint.clone());
-        h.at("2026-01-20T00:00:00Z");
-        h.reconcile("gadgets").await;
-        assert!(ca_bundle(&h).contains("CA1"));
-
-        // cert-manager rotates the CA: the new serving certificate waits, its CA is appended.
-        let rotated = refresh(files(2, 2), &rotation, &endpoint, &client, Some(&record), serve)
-            .await
-            .expect("loads");
-        assert_eq!(rotated, Rotation::Pending, "the CRD does not trust CA2 yet");
-        assert_eq!(*served.lock().expect("lock"), ["serving-1"]);
-        assert!(
-            changes.has_changed().expect("open"),
-            "every policy is reconciled at once"
-        );
-        h.reconcile("gadgets").await;
-        let bundle = ca_bundle(&h);
-        assert!(
-            bundle.contains("CA1") && bundle.contains("CA2"),
-            "appended: {bundle}"
-        );
-
-        // Every CRD trusts CA2 now: its certificate is served.
-        let next = refresh(files(2, 2), &rotation, &endpoint, &client, Some(&record), serve)
-            .await
-            .expect("loads");
-        assert!(matches!(next, Rotation::Serve(_)));
-        assert_eq!(*served.lock().expect("lock"), ["serving-1", "serving-2"]);
-        // No replica serves CA1's certificate any more: it leaves the bundle.
-        let _ = refresh(files(2, 2), &rotation, &endpoint, &client, Some(&record), serve)
-            .await
-            .expect("loads");
-        h.reconcile("gadgets").await;
-        let bundle = ca_bundle(&h);
-        assert!(
-            !bundle.contains("CA1") && bundle.contains("CA2"),
-            "dropped: {bundle}"
-        );
-    }
-
-    /// Two replicas share the rotation through the CRDs' caBundle and the webhook Secret's
-    /// annotations: one restarted mid-rotation (its memory empty, the new CA's set already
-    /// in the Secret) neither serves the new certificate before the CRDs trust its CA nor
-    /// drops the old CA while the other replica still serves a certificate it signed.
-    #[tokio::test]
-    async fn a_replica_restarted_mid_rotation_never_breaks_the_other() {
-        use crd_lifecycle::controller::conversion_config::{CaRotation, CertificateSet, Rotation, refresh};
-        use crd_lifecycle::controller::rotation_record::RotationRecord;
-        let mut h = harness();
-        let target = || WebhookTarget::parse_service("crd-lifecycle/crd-lifecycle-webhook").expect("service");
-        let files = |n: u8, ca: u8| CertificateSet {
-            cert: format!("serving-{n}"),
-            key: format!("key-{n}"),
-            ca: format!("-----BEGIN CERTIFICATE-----\nCA{ca}\n-----END CERTIFICATE-----\n"),
-        };
-        let record = |replica: &str| RotationRecord {
-            namespace: "crd-lifecycle".into(),
-            secret: "crd-lifecycle-webhook-tls".into(),
-            replica: replica.into(),
-            ttl: std::time::Duration::from_secs(180),
-        };
-        let (record_a, record_b) = (record("replica-a"), record("replica-b"));
-        let client = h.ctx.client.clone();
-        let ca_bundle = |h: &Harness| {
-            let encoded =
-                h.fake.crd(CRD)["spec"]["conversion"]["webhook"]["clientConfig"]["caBundle"].clone();
-            let bytes: k8s_openapi::ByteString = serde_json::from_value(encoded).expect("base64");
-            String::from_utf8(bytes.0).expect("pem")
-        };
-        let served_by = |log: &std::sync::Mutex<Vec<String>>| log.lock().expect("lock").clone();
-        let (log_a, log_b) = (
-            std::sync::Mutex::new(Vec::new()),
-            std::sync::Mutex::new(Vec::new()),
-        );
-        let serve_a = |set: &CertificateSet| {
-            log_a.lock().expect("lock").push(set.cert.clone());
-            Ok(())
-        };
-        let serve_b = |set: &CertificateSet| {
-            log_b.lock().expect("lock").push(set.cert.clone());
-            Ok(())
-        };
-
-        // A, the leader, and B both serve CA1's certificate; the CRD trusts CA1.
-        let (endpoint_a, endpoint_b) = (
-            Arc::new(WebhookEndpoint::new(target())),
-            Arc::new(WebhookEndpoint::new(target())),
-        );
-        let (rotation_a, rotation_b) = (
-            std::sync::Mutex::new(CaRotation::default()),
-            std::sync::Mutex::new(CaRotation::default()),
-        );
-        refresh(
-            files(1, 1),
-            &rotation_a,
-            &endpoint_a,
-            &client,
-            Some(&record_a),
-            serve_a,
-        )
-        .await
-        .expect("a");
-        refresh(
-            files(1, 1),
-            &rotation_b,
-            &endpoint_b,
-            &client,
-            Some(&record_b),
-            serve_b,
-        )
-        .await
-        .expect("b");
-        h.serve_webhook(endpoint_a.clone());
-        h.at("2026-01-20T00:00:00Z");
-        h.reconcile("gadgets").await;
-        assert!(ca_bundle(&h).contains("CA1"));
-
-        // The CA rotates; B restarts: its memory is gone, the Secret holds CA2's set.
-        let rotation_b = std::sync::Mutex::new(CaRotation::default());
-        let restarted = refresh(
-            files(2, 2),
-            &rotation_b,
-            &endpoint_b,
-            &client,
-            Some(&record_b),
-            serve_b,
-        )
-        .await
-        .expect("b restarted");
-        assert_eq!(restarted, Rotation::Pending, "the CRD does not trust CA2 yet");
-        assert_eq!(
-            served_by(&log_b),
-            ["serving-1"],
-            "B does not serve CA2's certificate yet"
-        );
-        assert_eq!(
-            endpoint_b.desired_conversion("gadgets").expect("bundle")["webhook"]["clientConfig"]["caBundle"],
-            json!(k8s_openapi::ByteString(
-                format!("{}{}", files(1, 1).ca, files(2, 2).ca).into_bytes()
-            )),
-            "B keeps the CRDs' CA1 (A serves it) and appends CA2"
-        );
-        // A, the leader, sees the new set too: CA2 is appended to the CRD, CA1 kept.
-        refresh(
-            files(2, 2),
-            &rotation_a,
-            &endpoint_a,
-            &client,
-            Some(&record_a),
-            serve_a,
-        )
-        .await
-        .expect("a");
-        h.reconcile("gadgets").await;
-        let bundle = ca_bundle(&h);
-        assert!(bundle.contains("CA1") && bundle.contains("CA2"), "{bundle}");
-
-        // The CRD trusts CA2: B serves it; A still serves CA1 until its next refresh, so B
-        // (were it the leader) keeps CA1 in the bundle.
-        let now_b = refresh(
-            files(2, 2),
-            &rotation_b,
-            &endpoint_b,
-            &client,
-            Some(&record_b),
-            serve_b,
-        )
-        .await
-        .expect("b");
-        assert!(matches!(now_b, Rotation::Serve(_)));
-        let bundle_b =
-            endpoint_b.desired_conversion("gadgets").expect("bundle")["webhook"]["clientConfig"]["caBundle"]
-                .clone();
-        let bundle_b: k8s_openapi::ByteString = serde_json::from_value(bundle_b).expect("base64");
-        assert!(
-            String::from_utf8_lossy(&bundle_b.0).contains("CA1"),
-            "A still serves CA1"
-        );
-
-        // A switches too; now no replica serves CA1, and the leader drops it.
-        refresh(
-            files(2, 2),
-            &rotation_a,
-            &endpoint_a,
-            &client,
-            Some(&record_a),
-            serve_a,
-        )
-        .await
-        .expect("a");
-        refresh(
-            files(2, 2),
-            &rotation_a,
-            &endpoint_a,
-            &client,
-            Some(&record_a),
-            serve_a,
-        )
-        .await
-        .expect("a");
-        assert_eq!(served_by(&log_a), ["serving-1", "serving-2"]);
-        h.reconcile("gadgets").await;
-        let bundle = ca_bundle(&h);
-        assert!(!bundle.contains("CA1") && bundle.contains("CA2"), "{bundle}");
     }
 
     #[tokio::test]

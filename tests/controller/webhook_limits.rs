@@ -7,15 +7,18 @@ use crd_lifecycle::api::VersionPolicy;
 use crd_lifecycle::webhook::{Limits, PolicySource, StaticPolicies};
 use serde_json::{Value, json};
 
+#[path = "../support/conversion_gate.rs"]
+pub(crate) mod conversion_gate;
 #[path = "../support/webhook_client.rs"]
-mod webhook_client;
+pub(crate) mod webhook_client;
+use conversion_gate::{Gate, GatedPolicies};
 use webhook_client::{Client, serve};
 
-const UID: &str = "7ac9d2dc-cd38-4f35-96df-14b1a42c518b";
-const ALPN_AS_THE_APISERVER: &[&[u8]] = &[b"h2", b"http/1.1"];
+pub(crate) const UID: &str = "7ac9d2dc-cd38-4f35-96df-14b1a42c518b";
+pub(crate) const ALPN_AS_THE_APISERVER: &[&[u8]] = &[b"h2", b"http/1.1"];
 
 /// A two-version policy `things` whose `spec.value` changes with `upgrade` / `downgrade`.
-fn policy_changing(upgrade: &str, downgrade: &str) -> Arc<dyn PolicySource> {
+pub(crate) fn policy_changing(upgrade: &str, downgrade: &str) -> Arc<dyn PolicySource> {
     let text = format!(
         r#"
 apiVersion: crdlifecycle.io/v1alpha1
@@ -37,12 +40,12 @@ spec:
     Arc::new(StaticPolicies::new(vec![policy]))
 }
 
-fn thing(name: &str, value: Value) -> Value {
+pub(crate) fn thing(name: &str, value: Value) -> Value {
     json!({"apiVersion": "example.com/v1", "kind": "Thing",
            "metadata": {"name": name, "namespace": "ns1"}, "spec": {"value": value}})
 }
 
-fn review(objects: Vec<Value>) -> Vec<u8> {
+pub(crate) fn review(objects: Vec<Value>) -> Vec<u8> {
     serde_json::to_vec(
         &json!({"kind": "ConversionReview", "apiVersion": "apiextensions.k8s.io/v1",
         "request": {"uid": UID, "desiredAPIVersion": "example.com/v2", "objects": objects}}),
@@ -50,12 +53,12 @@ fn review(objects: Vec<Value>) -> Vec<u8> {
     .expect("json")
 }
 
-async fn post(client: &mut Client, body: Vec<u8>) -> (u16, Value) {
+pub(crate) async fn post(client: &mut Client, body: Vec<u8>) -> (u16, Value) {
     let (code, body) = client.post("/convert/things", body).await;
     (code, serde_json::from_slice(&body).expect("a JSON answer"))
 }
 
-fn message(reply: &Value) -> &str {
+pub(crate) fn message(reply: &Value) -> &str {
     reply["response"]["result"]["message"]
         .as_str()
         .unwrap_or_default()
@@ -204,35 +207,41 @@ async fn a_bomb_object_is_bounded_and_linear_expressions_stay_cheap() {
 
 /// On a runtime with a single worker thread, a conversion that ran on it would hold every
 /// other request until it finished. Conversions with expressions run on the blocking pool
-/// instead (one per core), so health and small reviews are answered while reviews that
-/// spend their whole budget are still running.
+/// instead (one per core), so health, readiness and small reviews are answered while every
+/// one of those slots holds a review that spends its whole budget. The reviews wait at a
+/// gate until the test has its answers, so nothing races: were a conversion run on the
+/// runtime's thread, the gate would hold that thread and no answer would come before the
+/// bombs'.
 #[tokio::test(flavor = "current_thread")]
 async fn health_answers_while_reviews_spend_their_whole_budget() {
-    let served = serve(
-        policy_changing("self.map(x, self.join(','))", "self"),
-        Limits::default(),
-    )
-    .await;
+    let gate = Arc::new(Gate::default());
+    let policies = GatedPolicies {
+        policies: policy_changing("self.map(x, self.join(','))", "self"),
+        gate: gate.clone(),
+    };
+    let served = serve(Arc::new(policies), Limits::default()).await;
+    let slots = std::thread::available_parallelism().map_or(2, usize::from).max(2);
     let words: Vec<String> = vec!["w".repeat(1_000); 1_000];
     let mut bombs = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..slots + 2 {
         let mut client = Client::connect(&served, ALPN_AS_THE_APISERVER).await;
-        let body = review(vec![thing("bomb", json!(words))]);
+        let body = review(vec![thing("held-bomb", json!(words))]);
         bombs.push(tokio::spawn(async move { post(&mut client, body).await }));
     }
-    // Let every bomb reach the webhook first.
-    for _ in 0..50 {
-        tokio::task::yield_now().await;
-    }
+    // Every conversion slot holds a bomb; two more wait for a slot.
+    gate.arrived(slots).await;
     let mut client = Client::connect(&served, ALPN_AS_THE_APISERVER).await;
     let (code, body) = client.get("/healthz").await;
+    assert_eq!((code, &body[..]), (200, &b"ok\n"[..]));
+    let (code, body) = client.get("/readyz").await;
     assert_eq!((code, &body[..]), (200, &b"ok\n"[..]));
     let (_, reply) = post(&mut client, review(vec![thing("fine", json!(["a"]))])).await;
     assert_eq!(reply["response"]["result"]["status"], "Success");
     assert!(
-        bombs.iter().any(|bomb| !bomb.is_finished()),
-        "health and a small review were answered while the bombs still ran"
+        bombs.iter().all(|bomb| !bomb.is_finished()),
+        "health and a small review were answered while every bomb still ran"
     );
+    gate.open();
     for bomb in bombs {
         let (_, reply) = bomb.await.expect("answered");
         assert!(

@@ -24,6 +24,9 @@ mod proxy;
 mod replicas;
 mod scenarios;
 mod soak;
+#[path = "../support/webhook_client.rs"]
+mod webhook_client;
+mod webhook_rollout;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -49,6 +52,9 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     }),
     ("builtin_migration", |env| {
         Box::pin(builtin_migration::builtin_migration(env))
+    }),
+    ("webhook_rollout", |env| {
+        Box::pin(webhook_rollout::webhook_rollout(env))
     }),
     ("leader_cut_off", |env| Box::pin(leader::leader_cut_off(env))),
     ("soak", |env| Box::pin(soak::soak(env))),

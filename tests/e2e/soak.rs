@@ -870,6 +870,10 @@ struct Replicas {
     metrics_ports: Vec<u16>,
     /// (identity, how it exited, whether its log says it lost leadership: the designed exit).
     exits: Vec<(String, String, bool)>,
+    /// Conversions each replica (slot) answered over the whole soak, across its restarts,
+    /// and the count its current process last reported.
+    served: Vec<(u64, u64)>,
+    scraped_at: Option<Instant>,
 }
 
 impl Replicas {
@@ -887,10 +891,27 @@ impl Replicas {
         Ok(())
     }
 
+    /// Adds what each replica's process answered since the last scrape (its counter starts
+    /// again at 0 with each process).
+    async fn scrape(&mut self) {
+        if self.scraped_at.is_some_and(|at| at.elapsed() < Duration::from_secs(2)) {
+            return;
+        }
+        self.scraped_at = Some(Instant::now());
+        self.served.resize(self.metrics_ports.len(), (0, 0));
+        for (slot, port) in self.metrics_ports.iter().enumerate() {
+            let now = reviews_served(*port).await;
+            let (total, last) = &mut self.served[slot];
+            *total += if now >= *last { now - *last } else { now };
+            *last = now;
+        }
+    }
+
     /// Supervises until `until`.
     async fn supervise_until(&mut self, until: Instant) -> Result<(), String> {
         while Instant::now() < until {
             self.supervise()?;
+            self.scrape().await;
             tokio::time::sleep(Duration::from_millis(250).min(until.saturating_duration_since(Instant::now()))).await;
         }
         Ok(())
@@ -954,6 +975,8 @@ async fn run(env: &Env) -> Outcome {
         replicas: Vec::new(),
         metrics_ports: Vec::new(),
         exits: Vec::new(),
+        served: Vec::new(),
+        scraped_at: None,
     };
     let replica_args = |port: u16, metrics: u16| {
         vec![
@@ -962,6 +985,9 @@ async fn run(env: &Env) -> Outcome {
             format!("--metrics-addr=127.0.0.1:{metrics}"),
             "--resync=30s".to_owned(),
             format!("--webhook-port={port}"),
+            // Short, so that the apiserver's connections (HTTP/2, one at a time) move between
+            // the replicas within the soak, as the default 5 minutes does over a day.
+            "--webhook-max-connection-age=20s".to_owned(),
             format!("--webhook-url=https://{host}:{}", balancer.port),
             format!("--webhook-secret={}-soak-webhook", env.run_id),
             format!("--webhook-cert-file={}", certs.join("tls.crt").display()),
@@ -1285,13 +1311,14 @@ async fn run(env: &Env) -> Outcome {
             }
         }
     }
-    // Both replicas converted: the apiserver's connections spread over them.
-    let mut served = Vec::new();
-    for port in &replicas.metrics_ports {
-        served.push(reviews_served(*port).await);
+    // Both replicas converted: the apiserver's connections moved between them.
+    replicas.scraped_at = None;
+    replicas.scrape().await;
+    let served: Vec<u64> = replicas.served.iter().map(|(total, _)| *total).collect();
+    println!("e2e: soak: conversions answered by each replica: {served:?}");
+    if served.iter().any(|n| *n == 0) {
+        soak.problem(format!("spread: a replica answered no conversion: {served:?}"));
     }
-    // Only the replicas' own restarts count (a count starts again with each process).
-    println!("e2e: soak: conversions served by each replica since its last start: {served:?}");
     for (identity, status, lease_lost) in &replicas.exits {
         if !lease_lost {
             soak.problem(format!("exit: replica {identity} exited by itself ({status}) without losing its lease"));

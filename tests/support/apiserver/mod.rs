@@ -111,6 +111,9 @@ pub struct State {
     /// the way back: the write has happened when the client learns of it).
     pub lease_answer_delay: std::time::Duration,
     pub secrets: BTreeMap<String, Value>,
+    /// How many of the next requests to Secrets, by method (`GET`, `PUT`), are refused as
+    /// RBAC refuses a user without the grant (see `forbidden_secret`).
+    pub secrets_forbidden: BTreeMap<String, usize>,
     pub requests: Vec<Recorded>,
     resource_version: u64,
     /// Run just before the next CRD patch is applied: another writer racing us.
@@ -685,6 +688,14 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
         ("POST", ["apis", "coordination.k8s.io", "v1", "namespaces", _, "leases"]) => {
             create_lease(state, body)
         }
+        (method @ ("GET" | "PUT"), ["api", "v1", "namespaces", namespace, "secrets", name])
+            if state.secrets_forbidden.get(method).is_some_and(|n| *n > 0) =>
+        {
+            if let Some(n) = state.secrets_forbidden.get_mut(method) {
+                *n -= 1;
+            }
+            forbidden_secret(method, namespace, name)
+        }
         ("GET", ["api", "v1", "namespaces", _, "secrets", name]) => match state.secrets.get(*name) {
             Some(secret) => (200, secret.clone()),
             None => not_found("secrets", name),
@@ -781,6 +792,23 @@ pub(super) fn create_named(
     body["metadata"]["resourceVersion"] = state.next_resource_version().into();
     store(state).insert(name, body.clone());
     (201, body)
+}
+
+/// A Secret request RBAC refuses: 403 Forbidden naming the verb
+/// (tests/fixtures/apiserver/secret-get-forbidden.txt, secret-put-forbidden.txt, recorded
+/// from kube-apiserver v1.36.2).
+fn forbidden_secret(method: &str, namespace: &str, name: &str) -> (u16, Value) {
+    let verb = if method == "PUT" { "update" } else { "get" };
+    let mut body = status_body(
+        403,
+        "Forbidden",
+        &format!(
+            "secrets \"{name}\" is forbidden: User \"system:serviceaccount:crd-lifecycle:crd-lifecycle\" \
+             cannot {verb} resource \"secrets\" in API group \"\" in the namespace \"{namespace}\""
+        ),
+    );
+    body["details"] = json!({"name": name, "kind": "secrets"});
+    (403, body)
 }
 
 pub(super) fn not_found(resource: &str, name: &str) -> (u16, Value) {
