@@ -127,6 +127,20 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_stored_version_in_the_apiservers_words() {
+        // Recorded from kube-apiserver v1.36.2.
+        let recorded =
+            include_str!("../../tests/fixtures/apiserver/crd-remove-stored-version-rejected-v1.36.txt");
+        let words = stored_version_rejection(0, "v1beta1", Some((1, 36)));
+        assert!(recorded.contains(&words.replace('"', "\\\"")), "{words}");
+        // apiserver-samples/04, from v1.21.
+        assert_eq!(
+            stored_version_rejection(0, "v1alpha1", Some((1, 21))),
+            "status.storedVersions[0]: Invalid value: \"v1alpha1\": must appear in spec.versions"
+        );
+    }
+
+    #[test]
     fn printable_means_go_is_print() {
         for accepted in [
             "use v1 instead",

@@ -13,8 +13,10 @@
 //! run id and is deleted afterwards, on success and on failure.
 
 mod builtin_migration;
+mod check;
 mod control_plane;
 mod env;
+mod examples;
 #[path = "../support/flags.rs"]
 mod flags;
 mod least_privilege;
@@ -44,6 +46,17 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     }),
     ("builtin_migration", |env| {
         Box::pin(builtin_migration::builtin_migration(env))
+    }),
+    ("check_flux_upgrade", |env| Box::pin(check::flux_upgrade(env))),
+    ("check_rollback", |env| Box::pin(check::rollback(env))),
+    ("check_writer_unserved", |env| {
+        Box::pin(check::writer_unserved(env))
+    }),
+    ("check_schema_tightens", |env| {
+        Box::pin(check::schema_tightens(env))
+    }),
+    ("check_least_privilege", |env| {
+        Box::pin(check::least_privilege(env))
     }),
 ];
 
