@@ -162,11 +162,7 @@ async fn migrate_into(
         mode: Mode::Rewrite,
         ..settings.clone()
     };
-    let display = observer.migrator(crd);
-    let report = migrate::migrate(client, crd, &settings, display.as_ref())
-        .await
-        .map_err(|e| e.to_string())?;
-    drop(display);
+    let report = run_migrator(client, crd, &settings, observer).await?;
     if report.target.storage_version != into {
         return Err(format!(
             "the storage version of {crd} is {} now, not {into}: it changed meanwhile; check again",
@@ -196,15 +192,24 @@ async fn clean(
         },
         ..settings.clone()
     };
-    let display = observer.migrator(crd);
-    let report = migrate::migrate(client, crd, &settings, display.as_ref())
-        .await
-        .map_err(|e| e.to_string())?;
-    drop(display);
+    let report = run_migrator(client, crd, &settings, observer).await?;
     match report.outcome {
         Outcome::ManagedFieldsCleaned => Ok(report.summary()),
         _ => Err(failure(&report)),
     }
+}
+
+/// One run of the migrator with the observer's display (cleared when it ends).
+async fn run_migrator(
+    client: &Client,
+    crd: &str,
+    settings: &migrate::Settings,
+    observer: &dyn FixObserver,
+) -> Result<migrate::Report, String> {
+    let display = observer.migrator(crd);
+    migrate::migrate(client, crd, settings, display.as_ref())
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// The summary and the first failures of a run that did not finish.

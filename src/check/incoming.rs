@@ -69,7 +69,8 @@ pub fn read(paths: &[String]) -> Result<Incoming, Error> {
         }
     }
     if incoming.crds.is_empty() {
-        return Err(Error::NoCrd(paths.join(", ")));
+        let origins: Vec<String> = paths.iter().map(|p| manifest::origin_of(p)).collect();
+        return Err(Error::NoCrd(origins.join(", ")));
     }
     // The same CRD twice: the later document wins when applied, so only it is checked.
     let mut seen = std::collections::BTreeSet::new();

@@ -332,13 +332,33 @@ fn finding_row(check: &CrdCheck, finding: &super::findings::Finding) -> Vec<Stri
     ]
 }
 
+/// Wraps Markdown text at 80 columns (the docs' lint), continuation lines indented by
+/// `indent`; a word longer than a line stays whole.
+fn wrap(text: &str, indent: usize) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > 80 {
+            out.push_str(line.trim_end());
+            out.push('\n');
+            line = " ".repeat(indent);
+        } else if !line.is_empty() && !line.ends_with(' ') {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    out.push_str(line.trim_end());
+    out.push('\n');
+    out
+}
+
 /// A cell's text in a Markdown table.
 fn cell(text: &str) -> String {
     text.replace('|', "\\|").replace('\n', " ")
 }
 
 fn markdown(report: &Report) -> String {
-    let mut out = String::from("## crd-lifecycle check\n\n");
+    let mut out = String::from("# crd-lifecycle check\n\n");
     let s = &report.summary;
     let verdict = if s.unchecked > 0 {
         "**Could not check everything.**"
@@ -349,7 +369,7 @@ fn markdown(report: &Report) -> String {
     } else {
         "Nothing blocks this upgrade."
     };
-    out.push_str(&format!("{verdict} {}.\n", report.summary_line()));
+    out.push_str(&wrap(&format!("{verdict} {}.", report.summary_line()), 0));
     let names = report.crd_names();
     if !names.is_empty() {
         out.push_str("\n| CRD |");
@@ -371,10 +391,10 @@ fn markdown(report: &Report) -> String {
     }
     for cluster in &report.clusters {
         if let Some(error) = &cluster.error {
-            out.push_str(&format!(
-                "\n### {}\n\nCould not check this cluster: {}\n",
-                cluster.label(),
-                cell(error)
+            out.push_str(&format!("\n## {}\n\n", cluster.label()));
+            out.push_str(&wrap(
+                &format!("Could not check this cluster: {}", cell(error)),
+                0,
             ));
             continue;
         }
@@ -383,7 +403,7 @@ fn markdown(report: &Report) -> String {
             if check.findings.is_empty() && check.unchecked.is_empty() && fix.is_none() {
                 continue;
             }
-            out.push_str(&format!("\n### `{}` on {}\n\n", check.name, cluster.label()));
+            out.push_str(&format!("\n## `{}` on {}\n\n", check.name, cluster.label()));
             for finding in &check.findings {
                 let severity = match finding.severity {
                     Severity::Rejected => "Rejected",
@@ -395,24 +415,31 @@ fn markdown(report: &Report) -> String {
                     .as_deref()
                     .map(|v| format!(" `{v}`"))
                     .unwrap_or_default();
-                out.push_str(&format!(
-                    "- **{severity}** {}{version}: {}\n",
-                    finding.kind,
-                    cell(&finding.message)
+                out.push_str(&wrap(
+                    &format!(
+                        "- **{severity}** {}{version}: {}",
+                        finding.kind,
+                        cell(&finding.message)
+                    ),
+                    2,
                 ));
             }
             for reason in &check.unchecked {
-                out.push_str(&format!("- **Not checked**: {}\n", cell(reason)));
+                out.push_str(&wrap(&format!("- **Not checked**: {}", cell(reason)), 2));
             }
             if let Some(fix) = fix {
                 for refusal in &fix.plan.refusals {
-                    out.push_str(&format!("- **Not fixed**: {}\n", cell(refusal)));
+                    out.push_str(&wrap(&format!("- **Not fixed**: {}", cell(refusal)), 2));
                 }
                 for result in &fix.results {
-                    out.push_str(&format!(
-                        "- **{}**: {}\n",
-                        if result.done { "Fixed" } else { "Not fixed" },
-                        cell(&result.message)
+                    out.push_str(&wrap(
+                        &format!(
+                            "- **{}** {}: {}",
+                            if result.done { "Fixed" } else { "Not fixed" },
+                            result.step.label(),
+                            cell(&result.message)
+                        ),
+                        2,
                     ));
                 }
             }

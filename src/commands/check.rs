@@ -40,7 +40,7 @@ pub async fn run(args: CheckArgs) -> Result<(), CommandError> {
             Err(error) => ClusterReport {
                 context,
                 server_version: None,
-                error: Some(format!("cluster unreachable: {error}")),
+                error: Some(format!("cannot use this context: {error}")),
                 crds: Vec::new(),
                 fixes: Vec::new(),
             },

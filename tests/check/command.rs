@@ -493,7 +493,7 @@ async fn the_binary_reports_in_every_format_and_exits_by_outcome() {
     .expect("runs");
     let markdown = String::from_utf8_lossy(&output.stdout);
     assert!(
-        markdown.starts_with("## crd-lifecycle check\n\n**The apiserver would refuse this upgrade.**"),
+        markdown.starts_with("# crd-lifecycle check\n\n**The apiserver would refuse this upgrade.**"),
         "{markdown}"
     );
     assert!(
@@ -504,6 +504,7 @@ async fn the_binary_reports_in_every_format_and_exits_by_outcome() {
         markdown.contains("- **Rejected** StoredVersionMissing `v1beta1`: "),
         "{markdown}"
     );
+    lint_markdown(&markdown);
 
     // --fix: progress lines per CRD on stderr (not a terminal), then clean: exit 0.
     let output = tokio::task::spawn_blocking({
@@ -555,4 +556,29 @@ async fn the_binary_reports_in_every_format_and_exits_by_outcome() {
         "{stdout}"
     );
     server.abort();
+}
+
+/// The pull-request comment passes the Markdown lint CI runs on the docs (pymarkdownlnt,
+/// which .ci/run installs); where it is not installed, says so.
+fn lint_markdown(markdown: &str) {
+    let file = tempfile_path::write(markdown);
+    let page = file.0.with_extension("md");
+    std::fs::copy(&file.0, &page).expect("copy");
+    let output = std::process::Command::new("python3")
+        .args(["-m", "pymarkdown", "scan"])
+        .arg(&page)
+        .output();
+    let _ = std::fs::remove_file(&page);
+    match output {
+        Ok(output) if String::from_utf8_lossy(&output.stderr).contains("No module named pymarkdown") => {
+            eprintln!("pymarkdownlnt is not installed: the comment's Markdown lint is not checked");
+        }
+        Ok(output) => assert!(
+            output.status.success(),
+            "{}{}\n{markdown}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+        Err(error) => eprintln!("no python3 ({error}): the comment's Markdown lint is not checked"),
+    }
 }
