@@ -17,17 +17,23 @@ schemas=(1.25.0 1.37.0)
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-for variant in "${variants[@]}"; do
-  rendered="$work/$(echo "$variant" | tr / _).yaml"
-  kubectl kustomize "$variant" > "$rendered"
+# Validates a rendered file against every schema version. Unknown kinds (ServiceMonitor,
+# PrometheusRule, Flux's Kustomization) are a warning, not an error.
+validate() {
+  local rendered="$1" name="$2" version output
   for version in "${schemas[@]}"; do
-    # Unknown kinds (ServiceMonitor, PrometheusRule) are a warning, not an error.
     if ! output="$(python3 -m kubernetes_validate --strict --quiet -k "$version" "$rendered" 2>&1)"; then
       echo "$output" >&2
-      echo "$variant does not validate against Kubernetes $version" >&2
+      echo "$name does not validate against Kubernetes $version" >&2
       exit 1
     fi
   done
+}
+
+for variant in "${variants[@]}"; do
+  rendered="$work/$(echo "$variant" | tr / _).yaml"
+  kubectl kustomize "$variant" > "$rendered"
+  validate "$rendered" "$variant"
   # Least privilege: no wildcard in any rule of any Role or ClusterRole.
   python3 - "$rendered" <<'EOF'
 import sys, yaml
@@ -83,14 +89,7 @@ list(yaml.safe_load_all(rendered))
 open(out, "w").write(rendered)
 PY
 for rendered in "$work"/upgrades-*.yaml; do
-  for version in "${schemas[@]}"; do
-    # Flux's and Argo CD's kinds have no schema there: a warning, not an error.
-    if ! output="$(python3 -m kubernetes_validate --strict --quiet -k "$version" "$rendered" 2>&1)"; then
-      echo "$output" >&2
-      echo "$rendered does not validate against Kubernetes $version" >&2
-      exit 1
-    fi
-  done
+  validate "$rendered" "$(basename "$rendered")"
 done
 python3 - "$work" "$upgrades" <<'PY'
 import sys, yaml
