@@ -17,17 +17,23 @@ schemas=(1.25.0 1.37.0)
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-for variant in "${variants[@]}"; do
-  rendered="$work/$(echo "$variant" | tr / _).yaml"
-  kubectl kustomize "$variant" > "$rendered"
+# Validates a rendered file against every schema version. Unknown kinds (ServiceMonitor,
+# PrometheusRule, Flux's Kustomization) are a warning, not an error.
+validate() {
+  local rendered="$1" name="$2" version output
   for version in "${schemas[@]}"; do
-    # Unknown kinds (ServiceMonitor, PrometheusRule) are a warning, not an error.
     if ! output="$(python3 -m kubernetes_validate --strict --quiet -k "$version" "$rendered" 2>&1)"; then
       echo "$output" >&2
-      echo "$variant does not validate against Kubernetes $version" >&2
+      echo "$name does not validate against Kubernetes $version" >&2
       exit 1
     fi
   done
+}
+
+for variant in "${variants[@]}"; do
+  rendered="$work/$(echo "$variant" | tr / _).yaml"
+  kubectl kustomize "$variant" > "$rendered"
+  validate "$rendered" "$variant"
   # Least privilege: no wildcard in any rule of any Role or ClusterRole.
   python3 - "$rendered" <<'EOF'
 import sys, yaml
@@ -45,6 +51,81 @@ EOF
   kinds="$(grep -c '^kind:' "$rendered")"
   echo "$variant: $kinds objects render and validate (Kubernetes ${schemas[*]}); no wildcard RBAC"
 done
+
+# The upgrade examples (examples/upgrades/, README "Before an upgrade"): the Argo CD PreSync
+# hook and the Flux check render with kustomize; the Helm chart's templates are rendered by
+# the few template expressions they use (Helm is not installed here: .Release.Name,
+# .Release.Namespace, .Files.Get and .Files.Glob(...).AsConfig | indent, and nothing else);
+# the CI step's read-only role. Each validates like the install variants, with no wildcard
+# RBAC; the Helm hook's ClusterRole grants exactly the base's (the one tests/e2e/check.rs runs
+# `check --fix` as), and the Flux release dependsOn the check.
+upgrades=examples/upgrades
+kubectl kustomize "$upgrades/argocd" > "$work/upgrades-argocd.yaml"
+kubectl kustomize "$upgrades/flux/check" > "$work/upgrades-flux-check.yaml"
+cp "$upgrades/ci/readonly-rbac.yaml" "$work/upgrades-ci.yaml"
+python3 - "$upgrades/helm" "$work/upgrades-helm.yaml" <<'PY'
+import glob, os, re, sys, yaml
+chart, out = sys.argv[1], sys.argv[2]
+release = {"Name": "widgets", "Namespace": "widgets-system"}
+def files_get(path):
+    return open(os.path.join(chart, path)).read()
+def as_config(pattern, indent):
+    paths = sorted(glob.glob(os.path.join(chart, pattern)))
+    assert paths, f"no file matches {pattern}"
+    text = yaml.safe_dump({os.path.basename(p): open(p).read() for p in paths}, default_style="|", sort_keys=True)
+    return "\n".join(" " * indent + line for line in text.rstrip("\n").split("\n"))
+def render(text):
+    text = re.sub(r"\{\{-?\s*/\*.*?\*/\s*-?\}\}\n?", "", text, flags=re.S)
+    text = re.sub(r'\{\{\s*\(\.Files\.Glob "([^"]+)"\)\.AsConfig \| indent (\d+)\s*\}\}',
+                  lambda m: as_config(m.group(1), int(m.group(2))), text)
+    text = re.sub(r'\{\{\s*\.Files\.Get "([^"]+)"\s*\}\}', lambda m: files_get(m.group(1)), text)
+    text = re.sub(r"\{\{\s*\.Release\.(Name|Namespace)\s*\}\}", lambda m: release[m.group(1)], text)
+    left = re.findall(r"\{\{.*?\}\}", text)
+    assert not left, f"template expressions this check does not render: {left}"
+    return text
+docs = [render(open(p).read()) for p in sorted(glob.glob(os.path.join(chart, "templates", "*.yaml")))]
+rendered = "\n---\n".join(docs)
+list(yaml.safe_load_all(rendered))
+open(out, "w").write(rendered)
+PY
+for rendered in "$work"/upgrades-*.yaml; do
+  validate "$rendered" "$(basename "$rendered")"
+done
+python3 - "$work" "$upgrades" <<'PY'
+import sys, yaml
+work, upgrades = sys.argv[1], sys.argv[2]
+def docs(path):
+    return [d for d in yaml.safe_load_all(open(path)) if d]
+def rules(path):
+    roles = [d for d in docs(path) if d["kind"] == "ClusterRole"]
+    assert len(roles) == 1, f"{path}: {len(roles)} ClusterRoles"
+    return roles[0]["rules"]
+for name in ("argocd", "flux-check", "helm", "ci"):
+    for doc in docs(f"{work}/upgrades-{name}.yaml"):
+        for rule in doc.get("rules") or []:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert not any("*" in v for v in rule.get(field) or []), f"{name}: wildcard in {doc['metadata']['name']}"
+base = rules(f"{upgrades}/base/rbac.yaml")
+assert rules(f"{work}/upgrades-helm.yaml") == base, "the Helm hook's ClusterRole differs from examples/upgrades/base/rbac.yaml"
+helm = docs(f"{work}/upgrades-helm.yaml")
+job = next(d for d in helm if d["kind"] == "Job")
+assert "pre-upgrade" in job["metadata"]["annotations"]["helm.sh/hook"]
+assert job["spec"]["template"]["spec"]["containers"][0]["args"][:2] == ["check", "--fix"]
+crds = next(d for d in helm if d["kind"] == "ConfigMap")
+assert set(crds["data"]) == {"widgets.yaml"}, crds["data"].keys()
+assert yaml.safe_load(crds["data"]["widgets.yaml"])["kind"] == "CustomResourceDefinition"
+argo = docs(f"{work}/upgrades-argocd.yaml")
+assert all(d["metadata"]["annotations"]["argocd.argoproj.io/hook"] == "PreSync" for d in argo)
+assert next(d for d in argo if d["kind"] == "Job")["metadata"]["annotations"]["argocd.argoproj.io/sync-wave"] == "0"
+flux = {d["metadata"]["name"]: d for d in docs(f"{upgrades}/flux/kustomizations.yaml")}
+check = flux["widgets-upgrade-check"]["spec"]
+assert check["wait"] and check["path"] == f"./{upgrades}/flux/check", check
+assert {"name": "widgets-upgrade-check"} in flux["widgets"]["spec"]["dependsOn"]
+ci = yaml.safe_load(open(f"{upgrades}/ci/pull-request.yaml"))
+script = "\n".join(step.get("run", "") for step in ci["jobs"]["check"]["steps"])
+assert "check -f rendered.yaml" in script and "-o markdown" in script, script
+print("upgrade examples: Argo CD, Flux, Helm and CI render and validate; no wildcard RBAC; the Helm hook's role is the base's")
+PY
 
 # The alerts: the PrometheusRule's spec is a Prometheus rule file.
 monitoring="deploy/components/monitoring"

@@ -58,6 +58,12 @@ pub enum Command {
     /// invalid group/version"): rewrite those entries into the storage version (exit 0 when
     /// every object is clean, 1 on failures, 2 on bad arguments).
     RepairManagedFields(RepairArgs),
+    /// Check incoming CRDs (a rendered chart, a release's manifests) against live clusters
+    /// before an upgrade: what the apiserver would refuse, what would break clients or data,
+    /// and what changes (exit 0 clean, 1 rejected or breaking, 2 could not check). `--fix`
+    /// does exactly what unblocks them: migrates objects, trims storedVersions, cleans
+    /// managedFields, moves a storage version back for a rollback.
+    Check(CheckArgs),
     /// Print the ClusterRole the operator needs on a governed CRD's objects, labelled
     /// crdlifecycle.io/aggregate-to-migrator so that the operator's migrator role
     /// aggregates it (`| kubectl apply -f -`).
@@ -93,6 +99,55 @@ pub enum AuditOutput {
     Table,
     Json,
     Markdown,
+}
+
+/// Arguments of `crd-lifecycle check`.
+#[derive(Args, Debug, Clone)]
+pub struct CheckArgs {
+    /// The incoming manifests: files, directories (their .yaml, .yml and .json files) or `-`
+    /// for stdin (repeatable); documents that are not CRDs are skipped.
+    #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
+    pub files: Vec<String>,
+
+    /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+
+    /// Check against this kubeconfig context (repeatable); default: the current context.
+    #[arg(long, value_name = "NAME", conflicts_with = "all_contexts")]
+    pub context: Vec<String>,
+
+    /// Check against every context of the kubeconfig: one section per cluster, then a
+    /// summary table of clusters × CRDs.
+    #[arg(long)]
+    pub all_contexts: bool,
+
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = AuditOutput::Table)]
+    pub output: AuditOutput,
+
+    /// Do what unblocks the incoming CRDs, then check again: migrate objects into the
+    /// storage version and trim storedVersions, remove managedFields entries naming versions
+    /// they drop, move the storage version back for a rollback. Refuses (exit 1) what it
+    /// cannot do safely.
+    #[arg(long)]
+    pub fix: bool,
+
+    /// A field manager that wrote through a version the incoming CRDs stop serving within
+    /// this long is an active writer (breaking; --fix refuses).
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_window)]
+    pub writers_window: Duration,
+
+    /// Objects that fail the incoming schema named per CRD (all are counted).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub max_objects: usize,
+
+    /// CRDs read at once.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub parallel_crds: u32,
+
+    #[command(flatten)]
+    pub pacing: PacingArgs,
 }
 
 /// Arguments of `crd-lifecycle adopt`.
@@ -230,7 +285,8 @@ pub struct RepairArgs {
     pub pacing: PacingArgs,
 }
 
-/// How fast `migrate` and `repair-managed-fields` go, and how long they wait for an answer.
+/// How fast `migrate`, `repair-managed-fields` and `check` go, and how long they wait for an
+/// answer.
 #[derive(Args, Debug, Clone)]
 pub struct PacingArgs {
     /// Requests in flight at once.
@@ -515,6 +571,15 @@ pub fn parse_instant(text: &str) -> Result<Timestamp, String> {
     }
     text.parse()
         .map_err(|e| format!("{text:?} is not an RFC 3339 instant such as 2026-03-15T00:00:00Z: {e}"))
+}
+
+/// Parses a writers window: a milestone-style duration (`24h`, `7d`), at least a second.
+pub fn parse_window(text: &str) -> Result<Duration, String> {
+    let duration = crd_lifecycle::lifecycle::parse_duration(text)?;
+    match u64::try_from(duration.as_secs()) {
+        Ok(seconds) if seconds >= 1 => Ok(Duration::from_secs(seconds)),
+        _ => Err(format!("{text:?} must be at least 1s")),
+    }
 }
 
 /// Parses a resync period: a milestone-style duration between 1s and 10m.

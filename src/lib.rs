@@ -3,6 +3,7 @@
 pub mod adopt;
 pub mod api;
 pub mod audit;
+pub mod check;
 pub mod controller;
 pub mod conversion;
 pub mod conversion_test;

@@ -40,7 +40,7 @@ pub async fn repair(args: RepairArgs) -> Result<(), CommandError> {
 }
 
 /// The settings every run of the migrator takes from the command line.
-fn pacing(args: &PacingArgs) -> migrate::Settings {
+pub(super) fn pacing(args: &PacingArgs) -> migrate::Settings {
     migrate::Settings {
         concurrency: usize::try_from(args.concurrency).unwrap_or(16),
         page_size: args.page_size,

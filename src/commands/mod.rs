@@ -3,6 +3,7 @@
 
 mod adopt;
 mod audit;
+mod check;
 mod convert;
 mod migrate;
 mod plan;
@@ -70,6 +71,7 @@ pub fn dispatch(cli: Cli) -> Result<(), CommandError> {
             init_logging(cli.log_format);
             block_on(migrate::migrate(args))
         }
+        Command::Check(args) => block_on(check::run(args)),
         Command::Rbac(args) => rbac::run(&args),
         Command::RepairManagedFields(args) => {
             init_logging(cli.log_format);

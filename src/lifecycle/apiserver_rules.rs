@@ -56,17 +56,10 @@ pub fn violations(crd: &CustomResourceDefinition) -> Vec<String> {
             "spec.versions: must have exactly one version marked as storage version (has {storage})"
         ));
     }
-    let stored = crd
-        .status
-        .as_ref()
-        .and_then(|s| s.stored_versions.as_deref())
-        .unwrap_or_default();
-    for (i, name) in stored.iter().enumerate() {
-        if !versions.iter().any(|v| v.name == *name) {
-            found.push(format!(
-                "status.storedVersions[{i}]: {name} must appear in spec.versions"
-            ));
-        }
+    for (i, name) in missing_stored_versions(crd) {
+        found.push(format!(
+            "status.storedVersions[{i}]: {name} must appear in spec.versions"
+        ));
     }
     for (i, version) in versions.iter().enumerate() {
         if let Some(warning) = &version.deprecation_warning
@@ -76,6 +69,37 @@ pub fn violations(crd: &CustomResourceDefinition) -> Vec<String> {
         }
     }
     found
+}
+
+/// The `status.storedVersions` entries (index, version) missing from `spec.versions`: the
+/// apiserver refuses such a CRD (sample 04).
+pub fn missing_stored_versions(crd: &CustomResourceDefinition) -> Vec<(usize, String)> {
+    crd.status
+        .as_ref()
+        .and_then(|s| s.stored_versions.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .filter(|(_, name)| !crd.spec.versions.iter().any(|v| v.name == **name))
+        .map(|(i, name)| (i, name.clone()))
+        .collect()
+}
+
+/// The apiserver's own words for a stored version missing from `spec.versions`, as the
+/// server of version `(major, minor)` says them: v1.21 (sample 04) "must appear in
+/// spec.versions"; v1.36 (`tests/fixtures/apiserver/crd-remove-stored-version-rejected-v1.36.txt`,
+/// recorded from kube-apiserver v1.36.2) explains the storage migration. Servers between the
+/// two recorded ones get the newer wording.
+pub fn stored_version_rejection(index: usize, version: &str, server: Option<(u32, u32)>) -> String {
+    let value = format!("status.storedVersions[{index}]: Invalid value: \"{version}\"");
+    match server {
+        Some((1, minor)) if minor <= 21 => format!("{value}: must appear in spec.versions"),
+        _ => format!(
+            "{value}: missing from spec.versions; {version} was previously a storage version, and must remain in \
+             spec.versions until a storage migration ensures no data remains persisted in {version} and removes \
+             {version} from status.storedVersions"
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -99,6 +123,20 @@ mod tests {
         assert_eq!(
             check_deprecation_warning("use\u{a0}v1").expect_err("nbsp"),
             "must only contain printable UTF-8 characters; non-printable character U+00A0 found at index 3"
+        );
+    }
+
+    #[test]
+    fn a_missing_stored_version_in_the_apiservers_words() {
+        // Recorded from kube-apiserver v1.36.2.
+        let recorded =
+            include_str!("../../tests/fixtures/apiserver/crd-remove-stored-version-rejected-v1.36.txt");
+        let words = stored_version_rejection(0, "v1beta1", Some((1, 36)));
+        assert!(recorded.contains(&words.replace('"', "\\\"")), "{words}");
+        // apiserver-samples/04, from v1.21.
+        assert_eq!(
+            stored_version_rejection(0, "v1alpha1", Some((1, 21))),
+            "status.storedVersions[0]: Invalid value: \"v1alpha1\": must appear in spec.versions"
         );
     }
 

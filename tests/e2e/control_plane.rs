@@ -19,8 +19,6 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::replicas::DiesWithParent as _;
-
 /// The token of the suite's administrator (`system:masters`).
 const ADMIN_TOKEN_USER: &str = "e2e-admin";
 
@@ -101,7 +99,7 @@ fn log_file(path: &Path) -> Result<Stdio, String> {
 
 /// Stops a process: SIGTERM, then SIGKILL after `grace`.
 fn stop(child: &mut Child, grace: Duration) {
-    crate::replicas::sigterm(child);
+    sigterm(child);
     let started = Instant::now();
     while started.elapsed() < grace {
         if let Ok(Some(_)) = child.try_wait() {
@@ -156,10 +154,14 @@ impl ControlPlane {
         write(&dir.join("ca.crt"), &bundle.ca_pem)?;
         write(&dir.join("apiserver.crt"), &bundle.cert_pem)?;
         write(&dir.join("apiserver.key"), &bundle.key_pem)?;
-        let sa_key = rcgen::KeyPair::generate().map_err(|e| format!("cannot make a service-account key: {e}"))?;
+        let sa_key =
+            rcgen::KeyPair::generate().map_err(|e| format!("cannot make a service-account key: {e}"))?;
         write(&dir.join("sa.key"), &sa_key.serialize_pem())?;
         write(&dir.join("sa.pub"), &sa_key.public_key_pem())?;
-        let token = format!("{:032x}", u128::from(nanos) * 0x9e37_79b9_7f4a_7c15 + u128::from(std::process::id()));
+        let token = format!(
+            "{:032x}",
+            u128::from(nanos) * 0x9e37_79b9_7f4a_7c15 + u128::from(std::process::id())
+        );
         write(
             &dir.join("tokens.csv"),
             &format!("{token},{ADMIN_TOKEN_USER},{ADMIN_TOKEN_USER},\"system:masters\"\n"),
@@ -229,9 +231,8 @@ impl ControlPlane {
 
     /// Whether a kube-controller-manager runs beside the apiserver.
     pub fn has_controller_manager(&self) -> bool {
-        crate::env::lock(&self.controller_manager).is_some()
+        lock(&self.controller_manager).is_some()
     }
-
 
     async fn start_etcd(&self) -> Result<(), String> {
         let peer = free_port()?;
@@ -256,7 +257,7 @@ impl ControlPlane {
             .stderr(log_file(&self.dir.join("etcd.log"))?)
             .spawn()
             .map_err(|e| format!("cannot start etcd: {e}"))?;
-        *crate::env::lock(&self.etcd) = Some(child);
+        *lock(&self.etcd) = Some(child);
         let started = Instant::now();
         loop {
             if let Ok((200, body)) = self.etcd().http("GET", "/health", None).await
@@ -264,7 +265,7 @@ impl ControlPlane {
             {
                 return Ok(());
             }
-            if let Some(child) = crate::env::lock(&self.etcd).as_mut()
+            if let Some(child) = lock(&self.etcd).as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
                 return Err(format!(
@@ -290,7 +291,7 @@ impl ControlPlane {
             .stderr(log_file(&self.dir.join("kube-apiserver.log"))?)
             .spawn()
             .map_err(|e| format!("cannot start kube-apiserver: {e}"))?;
-        *crate::env::lock(&self.apiserver) = Some(child);
+        *lock(&self.apiserver) = Some(child);
         self.wait_ready().await
     }
 
@@ -300,7 +301,7 @@ impl ControlPlane {
         let started = Instant::now();
         let mut last = String::new();
         while started.elapsed() < Duration::from_secs(90) {
-            if let Some(child) = crate::env::lock(&self.apiserver).as_mut()
+            if let Some(child) = lock(&self.apiserver).as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
                 return Err(format!(
@@ -308,7 +309,9 @@ impl ControlPlane {
                     self.dir.join("kube-apiserver.log").display()
                 ));
             }
-            let request = http::Request::get("/readyz").body(Vec::new()).map_err(|e| e.to_string())?;
+            let request = http::Request::get("/readyz")
+                .body(Vec::new())
+                .map_err(|e| e.to_string())?;
             match client.request_text(request).await {
                 Ok(_) => return Ok(()),
                 Err(error) => last = error.to_string(),
@@ -332,7 +335,10 @@ impl ControlPlane {
             "--bind-address=127.0.0.1".to_owned(),
             format!("--secure-port={port}"),
             "--leader-elect=false".to_owned(),
-            format!("--service-account-private-key-file={}", self.dir.join("sa.key").display()),
+            format!(
+                "--service-account-private-key-file={}",
+                self.dir.join("sa.key").display()
+            ),
             format!("--root-ca-file={}", self.dir.join("ca.crt").display()),
         ];
         if self.version >= (1, 35) {
@@ -346,14 +352,17 @@ impl ControlPlane {
             .stderr(log_file(&self.dir.join("kube-controller-manager.log"))?)
             .spawn()
             .map_err(|e| format!("cannot start kube-controller-manager: {e}"))?;
-        *crate::env::lock(&self.controller_manager) = Some(child);
+        *lock(&self.controller_manager) = Some(child);
         let log = self.dir.join("kube-controller-manager.log");
         let started = Instant::now();
         loop {
-            if let Some(child) = crate::env::lock(&self.controller_manager).as_mut()
+            if let Some(child) = lock(&self.controller_manager).as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                return Err(format!("kube-controller-manager exited ({status}); log: {}", log.display()));
+                return Err(format!(
+                    "kube-controller-manager exited ({status}); log: {}",
+                    log.display()
+                ));
             }
             if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
                 return Ok(());
@@ -382,7 +391,7 @@ impl ControlPlane {
     /// Stops the apiserver (SIGTERM, as a rolling restart does) and starts it again with
     /// the same flags; returns once it is ready.
     pub async fn restart_apiserver(&self) -> Result<(), String> {
-        let running = crate::env::lock(&self.apiserver).take();
+        let running = lock(&self.apiserver).take();
         if let Some(mut child) = running {
             // Waiting for it to stop blocks: off the runtime's few worker threads.
             tokio::task::spawn_blocking(move || stop(&mut child, Duration::from_secs(20)))
@@ -403,7 +412,7 @@ impl ControlPlane {
             return;
         }
         for process in [&self.controller_manager, &self.apiserver, &self.etcd] {
-            if let Some(mut child) = crate::env::lock(process).take() {
+            if let Some(mut child) = lock(process).take() {
                 stop(&mut child, Duration::from_secs(10));
             }
         }
@@ -443,9 +452,14 @@ impl Etcd {
     pub async fn revision(&self) -> Result<i64, String> {
         let key = base64::engine::general_purpose::STANDARD.encode("/registry/");
         let (code, text) = self
-            .http("POST", "/v3/kv/range", Some(&json!({"key": key, "count_only": true})))
+            .http(
+                "POST",
+                "/v3/kv/range",
+                Some(&json!({"key": key, "count_only": true})),
+            )
             .await?;
-        let answer: Value = serde_json::from_str(&text).map_err(|e| format!("etcd answered {code}: {e}: {text}"))?;
+        let answer: Value =
+            serde_json::from_str(&text).map_err(|e| format!("etcd answered {code}: {e}: {text}"))?;
         answer["header"]["revision"]
             .as_str()
             .and_then(|r| r.parse().ok())
@@ -468,10 +482,15 @@ impl Etcd {
                 Some(&json!({"key": engine.encode(prefix), "range_end": engine.encode(&end)})),
             )
             .await?;
-        let answer: Value = serde_json::from_str(&text).map_err(|e| format!("etcd answered {code}: {e}: {text}"))?;
+        let answer: Value =
+            serde_json::from_str(&text).map_err(|e| format!("etcd answered {code}: {e}: {text}"))?;
         let mut found = Vec::new();
         for kv in answer["kvs"].as_array().into_iter().flatten() {
-            let decode = |field: &str| engine.decode(kv[field].as_str().unwrap_or_default()).unwrap_or_default();
+            let decode = |field: &str| {
+                engine
+                    .decode(kv[field].as_str().unwrap_or_default())
+                    .unwrap_or_default()
+            };
             let key = String::from_utf8_lossy(&decode("key")).into_owned();
             let value = serde_json::from_slice(&decode("value")).unwrap_or(Value::Null);
             found.push((key, value));
@@ -479,8 +498,34 @@ impl Etcd {
         Ok(found)
     }
 
+    /// The value etcd stores under `key` (e.g. `/registry/<group>/<plural>/<name>`: a custom
+    /// object as the apiserver encoded it, in the storage version of the moment it was
+    /// written), `None` when there is none.
+    pub async fn get(&self, key: &str) -> Result<Option<Value>, String> {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(key);
+        let (code, text) = self
+            .http("POST", "/v3/kv/range", Some(&json!({"key": encoded})))
+            .await?;
+        let answer: Value =
+            serde_json::from_str(&text).map_err(|e| format!("etcd answered {code}: {e}: {text}"))?;
+        let Some(value) = answer["kvs"][0]["value"].as_str() else {
+            return Ok(None);
+        };
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(value)
+            .map_err(|e| e.to_string())?;
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| format!("{key} is not stored as JSON: {e}"))
+    }
+
     /// One request to etcd's JSON gateway (HTTP/1.0, so the body ends with the connection).
-    pub async fn http(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, String), String> {
+    pub async fn http(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, String), String> {
         let body = body.map(Value::to_string).unwrap_or_default();
         let exchange = async {
             let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
@@ -495,10 +540,7 @@ impl Etcd {
                 .await
                 .map_err(|e| e.to_string())?;
             let mut answer = Vec::new();
-            stream
-                .read_to_end(&mut answer)
-                .await
-                .map_err(|e| e.to_string())?;
+            stream.read_to_end(&mut answer).await.map_err(|e| e.to_string())?;
             let text = String::from_utf8_lossy(&answer).into_owned();
             let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
             let code = head
@@ -511,5 +553,41 @@ impl Etcd {
         tokio::time::timeout(Duration::from_secs(10), exchange)
             .await
             .map_err(|_| format!("etcd {method} {path}: no answer within 10 s"))?
+    }
+}
+
+/// Locks a mutex, whether or not a panicking holder poisoned it.
+pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Makes a child process die with the suite (even when the suite is killed), and sends
+/// signals without a `kill` binary.
+pub trait DiesWithParent {
+    fn dies_with_parent(&mut self) -> &mut Self;
+}
+
+impl DiesWithParent for Command {
+    fn dies_with_parent(&mut self) -> &mut Self {
+        use std::os::unix::process::CommandExt as _;
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            self.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        }
+    }
+}
+
+/// Sends SIGTERM to a process.
+pub fn sigterm(child: &Child) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: a plain system call on a pid we spawned.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
-use crate::replicas::DiesWithParent as _;
+use crate::control_plane::DiesWithParent as _;
 use http::HeaderMap;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -48,10 +48,7 @@ pub struct Env {
     control_plane: Option<crate::control_plane::ControlPlane>,
 }
 
-/// Locks a mutex, whether or not a panicking holder poisoned it.
-pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+pub use crate::control_plane::lock;
 
 enum Cleanup {
     Crd(String),
@@ -569,7 +566,11 @@ impl Env {
     /// Merge-patches a policy (a list such as `spec.versions` is replaced whole).
     pub async fn patch_policy(&self, name: &str, patch: Value) -> Result<(), String> {
         self.policy_api()
-            .patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
             .await
             .map(|_| ())
             .map_err(|e| e.to_string())

@@ -82,23 +82,30 @@ async fn cut_off(env: &Env) -> Outcome {
         .await?;
     let name = format!("{}-leader", env.run_id);
     let (later, _) = in_seconds(3600);
-    env.create_policy(json!({"apiVersion": "crdlifecycle.io/v1alpha1", "kind": "VersionPolicy",
+    env.create_policy(
+        json!({"apiVersion": "crdlifecycle.io/v1alpha1", "kind": "VersionPolicy",
         "metadata": {"name": name},
         "spec": {"crdName": crd.name, "versions": [{"name": "v1", "introduce": {"at": later}}],
-                 "migration": {"enabled": false}}}))
+                 "migration": {"enabled": false}}}),
+    )
     .await?;
     // The leader has reconciled the policy (its status): cut it off, then bring the milestone
     // forward to 3 s from now, so that it is due while the leader is cut off and before the
     // standby may take over, however long the first reconcile took.
-    wait_for("the leader reconciles the policy", Duration::from_secs(30), || async {
-        Ok(env.policy(&name).await?["status"]["observedGeneration"].is_i64())
-    })
+    wait_for(
+        "the leader reconciles the policy",
+        Duration::from_secs(30),
+        || async { Ok(env.policy(&name).await?["status"]["observedGeneration"].is_i64()) },
+    )
     .await?;
     let cut_at = Instant::now();
     proxies[a].cut();
     let (introduce, _) = in_seconds(3);
-    env.patch_policy(&name, json!({"spec": {"versions": [{"name": "v1", "introduce": {"at": introduce}}]}}))
-        .await?;
+    env.patch_policy(
+        &name,
+        json!({"spec": {"versions": [{"name": "v1", "introduce": {"at": introduce}}]}}),
+    )
+    .await?;
 
     // The standby applies the milestone once it leads.
     wait_for(
@@ -163,7 +170,11 @@ async fn cut_off(env: &Env) -> Outcome {
     println!(
         "e2e: leader_cut_off: leader's last renewal cut-{:?}, writes it attempted after the cut: {}",
         cut_at.saturating_duration_since(last_renewal),
-        if after_cut.is_empty() { "none".to_owned() } else { after_cut.join("; ") }
+        if after_cut.is_empty() {
+            "none".to_owned()
+        } else {
+            after_cut.join("; ")
+        }
     );
 
     // The cut-off leader gave up: it exits once it could not renew for the renew deadline.
@@ -195,7 +206,10 @@ async fn cut_off(env: &Env) -> Outcome {
         "the standby took the lease {:?} before it expired",
         expired_at - takeover
     );
-    let crd_path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{}", crd.name);
+    let crd_path = format!(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{}",
+        crd.name
+    );
     ensure!(
         seen_b
             .iter()

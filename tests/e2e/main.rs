@@ -14,8 +14,10 @@
 
 mod balancer;
 mod builtin_migration;
+mod check;
 mod control_plane;
 mod env;
+mod examples;
 #[path = "../support/flags.rs"]
 mod flags;
 mod leader;
@@ -57,6 +59,17 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         Box::pin(webhook_rollout::webhook_rollout(env))
     }),
     ("leader_cut_off", |env| Box::pin(leader::leader_cut_off(env))),
+    ("check_flux_upgrade", |env| Box::pin(check::flux_upgrade(env))),
+    ("check_rollback", |env| Box::pin(check::rollback(env))),
+    ("check_writer_unserved", |env| {
+        Box::pin(check::writer_unserved(env))
+    }),
+    ("check_schema_tightens", |env| {
+        Box::pin(check::schema_tightens(env))
+    }),
+    ("check_least_privilege", |env| {
+        Box::pin(check::least_privilege(env))
+    }),
     ("soak", |env| Box::pin(soak::soak(env))),
 ];
 

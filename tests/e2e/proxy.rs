@@ -80,7 +80,12 @@ impl Proxy {
                 }
             })
         };
-        Ok(Proxy { port, seen, cut, task })
+        Ok(Proxy {
+            port,
+            seen,
+            cut,
+            task,
+        })
     }
 
     /// Cuts the replica off from now on.

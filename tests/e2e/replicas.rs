@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::control_plane::{DiesWithParent as _, sigterm};
+
 /// One `crd-lifecycle run` process, restartable with the same arguments.
 pub struct Replica {
     pub identity: String,
@@ -94,36 +96,5 @@ impl Replica {
 impl Drop for Replica {
     fn drop(&mut self) {
         self.kill();
-    }
-}
-
-/// Makes a child process die with the suite (even when the suite is killed), and sends
-/// signals without a `kill` binary.
-pub trait DiesWithParent {
-    fn dies_with_parent(&mut self) -> &mut Self;
-}
-
-impl DiesWithParent for Command {
-    fn dies_with_parent(&mut self) -> &mut Self {
-        use std::os::unix::process::CommandExt as _;
-        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
-        unsafe {
-            self.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            })
-        }
-    }
-}
-
-/// Sends SIGTERM to a process.
-pub fn sigterm(child: &Child) {
-    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-        // SAFETY: a plain system call on a pid we spawned.
-        unsafe {
-            libc::kill(pid, libc::SIGTERM);
-        }
     }
 }

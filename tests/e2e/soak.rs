@@ -330,7 +330,10 @@ impl Soak {
             .method(method)
             .uri(path)
             .header("content-type", "application/json")
-            .body(body.map(|b| serde_json::to_vec(b).unwrap_or_default()).unwrap_or_default());
+            .body(
+                body.map(|b| serde_json::to_vec(b).unwrap_or_default())
+                    .unwrap_or_default(),
+            );
         let Ok(request) = request else {
             return Answer::Failed("cannot build the request".to_owned());
         };
@@ -357,7 +360,10 @@ impl Soak {
             (409, _) => Answer::Conflict,
             (code, value) => Answer::Failed(format!(
                 "{code}: {}",
-                value.map_or_else(|| String::from_utf8_lossy(&bytes).into_owned(), |v| v["message"].to_string())
+                value.map_or_else(
+                    || String::from_utf8_lossy(&bytes).into_owned(),
+                    |v| v["message"].to_string()
+                )
             )),
         }
     }
@@ -370,20 +376,27 @@ impl Soak {
         let generation = object["metadata"]["generation"].as_i64().unwrap_or(0);
         let api_version = format!("{}/{version}", self.group);
         if object["apiVersion"] != api_version.as_str() {
-            self.problem(format!("wrong: {how} {name} through {version} came back as {}", object["apiVersion"]));
+            self.problem(format!(
+                "wrong: {how} {name} through {version} came back as {}",
+                object["apiVersion"]
+            ));
             return;
         }
         let content = {
             let truth = lock(&self.truth);
             let Some(known) = truth.get(&name) else {
                 drop(truth);
-                self.problem(format!("wrong: {how} through {version} returned {name}, which was never written"));
+                self.problem(format!(
+                    "wrong: {how} through {version} returned {name}, which was never written"
+                ));
                 return;
             };
             known.generations.get(&generation).cloned()
         };
         let Some(content) = content else {
-            self.problem(format!("wrong: {how} {name} through {version} has generation {generation}, never written"));
+            self.problem(format!(
+                "wrong: {how} {name} through {version} has generation {generation}, never written"
+            ));
             return;
         };
         // A read sees at least every write answered before it was sent.
@@ -437,7 +450,9 @@ impl Soak {
         {
             self.counts.refused_unserved.fetch_add(1, Ordering::Relaxed);
         } else {
-            self.problem(format!("refused: {what} through {version} answered 404 while {version} is served"));
+            self.problem(format!(
+                "refused: {what} through {version} answered 404 while {version} is served"
+            ));
         }
     }
 
@@ -461,7 +476,9 @@ impl Soak {
             .or_default()
             .generations
             .insert(1, content);
-        let exchange = self.send(http::Method::POST, &self.path(version, None), Some(&body)).await;
+        let exchange = self
+            .send(http::Method::POST, &self.path(version, None), Some(&body))
+            .await;
         match &exchange.answer {
             Answer::Ok(created) => {
                 self.counts.writes.fetch_add(1, Ordering::Relaxed);
@@ -474,7 +491,8 @@ impl Soak {
             // The create may have landed: a later read tells (generation 1 is expected).
             Answer::Failed(message) => {
                 self.unsure(name);
-                self.failed(version, &format!("create {name}"), message, &exchange).await;
+                self.failed(version, &format!("create {name}"), message, &exchange)
+                    .await;
             }
         }
     }
@@ -513,14 +531,18 @@ impl Soak {
 
     async fn update(&self, name: &str, version: &str, random: &mut Random) {
         let at_send = self.at_send(name);
-        let exchange = self.send(http::Method::GET, &self.path(version, Some(name)), None).await;
+        let exchange = self
+            .send(http::Method::GET, &self.path(version, Some(name)), None)
+            .await;
         let current = match &exchange.answer {
             Answer::Ok(object) => object.clone(),
             Answer::Unserved => return self.unserved(version, &format!("get {name} (to update)"), &exchange),
             Answer::NotFound => return self.not_found(name, version, at_send),
             Answer::Conflict => return,
             Answer::Failed(message) => {
-                return self.failed(version, &format!("get {name}"), message, &exchange).await;
+                return self
+                    .failed(version, &format!("get {name}"), message, &exchange)
+                    .await;
             }
         };
         self.counts.reads.fetch_add(1, Ordering::Relaxed);
@@ -556,11 +578,14 @@ impl Soak {
             Answer::Conflict => self.forget(name, next, || {
                 self.counts.conflicts.fetch_add(1, Ordering::Relaxed);
             }),
-            Answer::Unserved => self.forget(name, next, || self.unserved(version, &format!("update {name}"), &exchange)),
+            Answer::Unserved => self.forget(name, next, || {
+                self.unserved(version, &format!("update {name}"), &exchange)
+            }),
             Answer::NotFound => self.not_found(name, version, at_send),
             Answer::Failed(message) => {
                 self.unsure(name);
-                self.failed(version, &format!("update {name}"), message, &exchange).await;
+                self.failed(version, &format!("update {name}"), message, &exchange)
+                    .await;
             }
         }
     }
@@ -576,12 +601,16 @@ impl Soak {
 
     async fn get(&self, name: &str, version: &str) {
         let at_send = self.at_send(name);
-        let exchange = self.send(http::Method::GET, &self.path(version, Some(name)), None).await;
+        let exchange = self
+            .send(http::Method::GET, &self.path(version, Some(name)), None)
+            .await;
         match &exchange.answer {
             Answer::Ok(object) => {
                 self.counts.reads.fetch_add(1, Ordering::Relaxed);
                 if at_send.gone {
-                    self.problem(format!("wrong: {name} reads through {version} after it was deleted"));
+                    self.problem(format!(
+                        "wrong: {name} reads through {version} after it was deleted"
+                    ));
                 } else {
                     self.check(object, version, "get", Some(at_send));
                 }
@@ -589,7 +618,10 @@ impl Soak {
             Answer::Unserved => self.unserved(version, &format!("get {name}"), &exchange),
             Answer::NotFound => self.not_found(name, version, at_send),
             Answer::Conflict => {}
-            Answer::Failed(message) => self.failed(version, &format!("get {name}"), message, &exchange).await,
+            Answer::Failed(message) => {
+                self.failed(version, &format!("get {name}"), message, &exchange)
+                    .await
+            }
         }
     }
 
@@ -609,7 +641,10 @@ impl Soak {
                         self.counts.reads.fetch_add(1, Ordering::Relaxed);
                         self.check(item, version, "list", None);
                     }
-                    token = list["metadata"]["continue"].as_str().unwrap_or_default().to_owned();
+                    token = list["metadata"]["continue"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
                     if token.is_empty() {
                         return;
                     }
@@ -635,7 +670,9 @@ impl Soak {
                     return;
                 }
                 Answer::Failed(message) => return self.failed(version, "list", message, &exchange).await,
-                Answer::NotFound => return self.problem(format!("refused: list through {version}: 404 Status")),
+                Answer::NotFound => {
+                    return self.problem(format!("refused: list through {version}: 404 Status"));
+                }
                 Answer::Conflict => return,
             }
         }
@@ -646,7 +683,9 @@ impl Soak {
         if let Some(known) = lock(&self.truth).get_mut(name) {
             known.delete_unsure = true;
         }
-        let exchange = self.send(http::Method::DELETE, &self.path(version, Some(name)), None).await;
+        let exchange = self
+            .send(http::Method::DELETE, &self.path(version, Some(name)), None)
+            .await;
         let deleted = |soak: &Soak| {
             if let Some(known) = lock(&soak.truth).get_mut(name) {
                 known.deleted = true;
@@ -669,7 +708,10 @@ impl Soak {
                 self.unserved(version, &format!("delete {name}"), &exchange);
             }
             Answer::Conflict => {}
-            Answer::Failed(message) => self.failed(version, &format!("delete {name}"), message, &exchange).await,
+            Answer::Failed(message) => {
+                self.failed(version, &format!("delete {name}"), message, &exchange)
+                    .await
+            }
         }
     }
 
@@ -738,7 +780,10 @@ impl Soak {
                     // after a compaction (410): the watcher relists.
                     if message.contains("404") {
                         self.unserved(version, "watch", &exchange);
-                    } else if message.contains("410") || message.contains("Expired") || message.contains("too old") {
+                    } else if message.contains("410")
+                        || message.contains("Expired")
+                        || message.contains("too old")
+                    {
                         self.counts.expired_lists.fetch_add(1, Ordering::Relaxed);
                     } else {
                         self.failed(version, "watch", &message, &exchange).await;
@@ -755,7 +800,9 @@ impl Soak {
                 _ => Vec::new(),
             };
             for object in objects {
-                let Ok(value) = serde_json::to_value(&object) else { continue };
+                let Ok(value) = serde_json::to_value(&object) else {
+                    continue;
+                };
                 self.counts.watch_events.fetch_add(1, Ordering::Relaxed);
                 self.check(&value, version, "watch", None);
             }
@@ -801,7 +848,8 @@ async fn serves_certificate_of(host: &str, port: u16, ca_pem: &str) -> bool {
         return false;
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let Ok(builder) = rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions()
+    let Ok(builder) =
+        rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions()
     else {
         return false;
     };
@@ -820,7 +868,9 @@ async fn serves_certificate_of(host: &str, port: u16, ca_pem: &str) -> bool {
 async fn reviews_served(metrics_port: u16) -> u64 {
     let exchange = async {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", metrics_port)).await.ok()?;
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", metrics_port))
+            .await
+            .ok()?;
         stream
             .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
             .await
@@ -829,7 +879,10 @@ async fn reviews_served(metrics_port: u16) -> u64 {
         stream.read_to_string(&mut text).await.ok()?;
         Some(
             text.lines()
-                .filter(|l| l.starts_with("crd_lifecycle_conversion_reviews_total") && l.contains("result=\"success\""))
+                .filter(|l| {
+                    l.starts_with("crd_lifecycle_conversion_reviews_total")
+                        && l.contains("result=\"success\"")
+                })
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .sum::<f64>() as u64,
         )
@@ -894,7 +947,10 @@ impl Replicas {
     /// Adds what each replica's process answered since the last scrape (its counter starts
     /// again at 0 with each process).
     async fn scrape(&mut self) {
-        if self.scraped_at.is_some_and(|at| at.elapsed() < Duration::from_secs(2)) {
+        if self
+            .scraped_at
+            .is_some_and(|at| at.elapsed() < Duration::from_secs(2))
+        {
             return;
         }
         self.scraped_at = Some(Instant::now());
@@ -912,7 +968,10 @@ impl Replicas {
         while Instant::now() < until {
             self.supervise()?;
             self.scrape().await;
-            tokio::time::sleep(Duration::from_millis(250).min(until.saturating_duration_since(Instant::now()))).await;
+            tokio::time::sleep(
+                Duration::from_millis(250).min(until.saturating_duration_since(Instant::now())),
+            )
+            .await;
         }
         Ok(())
     }
@@ -959,7 +1018,11 @@ async fn run(env: &Env) -> Outcome {
     let crd: TestCrd = env
         .create_crd(
             "soak",
-            &[("v1alpha1", true, true), ("v1beta1", true, false), ("v1", false, false)],
+            &[
+                ("v1alpha1", true, true),
+                ("v1beta1", true, false),
+                ("v1", false, false),
+            ],
         )
         .await?;
 
@@ -1051,7 +1114,10 @@ async fn run(env: &Env) -> Outcome {
             .collect::<Vec<()>>()
             .await;
     }
-    let origin = (Timestamp::now() + jiff::SignedDuration::from_secs(10), Instant::now() + Duration::from_secs(10));
+    let origin = (
+        Timestamp::now() + jiff::SignedDuration::from_secs(10),
+        Instant::now() + Duration::from_secs(10),
+    );
     let at = |fraction: f64| {
         let offset = jiff::SignedDuration::from_secs_f64(seconds as f64 * fraction);
         let exact = origin.0 + offset;
@@ -1114,8 +1180,9 @@ async fn run(env: &Env) -> Outcome {
     clients.tasks.push({
         let (client, name, soak) = (env.clone_client(), crd.name.clone(), soak.clone());
         tokio::spawn(async move {
-            let api: kube::Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
-                kube::Api::all(client);
+            let api: kube::Api<
+                k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+            > = kube::Api::all(client);
             let mut last = String::new();
             loop {
                 if let Ok(crd) = api.get(&name).await {
@@ -1123,7 +1190,13 @@ async fn run(env: &Env) -> Outcome {
                         .spec
                         .versions
                         .iter()
-                        .map(|v| format!("{}:{}", v.name, crate::flags::letters(v.served, v.storage, v.deprecated == Some(true))))
+                        .map(|v| {
+                            format!(
+                                "{}:{}",
+                                v.name,
+                                crate::flags::letters(v.served, v.storage, v.deprecated == Some(true))
+                            )
+                        })
                         .collect();
                     let stored = crd.status.and_then(|s| s.stored_versions).unwrap_or_default();
                     if stored == ["v1"] {
@@ -1172,13 +1245,25 @@ async fn run(env: &Env) -> Outcome {
                 *restarts.entry("controller").or_default() += 1;
             }
             "stop the leader" | "restart the other replica" => {
-                let index = if what == "stop the leader" { leader } else { 1 - leader };
+                let index = if what == "stop the leader" {
+                    leader
+                } else {
+                    1 - leader
+                };
                 let replica = &mut replicas.replicas[index];
                 let status = tokio::task::block_in_place(|| replica.terminate(Duration::from_secs(30)));
-                ensure!(status.is_some(), "replica {} did not stop within 30 s of SIGTERM", replica.identity);
+                ensure!(
+                    status.is_some(),
+                    "replica {} did not stop within 30 s of SIGTERM",
+                    replica.identity
+                );
                 replica.start()?;
                 *restarts
-                    .entry(if what == "stop the leader" { "controller" } else { "webhook" })
+                    .entry(if what == "stop the leader" {
+                        "controller"
+                    } else {
+                        "webhook"
+                    })
                     .or_default() += 1;
             }
             "rotate the webhook CA" => {
@@ -1225,10 +1310,14 @@ async fn run(env: &Env) -> Outcome {
             },
         )
         .await?;
-        wait_for("the migration reports its success", Duration::from_secs(60), || async {
-            let migration = env.policy(&policy_name).await?["status"]["migration"].clone();
-            Ok(migration["phase"] == "Succeeded" && migration["storageVersion"] == "v1")
-        })
+        wait_for(
+            "the migration reports its success",
+            Duration::from_secs(60),
+            || async {
+                let migration = env.policy(&policy_name).await?["status"]["migration"].clone();
+                Ok(migration["phase"] == "Succeeded" && migration["storageVersion"] == "v1")
+            },
+        )
         .await
     }
     .boxed();
@@ -1270,10 +1359,17 @@ async fn run(env: &Env) -> Outcome {
             listed.insert(name);
         }
         for name in expected.iter().filter(|n| !listed.contains(n.as_str())) {
-            soak.problem(format!("lost: {name} is missing from the final list through {version}"));
+            soak.problem(format!(
+                "lost: {name} is missing from the final list through {version}"
+            ));
         }
-        for name in listed.iter().filter(|n| !expected.contains(n) && !maybe.contains(n)) {
-            soak.problem(format!("wrong: {name} is listed through {version} but was deleted"));
+        for name in listed
+            .iter()
+            .filter(|n| !expected.contains(n) && !maybe.contains(n))
+        {
+            soak.problem(format!(
+                "wrong: {name} is listed through {version} but was deleted"
+            ));
         }
     }
     // Every object is stored in the storage version (checked in etcd itself).
@@ -1282,10 +1378,16 @@ async fn run(env: &Env) -> Outcome {
         let stored = plane.etcd().list(&prefix).await?;
         for (key, object) in &stored {
             if object["apiVersion"] != format!("{}/v1", crd.group).as_str() {
-                soak.problem(format!("lost: {key} is stored in etcd as {}", object["apiVersion"]));
+                soak.problem(format!(
+                    "lost: {key} is stored in etcd as {}",
+                    object["apiVersion"]
+                ));
             }
         }
-        let in_etcd: BTreeSet<String> = stored.iter().map(|(k, _)| k.trim_start_matches(&prefix).to_owned()).collect();
+        let in_etcd: BTreeSet<String> = stored
+            .iter()
+            .map(|(k, _)| k.trim_start_matches(&prefix).to_owned())
+            .collect();
         for name in expected.iter().filter(|n| !in_etcd.contains(n.as_str())) {
             soak.problem(format!("lost: {name} is not in etcd"));
         }
@@ -1303,11 +1405,15 @@ async fn run(env: &Env) -> Outcome {
             .map(|b| String::from_utf8_lossy(&b.0).into_owned())
             .unwrap_or_default();
         if !bundle.contains(ca.trim()) {
-            soak.problem("rotation: the CRD's caBundle does not hold the rotated CA after the run".to_owned());
+            soak.problem(
+                "rotation: the CRD's caBundle does not hold the rotated CA after the run".to_owned(),
+            );
         }
         for port in webhook_ports {
             if !serves_certificate_of(&host, port, ca).await {
-                soak.problem(format!("rotation: the replica on port {port} does not serve a certificate of the rotated CA"));
+                soak.problem(format!(
+                    "rotation: the replica on port {port} does not serve a certificate of the rotated CA"
+                ));
             }
         }
     }
@@ -1321,7 +1427,9 @@ async fn run(env: &Env) -> Outcome {
     }
     for (identity, status, lease_lost) in &replicas.exits {
         if !lease_lost {
-            soak.problem(format!("exit: replica {identity} exited by itself ({status}) without losing its lease"));
+            soak.problem(format!(
+                "exit: replica {identity} exited by itself ({status}) without losing its lease"
+            ));
         }
     }
 

@@ -652,3 +652,44 @@ fn plan_shows_the_preflight_lead_and_refuses_a_bad_one() {
         text(&output.stderr)
     );
 }
+
+#[test]
+fn check_exits_2_for_input_it_cannot_read_before_any_cluster() {
+    // No cluster is reached: the input is read first (an unreachable kubeconfig would be 2 too,
+    // but the message must be about the file).
+    let missing = run(&["check", "-f", "no/such/crds.yaml"], None);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(
+        text(&missing.stderr).contains("no/such/crds.yaml: cannot read"),
+        "{}",
+        text(&missing.stderr)
+    );
+    let none = run(
+        &["check", "-f", "-"],
+        Some("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n"),
+    );
+    assert_eq!(none.status.code(), Some(2));
+    assert!(
+        text(&none.stderr).contains("<stdin>: no CustomResourceDefinition found"),
+        "{}",
+        text(&none.stderr)
+    );
+    let crd = std::fs::read_to_string(format!("{}/{EXAMPLE_CRD}", env!("CARGO_MANIFEST_DIR"))).expect("crd");
+    let invalid = run(
+        &["check", "-f", "-"],
+        Some(&format!(
+            "{}---\n{}",
+            "apiVersion: v1\nkind: Service\n",
+            crd.replace("scope: Namespaced", "scope: Namespaced\n  scoped: yes")
+        )),
+    );
+    assert_eq!(invalid.status.code(), Some(2));
+    let stderr = text(&invalid.stderr);
+    assert!(
+        stderr.contains("<stdin>#2: not a valid CustomResourceDefinition:")
+            && stderr.contains("spec.scoped: unknown field"),
+        "{stderr}"
+    );
+    let usage = run(&["check"], None);
+    assert_eq!(usage.status.code(), Some(2), "-f is required");
+}

@@ -1,0 +1,539 @@
+//! `crd-lifecycle check` and `check --fix` on a real apiserver: a Flux-like upgrade that
+//! drops a stored version, a rollback after the storage version moved forward, a writer
+//! through a version being unserved, a schema that tightens under stored objects, and
+//! `check --fix` as the least-privilege ServiceAccount of the upgrade examples.
+
+use std::process::Output;
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use crate::ensure;
+use crate::env::{Env, Outcome, TestCrd};
+
+/// Runs `crd-lifecycle check ARGS` against the suite's cluster (`kubeconfig`, else the
+/// suite's own).
+async fn run_check(env: &Env, kubeconfig: Option<&std::path::Path>, args: &[&str]) -> Result<Output, String> {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"));
+    match kubeconfig {
+        Some(path) => {
+            command.env("KUBECONFIG", path);
+        }
+        None => {
+            env.with_kubeconfig(&mut command);
+        }
+    }
+    command.arg("check").args(args);
+    tokio::task::spawn_blocking(move || command.output())
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("cannot run crd-lifecycle check: {e}"))
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// `kubectl apply --server-side` of a manifest, as a chart upgrade applies its CRDs.
+async fn kubectl_apply(env: &Env, path: &std::path::Path) -> Result<Output, String> {
+    let mut command = std::process::Command::new("kubectl");
+    env.with_kubeconfig(&mut command);
+    command
+        .args([
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=helm",
+            "--validate=false",
+            "-f",
+        ])
+        .arg(path);
+    tokio::task::spawn_blocking(move || command.output())
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("cannot run kubectl: {e}"))
+}
+
+/// The live CRD as a release would ship it (no status, no server-set metadata), with its
+/// versions replaced, written to a file of this run.
+async fn incoming(
+    env: &Env,
+    crd: &TestCrd,
+    file: &str,
+    versions: Value,
+) -> Result<std::path::PathBuf, String> {
+    let live = serde_json::to_value(env.crd(&crd.name).await?).map_err(|e| e.to_string())?;
+    let manifest = json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": crd.name, "labels": live["metadata"]["labels"]},
+        "spec": {"group": live["spec"]["group"], "names": live["spec"]["names"], "scope": live["spec"]["scope"],
+                 "versions": versions},
+    });
+    let path = std::env::temp_dir().join(format!("{}-{file}.yaml", env.run_id));
+    let yaml = format!(
+        "# a release's CRDs\n{manifest}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: other}}\n"
+    );
+    std::fs::write(&path, yaml).map_err(|e| e.to_string())?;
+    Ok(path)
+}
+
+fn open_version(name: &str, served: bool, storage: bool) -> Value {
+    json!({"name": name, "served": served, "storage": storage,
+           "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+               "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}})
+}
+
+/// A guarded JSON Patch of the CRD (as a chart or the controller changes it).
+async fn patch_crd(env: &Env, name: &str, ops: Value) -> Outcome {
+    let patch: json_patch::Patch = serde_json::from_value(ops).map_err(|e| e.to_string())?;
+    Api::<CustomResourceDefinition>::all(env.clone_client())
+        .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("patching {name}: {e}"))
+}
+
+/// Moves the storage version from index `from` to index `to` of `spec.versions`, and waits
+/// until the apiserver stores in it (discovery's storageVersionHash, sample 26).
+async fn switch_storage(env: &Env, crd: &TestCrd, from: usize, to: usize) -> Outcome {
+    patch_crd(
+        env,
+        &crd.name,
+        json!([
+            {"op": "replace", "path": format!("/spec/versions/{from}/storage"), "value": false},
+            {"op": "replace", "path": format!("/spec/versions/{to}/storage"), "value": true},
+        ]),
+    )
+    .await?;
+    // Objects written from now on must be stored in the new version.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok(())
+}
+
+/// Every object's `spec` by name, read through `version`.
+async fn specs(env: &Env, crd: &TestCrd, version: &str) -> Result<Vec<(String, Value)>, String> {
+    let mut specs: Vec<(String, Value)> = env
+        .list_via(crd, version)
+        .await?
+        .into_iter()
+        .map(|o| {
+            (
+                o["metadata"]["name"].as_str().unwrap_or_default().to_owned(),
+                o["spec"].clone(),
+            )
+        })
+        .collect();
+    specs.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(specs)
+}
+
+/// The version each object is stored as in etcd (only on the suite's own control plane).
+async fn stored_as(env: &Env, crd: &TestCrd, names: &[String]) -> Result<Option<Vec<String>>, String> {
+    let Some(plane) = env.control_plane() else {
+        return Ok(None);
+    };
+    let mut versions = Vec::new();
+    for name in names {
+        let key = format!("/registry/{}/widgets/{name}", crd.group);
+        let stored = plane
+            .etcd()
+            .get(&key)
+            .await?
+            .ok_or_else(|| format!("{key} is not in etcd"))?;
+        versions.push(stored["apiVersion"].as_str().unwrap_or_default().to_owned());
+    }
+    versions.sort();
+    versions.dedup();
+    Ok(Some(versions))
+}
+
+/// Objects stored in v1beta1, the storage moved to v1, the new release drops v1beta1:
+/// `check` exits 1 naming it in the apiserver's words, `kubectl apply` of the release fails
+/// the same way, `check --fix` succeeds, the apply then succeeds, every object reads back
+/// unchanged, and server-side apply by the old manager still works.
+pub async fn flux_upgrade(env: &Env) -> Outcome {
+    let crd = env
+        .create_crd("chk-flux", &[("v1beta1", true, true), ("v1", true, false)])
+        .await?;
+    let count = 60;
+    env.create_objects(&crd, "v1beta1", count).await?;
+    for i in 0..10 {
+        env.apply_via(
+            &crd,
+            "v1beta1",
+            &format!("w{i:05}"),
+            json!({"size": i, "owner": "flux"}),
+            "kustomize-controller",
+        )
+        .await?;
+    }
+    switch_storage(env, &crd, 0, 1).await?;
+    ensure!(
+        env.stored_versions(&crd.name).await? == ["v1beta1", "v1"],
+        "storedVersions after the switch"
+    );
+    let release = incoming(env, &crd, "flux-release", json!([open_version("v1", true, true)])).await?;
+    let file = release.display().to_string();
+    // The writers wrote a moment ago; a 1 s window makes them past writers.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let window = ["--writers-window", "1s"];
+
+    let output = run_check(env, None, &[&["-f", &file][..], &window[..]].concat()).await?;
+    let report = text(&output);
+    ensure!(output.status.code() == Some(1), "check exits 1: {report}");
+    let wording = crd_lifecycle::lifecycle::apiserver_rules::stored_version_rejection(
+        0,
+        "v1beta1",
+        Some(env.server_version),
+    );
+    ensure!(
+        report.contains("StoredVersionMissing v1beta1") && report.contains(&wording),
+        "names v1beta1 in the apiserver's words ({wording}): {report}"
+    );
+    ensure!(
+        report.contains("ManagedFieldsNameDroppedVersion v1beta1"),
+        "names the managedFields entries: {report}"
+    );
+
+    // The apply fails as check said, in the same words: the apiserver's answer to the
+    // server-side apply a chart upgrade sends (recorded in
+    // tests/fixtures/apiserver/crd-remove-stored-version-rejected-v1.36.txt), and kubectl's.
+    let manifest: Value =
+        serde_saphyr::from_multiple::<Value>(&std::fs::read_to_string(&release).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .next()
+            .ok_or("no CRD in the release")?;
+    let request = http::Request::patch(format!(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{}?fieldManager=helm&force=true",
+        crd.name
+    ))
+    .header("content-type", "application/apply-patch+yaml")
+    .body(kube::client::Body::from(manifest.to_string().into_bytes()))
+    .map_err(|e| e.to_string())?;
+    let response = env
+        .clone_client()
+        .send(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    let code = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect_bytes()
+        .await
+        .map_err(|e| e.to_string())?;
+    let answer: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    ensure!(
+        code == 422 && answer["message"].as_str().is_some_and(|m| m.contains(&wording)),
+        "the apiserver refuses the release's CRD in the words check quoted: {code} {answer}"
+    );
+    println!("e2e: check_flux_upgrade: the apiserver answered {code}: {answer}");
+    match kubectl_apply(env, &release).await {
+        Ok(applied) if applied.status.success() => {
+            return Err(format!("the apply succeeded: {}", text(&applied)));
+        }
+        Ok(applied) => {
+            let said = text(&applied);
+            ensure!(
+                said.contains(&wording),
+                "kubectl apply fails in the words check quoted: {said}"
+            );
+            println!("e2e: check_flux_upgrade: kubectl apply refused as expected");
+        }
+        Err(error) if error.contains("No such file") => println!("e2e: no kubectl: the apply is not tried"),
+        Err(error) => return Err(error),
+    }
+    let before = specs(env, &crd, "v1").await?;
+    ensure!(before.len() == count, "{} objects", before.len());
+
+    let output = run_check(env, None, &[&["--fix", "-f", &file][..], &window[..]].concat()).await?;
+    let report = text(&output);
+    ensure!(output.status.code() == Some(0), "check --fix exits 0: {report}");
+    ensure!(
+        report.contains("check --fix ") && report.contains("rewriting every object into v1"),
+        "a line per step: {report}"
+    );
+    ensure!(
+        env.stored_versions(&crd.name).await? == ["v1"],
+        "storedVersions trimmed"
+    );
+    let names: Vec<String> = before.iter().map(|(n, _)| n.clone()).collect();
+    if let Some(versions) = stored_as(env, &crd, &names).await? {
+        ensure!(
+            versions == [format!("{}/v1", crd.group)],
+            "every object stored as v1 in etcd: {versions:?}"
+        );
+    }
+    if let Ok(applied) = kubectl_apply(env, &release).await {
+        ensure!(
+            applied.status.success(),
+            "the apply succeeds after the fix: {}",
+            text(&applied)
+        );
+    } else {
+        // No kubectl: drop v1beta1 as the apply would.
+        patch_crd(
+            env,
+            &crd.name,
+            json!([{"op": "remove", "path": "/spec/versions/0"}]),
+        )
+        .await?;
+    }
+    ensure!(
+        env.flags(&crd.name).await? == "v1:sS",
+        "the release's CRD is applied: {}",
+        env.flags(&crd.name).await?
+    );
+    ensure!(
+        specs(env, &crd, "v1").await? == before,
+        "every object reads back unchanged"
+    );
+    let applied = env
+        .apply_via(
+            &crd,
+            "v1",
+            "w00003",
+            json!({"size": 33, "owner": "flux"}),
+            "kustomize-controller",
+        )
+        .await?;
+    ensure!(
+        applied["spec"]["size"] == 33,
+        "server-side apply by the old manager works: {applied}"
+    );
+    Ok(())
+}
+
+/// The storage version moved from v1 to v2; the older release's CRD has only v1:
+/// `check` explains it, `check --fix` moves the storage version back, migrates and trims,
+/// and the older CRD applies.
+pub async fn rollback(env: &Env) -> Outcome {
+    let crd = env
+        .create_crd("chk-back", &[("v1", true, true), ("v2", true, false)])
+        .await?;
+    env.create_objects(&crd, "v1", 30).await?;
+    switch_storage(env, &crd, 0, 1).await?;
+    for i in 30..40 {
+        env.apply_via(&crd, "v2", &format!("w{i:05}"), json!({"size": i}), "operator-v2")
+            .await?;
+    }
+    ensure!(
+        env.stored_versions(&crd.name).await? == ["v1", "v2"],
+        "storedVersions"
+    );
+    let older = incoming(
+        env,
+        &crd,
+        "older-release",
+        json!([open_version("v1", true, true)]),
+    )
+    .await?;
+    let file = older.display().to_string();
+    let window = ["--writers-window", "1s"];
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let output = run_check(env, None, &[&["-f", &file][..], &window[..]].concat()).await?;
+    let report = text(&output);
+    ensure!(output.status.code() == Some(1), "check exits 1: {report}");
+    ensure!(
+        report.contains("StoredVersionMissing v2")
+            && report.contains("objects are stored as v2, the live storage version, which this CRD lacks"),
+        "explains the rollback: {report}"
+    );
+    let before = specs(env, &crd, "v1").await?;
+    let output = run_check(env, None, &[&["--fix", "-f", &file][..], &window[..]].concat()).await?;
+    let report = text(&output);
+    ensure!(output.status.code() == Some(0), "check --fix exits 0: {report}");
+    ensure!(
+        report.contains("moving the storage version back from v2 to v1"),
+        "says what it does: {report}"
+    );
+    ensure!(
+        env.flags(&crd.name).await? == "v1:sS v2:s",
+        "v1 stored again: {}",
+        env.flags(&crd.name).await?
+    );
+    ensure!(
+        env.stored_versions(&crd.name).await? == ["v1"],
+        "storedVersions trimmed to v1"
+    );
+    let names: Vec<String> = before.iter().map(|(n, _)| n.clone()).collect();
+    if let Some(versions) = stored_as(env, &crd, &names).await? {
+        ensure!(
+            versions == [format!("{}/v1", crd.group)],
+            "every object stored as v1: {versions:?}"
+        );
+    }
+    if let Ok(applied) = kubectl_apply(env, &older).await {
+        ensure!(
+            applied.status.success(),
+            "the older CRD applies: {}",
+            text(&applied)
+        );
+        ensure!(
+            env.flags(&crd.name).await? == "v1:sS",
+            "{}",
+            env.flags(&crd.name).await?
+        );
+    }
+    ensure!(
+        specs(env, &crd, "v1").await? == before,
+        "every object reads back unchanged"
+    );
+    Ok(())
+}
+
+/// A client still writes through v1beta1, which the release stops serving: breaking, named
+/// with its last write; `--fix` refuses and changes nothing.
+pub async fn writer_unserved(env: &Env) -> Outcome {
+    let crd = env
+        .create_crd("chk-writer", &[("v1beta1", true, false), ("v1", true, true)])
+        .await?;
+    env.create_objects(&crd, "v1", 5).await?;
+    env.apply_via(&crd, "v1beta1", "w00001", json!({"size": 7}), "legacy-writer")
+        .await?;
+    let release = incoming(
+        env,
+        &crd,
+        "unserve-release",
+        json!([
+            open_version("v1beta1", false, false),
+            open_version("v1", true, true)
+        ]),
+    )
+    .await?;
+    let file = release.display().to_string();
+    let output = run_check(env, None, &["-f", &file, "-o", "json"]).await?;
+    ensure!(
+        output.status.code() == Some(1),
+        "check exits 1: {}",
+        text(&output)
+    );
+    let report: Value =
+        serde_json::from_slice(&output.stdout).map_err(|e| format!("{e}: {}", text(&output)))?;
+    let findings = report["clusters"][0]["crds"][0]["findings"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let active = findings
+        .iter()
+        .find(|f| f["kind"] == "ActiveWriters")
+        .ok_or_else(|| format!("no ActiveWriters: {report}"))?;
+    ensure!(
+        active["severity"] == "Breaking" && active["version"] == "v1beta1",
+        "{active}"
+    );
+    ensure!(
+        active["managers"][0]["manager"] == "legacy-writer" && active["managers"][0]["lastWrite"].is_string(),
+        "the manager and its last write, as separate fields: {active}"
+    );
+    let before = env.crd(&crd.name).await?.metadata.resource_version;
+    let output = run_check(env, None, &["--fix", "-f", &file]).await?;
+    let report = text(&output);
+    ensure!(output.status.code() == Some(1), "--fix refuses: {report}");
+    ensure!(
+        report.contains("NOT FIXED")
+            && report.contains("a writer is active within --writers-window: legacy-writer"),
+        "says why: {report}"
+    );
+    ensure!(
+        env.crd(&crd.name).await?.metadata.resource_version == before,
+        "the CRD is untouched"
+    );
+    Ok(())
+}
+
+/// The release tightens the schema under stored objects: each failing object named with its
+/// path, the count given; `--fix` refuses.
+pub async fn schema_tightens(env: &Env) -> Outcome {
+    let crd = env.create_crd("chk-schema", &[("v1", true, true)]).await?;
+    env.create_objects(&crd, "v1", 20).await?;
+    let tightened = json!([{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+        "type": "object", "properties": {"spec": {"type": "object", "properties": {
+            "size": {"type": "integer", "maximum": 5}, "color": {"type": "string"}}}}}}}]);
+    let release = incoming(env, &crd, "tight-release", tightened).await?;
+    let file = release.display().to_string();
+    let output = run_check(
+        env,
+        None,
+        &["-f", &file, "--max-objects", "3", "--page-size", "6"],
+    )
+    .await?;
+    let report = text(&output);
+    ensure!(output.status.code() == Some(1), "check exits 1: {report}");
+    ensure!(
+        report.contains("ObjectsInvalid v1") && report.contains("14 of 20 objects fail this CRD's v1 schema"),
+        "counts them: {report}"
+    );
+    ensure!(
+        report.contains("w00006 spec.size: Invalid value: 6: should be less than or equal to 5"),
+        "names the first: {report}"
+    );
+    let output = run_check(env, None, &["--fix", "-f", &file]).await?;
+    ensure!(
+        output.status.code() == Some(1)
+            && text(&output).contains("objects are invalid under the incoming schema"),
+        "--fix refuses: {}",
+        text(&output)
+    );
+    Ok(())
+}
+
+/// The upgrade hook's ServiceAccount and ClusterRole (`examples/upgrades/`) suffice for
+/// `check --fix`: run impersonating it.
+pub async fn least_privilege(env: &Env) -> Outcome {
+    let crd = env
+        .create_crd_ungranted("chk-rbac", &[("v1beta1", true, true), ("v1", true, false)])
+        .await?;
+    env.create_objects(&crd, "v1beta1", 12).await?;
+    switch_storage(env, &crd, 0, 1).await?;
+    let account = format!("{}-upgrade-check", env.run_id);
+    env.create_service_account(&account).await?;
+    let role = crate::examples::upgrade_cluster_role(&format!("{}-upgrade-check", env.run_id), &crd.group)?;
+    let role_name = role.metadata.name.clone().unwrap_or_default();
+    env.create_cluster_role(role).await?;
+    let binding: k8s_openapi::api::rbac::v1::ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": role_name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": "default"}],
+    }))
+    .map_err(|e| e.to_string())?;
+    env.create_cluster_role_binding(binding).await?;
+    let kubeconfig = env.kubeconfig_as(&format!("system:serviceaccount:default:{account}"))?;
+    let release = incoming(env, &crd, "rbac-release", json!([open_version("v1", true, true)])).await?;
+    let file = release.display().to_string();
+    let output = run_check(
+        env,
+        Some(&kubeconfig),
+        &["--fix", "-f", &file, "--writers-window", "1s"],
+    )
+    .await?;
+    let report = text(&output);
+    ensure!(
+        output.status.code() == Some(0),
+        "check --fix as the hook's ServiceAccount: {report}"
+    );
+    ensure!(
+        env.stored_versions(&crd.name).await? == ["v1"],
+        "trimmed as the hook's account"
+    );
+    // And nothing beyond: it may not touch a Deployment or read a Secret.
+    let user = format!("system:serviceaccount:default:{account}");
+    for (verb, resource) in [
+        ("get", "secrets"),
+        ("patch", "deployments"),
+        ("delete", "customresourcedefinitions"),
+    ] {
+        ensure!(
+            !env.can(&user, verb, resource, "other", "default").await?,
+            "{user} may {verb} {resource}"
+        );
+    }
+    Ok(())
+}
