@@ -274,3 +274,73 @@ fn the_readme_documents_every_function() {
         );
     }
 }
+
+/// A string literal as the scanner must skip it: cel-rust's parser decides what a literal
+/// is. In a raw string (`r'...'`, `R"..."`, triple-quoted, with or without a `b` prefix) a
+/// backslash escapes nothing, so `r'\'` ends at its second quote.
+#[test]
+fn brackets_after_a_raw_string_ending_in_a_backslash_count() {
+    let deep = format!(
+        "{}self{}",
+        "[".repeat(MAX_NESTING + 1),
+        "]".repeat(MAX_NESTING + 1)
+    );
+    for raw in [r"r'\'", r#"R"\""#, r"r'''\'''", r#"br"\""#, r"BR'\'"] {
+        let source = format!("{raw} == {raw} ? {deep} : self");
+        assert!(
+            nesting_depth(&source) > MAX_NESTING,
+            "{source}: {} levels seen",
+            nesting_depth(&source)
+        );
+        assert!(refused(&source).contains("levels deep"), "{source}");
+    }
+    // The escape still escapes in a string that is not raw, and an `r` ending a name is no prefix.
+    assert_eq!(nesting_depth(r"'\'(' + [self]"), 1);
+    assert_eq!(nesting_depth(r"self.bar'\'(' + [self]"), 1);
+}
+
+mod literals {
+    use proptest::prelude::*;
+
+    use super::super::nesting_depth;
+
+    /// A literal: an optional prefix, a quote and text that may hold backslashes, quotes and
+    /// brackets.
+    fn literal() -> impl Strategy<Value = String> {
+        let prefix = prop::sample::select(vec!["", "r", "R", "b", "B", "br", "bR", "Br", "BR", "rb"]);
+        let quote = prop::sample::select(vec!["'", "\"", "'''", "\"\"\""]);
+        let text = prop::collection::vec(
+            prop::sample::select(vec![
+                "a", "\\", "'", "\"", "(", ")", "[", "]", "{", "?", "\\\\", "\\'",
+            ]),
+            0..8,
+        );
+        (prefix, quote, text)
+            .prop_map(|(prefix, quote, text)| format!("{prefix}{quote}{}{quote}", text.concat()))
+    }
+
+    /// Whether cel-rust's parser reads `source` as a single string or bytes literal.
+    fn is_one_literal(source: &str) -> bool {
+        use cel::common::ast::{Expr, LiteralValue};
+        matches!(
+            cel::parser::Parser::new().parse(source).map(|e| e.expr),
+            Ok(Expr::Literal(LiteralValue::String(_) | LiteralValue::Bytes(_)))
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1_000, max_global_rejects: 20_000, ..ProptestConfig::default() })]
+
+        /// Whatever a literal holds, the scanner skips exactly it: brackets around it count,
+        /// brackets in it do not.
+        #[test]
+        fn the_scanner_skips_exactly_what_the_parser_reads_as_a_literal(literal in literal()) {
+            prop_assume!(is_one_literal(&literal));
+            prop_assert_eq!(nesting_depth(&literal), 0, "{}", literal);
+            let nested = format!("(({literal} + [{literal}]))");
+            prop_assert_eq!(nesting_depth(&nested), 3, "{}", nested);
+            let after = format!("{literal} == {literal} ? [[self]] : self");
+            prop_assert_eq!(nesting_depth(&after), 3, "{}", after);
+        }
+    }
+}
