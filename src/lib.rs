@@ -13,6 +13,7 @@ pub mod lifecycle;
 pub mod manifest;
 pub mod migrate;
 pub mod plan;
+pub mod re2;
 pub mod schema;
 mod sync;
 pub mod webhook;
