@@ -26,13 +26,42 @@ use regex::{Regex, RegexBuilder};
 pub const MAX_COMPILED_BYTES: usize = 4 << 20;
 
 /// Cache of the lazy DFA of one pattern, per thread that matches with it (bytes). Over it,
-/// matching falls back to slower engines, still linear in the input.
-pub const MAX_DFA_BYTES: usize = 2 << 20;
+/// matching falls back to the NFA simulation, still linear in the input; a smaller cache
+/// gives up sooner on a pattern whose DFA would blow up (measured: the worst patterns end
+/// sooner with 512 KiB than with the default 2 MiB).
+pub const MAX_DFA_BYTES: usize = 512 << 10;
 
 /// Compiled patterns kept at most; the cache starts over once it holds more.
 const CACHED_PATTERNS: usize = 512;
 
-type Cache = Mutex<HashMap<String, Result<Arc<Regex>, String>>>;
+/// A compiled pattern and the size of its automaton.
+#[derive(Debug)]
+pub struct Pattern {
+    regex: Regex,
+    states: usize,
+}
+
+impl Pattern {
+    /// Whether the pattern matches somewhere in `text`.
+    pub fn is_match(&self, text: &str) -> bool {
+        self.regex.is_match(text)
+    }
+
+    /// The compiled regular expression.
+    pub fn regex(&self) -> &Regex {
+        &self.regex
+    }
+
+    /// The states of its automaton (Thompson NFA, without captures), at least one per
+    /// character of the pattern: what matching costs per character of input in the worst
+    /// case, where the lazy DFA gives way to the NFA simulation. `\pL` alone is 300 states,
+    /// `a{500}` over 500.
+    pub fn states(&self) -> usize {
+        self.states
+    }
+}
+
+type Cache = Mutex<HashMap<String, Result<Arc<Pattern>, String>>>;
 
 fn cache() -> &'static Cache {
     static CACHE: OnceLock<Cache> = OnceLock::new();
@@ -42,17 +71,21 @@ fn cache() -> &'static Cache {
 /// The compiled form of Go pattern `pattern` (unanchored, as Go's `MatchString` uses it),
 /// from the cache when it was compiled before. The error says why it does not compile (a
 /// syntax the `regex` crate lacks, or over [`MAX_COMPILED_BYTES`]).
-pub fn compile(pattern: &str) -> Result<Arc<Regex>, String> {
+pub fn compile(pattern: &str) -> Result<Arc<Pattern>, String> {
     let mut cached = cache().lock().unwrap_or_else(|p| p.into_inner());
     if let Some(found) = cached.get(pattern) {
         return found.clone();
     }
-    let compiled = RegexBuilder::new(&translate(pattern))
+    let translated = translate(pattern);
+    let compiled = RegexBuilder::new(&translated)
         .octal(true)
         .size_limit(MAX_COMPILED_BYTES)
         .dfa_size_limit(MAX_DFA_BYTES)
         .build()
-        .map(Arc::new)
+        .map(|regex| {
+            let states = automaton_states(&translated).max(pattern.chars().count());
+            Arc::new(Pattern { regex, states })
+        })
         .map_err(|error| match error {
             regex::Error::CompiledTooBig(limit) => {
                 format!("the pattern compiles to more than {limit} bytes")
@@ -64,6 +97,21 @@ pub fn compile(pattern: &str) -> Result<Arc<Regex>, String> {
     }
     cached.insert(pattern.to_owned(), compiled.clone());
     compiled
+}
+
+/// The states of the pattern's Thompson NFA without captures, less the three every NFA has
+/// (the empty pattern's); the size limit is the regex's, which already compiled it.
+fn automaton_states(translated: &str) -> usize {
+    use regex_automata::nfa::thompson::{Compiler, Config, WhichCaptures};
+    Compiler::new()
+        .syntax(regex_automata::util::syntax::Config::new().octal(true))
+        .configure(
+            Config::new()
+                .which_captures(WhichCaptures::None)
+                .nfa_size_limit(Some(MAX_COMPILED_BYTES)),
+        )
+        .build(translated)
+        .map_or(usize::MAX, |nfa| nfa.states().len().saturating_sub(3))
 }
 
 /// A Go pattern rewritten in the `regex` crate's syntax with the same meaning.
@@ -128,6 +176,26 @@ pub fn translate(pattern: &str) -> String {
                 }
             }
             ('{', None) if !is_repetition(&chars[i..]) => out.push_str(r"\{"),
+            // Only whether it matches is asked: groups need not capture, and capturing
+            // groups make the NFA simulation several times slower.
+            ('(', None) => {
+                let rest: String = chars[i + 1..].iter().take(3).collect();
+                if !rest.starts_with('?') {
+                    out.push_str("(?:");
+                } else if rest.starts_with("?P<")
+                    || (rest.starts_with("?<") && !rest.starts_with("?<=") && !rest.starts_with("?<!"))
+                {
+                    let name_end = chars[i..]
+                        .iter()
+                        .position(|&c| c == '>')
+                        .map_or(chars.len(), |at| i + at);
+                    out.push_str("(?:");
+                    i = name_end + 1;
+                    continue;
+                } else {
+                    out.push('(');
+                }
+            }
             ('[' | '&' | '~', Some(_)) => {
                 out.push('\\');
                 out.push(c);
@@ -209,6 +277,9 @@ mod tests {
         assert!(matches(r"^x{,3}$", "x{,3}"));
         assert!(matches(r"^x{a}{$", "x{a}{"));
         assert!(matches(r"^x{2}y{1,}z{1,2}$", "xxyzz"));
+        // Groups, named or not, still group.
+        assert!(matches(r"^(ab)+(?P<n>c|d)(?<m>e)$", "ababde"));
+        assert_eq!(translate(r"(a)(?:b)(?P<x>c)(?i)\(d"), r"(?:a)(?:b)(?:c)(?i)\(d");
         assert!(!matches(r"^[[:alpha:]]+$", "é"));
     }
 
@@ -217,6 +288,9 @@ mod tests {
         let first = compile(r"^[a-z]+\d$").expect("compiles");
         let second = compile(r"^[a-z]+\d$").expect("compiles");
         assert!(Arc::ptr_eq(&first, &second), "the second comes from the cache");
+        assert!(first.states() >= r"^[a-z]+\d$".len());
+        assert!(compile("a{500}").expect("compiles").states() >= 500);
+        assert!(compile(r"\pL").expect("compiles").states() >= 250);
         let huge = compile(r"(\pL{100}){100}").expect_err("too big");
         assert!(huge.contains("more than"), "{huge}");
         assert!(compile("(").is_err());

@@ -493,7 +493,7 @@ fn check_string(schema: &Schema, text: &str, path: &str, problems: &mut Vec<Prob
 /// compared without `-`) checked here, each as the apiserver's own checker; other formats
 /// pass.
 fn format_fits(format: &str, text: &str) -> bool {
-    let matches = |pattern: &str| crate::re2::compile(pattern).is_ok_and(|regex| regex.is_match(text));
+    let matches = |pattern: &str| crate::re2::compile(pattern).is_ok_and(|compiled| compiled.is_match(text));
     match format.replace('-', "").as_str() {
         "datetime" => is_date_time(text),
         "date" => is_date(text),
@@ -565,7 +565,7 @@ fn is_date_time(text: &str) -> bool {
     else {
         return false;
     };
-    let Some(found) = time.captures(parts[1]) else {
+    let Some(found) = time.regex().captures(parts[1]) else {
         return false;
     };
     let field = |i: usize| found.get(i).map_or("", |m| m.as_str());

@@ -99,17 +99,23 @@ impl Expression {
 
     /// Evaluates with `self` bound to `value`, drawing on `budget`; the result must be a
     /// JSON value. What the evaluation used is taken off the budget, whether it succeeded
-    /// or not.
+    /// or not. Writing out the result is free up to the size of the input (`self` on a large
+    /// field costs nearly nothing); everything else the evaluation did is charged, however
+    /// small its result (`self.size()` pays for scanning the string).
     pub fn evaluate_within(&self, value: &Json, budget: &mut Budget) -> Result<Json, EvalError> {
         let meter = meter::Meter::new(budget);
         let mut input_units = 0;
         let this = value::Value::from_json(value, &mut input_units);
         let mut evaluator = eval::Evaluator::new(meter, this, &self.checked.patterns);
+        let mut written = 0;
         let outcome = evaluator.eval(&self.ast).and_then(|result| {
             evaluator.meter.allow(input_units);
-            result.to_json(&mut evaluator.meter)
+            let before = evaluator.meter.used();
+            let json = result.to_json(&mut evaluator.meter);
+            written = evaluator.meter.used().saturating_sub(before);
+            json
         });
-        let used = evaluator.meter.used().saturating_sub(input_units);
+        let used = evaluator.meter.used().saturating_sub(written.min(input_units));
         budget.remaining = budget.remaining.saturating_sub(used);
         outcome.map_err(|stop| EvalError {
             over_limit: matches!(stop, meter::Stop::Limit(_)),
