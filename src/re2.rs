@@ -47,11 +47,6 @@ impl Pattern {
         self.regex.is_match(text)
     }
 
-    /// The compiled regular expression.
-    pub fn regex(&self) -> &Regex {
-        &self.regex
-    }
-
     /// The states of its automaton (Thompson NFA, without captures), at least one per
     /// character of the pattern: what matching costs per character of input in the worst
     /// case, where the lazy DFA gives way to the NFA simulation. `\pL` alone is 300 states,

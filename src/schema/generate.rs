@@ -64,6 +64,12 @@ pub fn generate(root: &Schema, rng: &mut Rng) -> Result<Map<String, Value>, Stri
 /// `oneOf`, `not` or list uniqueness the first candidates miss.
 const ATTEMPTS: usize = 50;
 
+/// A value for one field's schema (for checking a type change's expressions on samples);
+/// `None` when no value could be made.
+pub fn generate_value(schema: &Schema, rng: &mut Rng) -> Option<Value> {
+    value(schema, rng, "", 1).ok().flatten()
+}
+
 fn value(schema: &Schema, rng: &mut Rng, path: &str, depth: usize) -> Result<Option<Value>, String> {
     let constrained = !schema.all_of.is_empty()
         || !schema.any_of.is_empty()

@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 pub use fields::{Field, fields};
-pub use generate::{Rng, generate};
-pub use validate::{Problem, served, validate};
+pub use generate::{Rng, generate, generate_value};
+pub use validate::{Problem, served, validate, validate_value};
 
 /// One node of a structural schema.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -129,6 +129,20 @@ impl Schema {
             one_of: schemas("oneOf"),
             not: value.get("not").map(|not| Box::new(Schema::parse(not))),
         }
+    }
+}
+
+impl Schema {
+    /// The schema at a path of field names below this node, where `[]` stands for the items
+    /// of a list (`["spec", "ports", "[]", "name"]`).
+    pub fn at(&self, segments: &[String]) -> Option<&Schema> {
+        segments.iter().try_fold(self, |node, segment| {
+            if segment == "[]" {
+                node.items.as_deref()
+            } else {
+                node.properties.get(segment)
+            }
+        })
     }
 }
 

@@ -48,7 +48,7 @@ pub fn validate(root: &Schema, object: &Value) -> Vec<Problem> {
     prune(&mut served, Some(root), "", true, &mut problems);
     prune_nulls(&mut served, Some(root));
     default(&mut served, Some(root));
-    check(root, &served, "", &mut problems);
+    check(root, &served, "", true, &mut problems);
     problems
 }
 
@@ -64,10 +64,23 @@ pub fn served(root: &Schema, object: &Value) -> Value {
     served
 }
 
+/// Every problem of a value (a field's, not a whole object's) against its schema, as for an
+/// object: what pruning would drop, then what validation rejects once nulls are dropped and
+/// defaults applied. Paths are relative to the value (`[0].name`, `name`).
+pub fn validate_value(schema: &Schema, value: &Value) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let mut served = value.clone();
+    prune(&mut served, Some(schema), "", false, &mut problems);
+    prune_nulls(&mut served, Some(schema));
+    default(&mut served, Some(schema));
+    check(schema, &served, "", false, &mut problems);
+    problems
+}
+
 /// Whether `value` passes the value validations of `schema` (for the generator).
 pub(super) fn fits(schema: &Schema, value: &Value) -> bool {
     let mut problems = Vec::new();
-    check(schema, value, "", &mut problems);
+    check(schema, value, "", false, &mut problems);
     problems.is_empty()
 }
 
@@ -199,9 +212,9 @@ fn default(value: &mut Value, schema: Option<&Schema>) {
     }
 }
 
-/// The value validations of `schema` on `value`. The root (`path` empty) leaves
-/// `apiVersion`, `kind` and `metadata` alone.
-fn check(schema: &Schema, value: &Value, path: &str, problems: &mut Vec<Problem>) {
+/// The value validations of `schema` on `value`. The root of an object leaves `apiVersion`,
+/// `kind` and `metadata` alone.
+fn check(schema: &Schema, value: &Value, path: &str, root: bool, problems: &mut Vec<Problem>) {
     let typed = schema.kind.is_some() || schema.int_or_string;
     if value.is_null() {
         // Only the type and the enum apply to null (kube-openapi's SchemaValidator).
@@ -266,12 +279,11 @@ fn check(schema: &Schema, value: &Value, path: &str, problems: &mut Vec<Problem>
             check_list_type(schema, items, path, problems);
             if let Some(item_schema) = &schema.items {
                 for (i, item) in items.iter().enumerate() {
-                    check(item_schema, item, &format!("{path}[{i}]"), problems);
+                    check(item_schema, item, &format!("{path}[{i}]"), false, problems);
                 }
             }
         }
         Value::Object(fields) => {
-            let root = path.is_empty();
             let own = |name: &String| !(root && RESERVED.contains(&name.as_str()));
             let count = fields.keys().filter(|name| own(name)).count() as u64;
             bounds(
@@ -285,9 +297,9 @@ fn check(schema: &Schema, value: &Value, path: &str, problems: &mut Vec<Problem>
             for (name, child_value) in fields.iter().filter(|(name, _)| own(name)) {
                 let child_path = child(path, name);
                 if let Some(child_schema) = schema.properties.get(name) {
-                    check(child_schema, child_value, &child_path, problems);
+                    check(child_schema, child_value, &child_path, false, problems);
                 } else if let Some(values) = &schema.additional_properties {
-                    check(values, child_value, &child_path, problems);
+                    check(values, child_value, &child_path, false, problems);
                 }
             }
             for name in schema.required.iter().filter(|name| own(name)) {
@@ -298,15 +310,15 @@ fn check(schema: &Schema, value: &Value, path: &str, problems: &mut Vec<Problem>
         }
         _ => {}
     }
-    check_junctors(schema, value, path, problems);
+    check_junctors(schema, value, path, root, problems);
 }
 
 /// `allOf`, `anyOf`, `oneOf` and `not`: value validations on the same value, each passing
 /// when it finds no problem.
-fn check_junctors(schema: &Schema, value: &Value, path: &str, problems: &mut Vec<Problem>) {
+fn check_junctors(schema: &Schema, value: &Value, path: &str, root: bool, problems: &mut Vec<Problem>) {
     let passes = |sub: &Schema| {
         let mut found = Vec::new();
-        check(sub, value, path, &mut found);
+        check(sub, value, path, root, &mut found);
         found
     };
     if !schema.all_of.is_empty() {
@@ -548,28 +560,54 @@ fn is_date(text: &str) -> bool {
 }
 
 /// `strfmt.IsDateTime`, exactly: split the lower-cased text at every `t`; the first part is a
-/// date, the second matches `hh:mm:ss`, an optional fraction after any one character, and
-/// `z` or an offset `±hh:mm` (required), with `hh <= 23`, `mm <= 59`, `ss <= 59` (compared
-/// as text; the offset is not range-checked).
+/// date, the second matches `^([0-9]{2}):([0-9]{2}):([0-9]{2})(.[0-9]+)?(z|([+-][0-9]{2}:[0-9]{2}))$`
+/// (an optional fraction after any one character, then `z` or a required offset), with
+/// `hh <= 23`, `mm <= 59`, `ss <= 59` (compared as text; the offset is not range-checked).
 fn is_date_time(text: &str) -> bool {
     if text.len() < 4 {
         return false;
     }
     let lower = go_to_lower(text);
     let parts: Vec<&str> = lower.split('t').collect();
-    if parts.len() < 2 || !is_date(parts[0]) {
+    parts.len() >= 2 && is_date(parts[0]) && is_time_of_date_time(parts[1])
+}
+
+/// The time part of [`is_date_time`].
+fn is_time_of_date_time(text: &str) -> bool {
+    let two_digits = |s: &str| s.len() == 2 && s.bytes().all(|b| b.is_ascii_digit());
+    let (Some(hours), Some(minutes), Some(seconds)) = (text.get(0..2), text.get(3..5), text.get(6..8)) else {
+        return false;
+    };
+    if !(two_digits(hours) && two_digits(minutes) && two_digits(seconds))
+        || text.as_bytes()[2] != b':'
+        || text.as_bytes()[5] != b':'
+        || !(hours <= "23" && minutes <= "59" && seconds <= "59")
+    {
         return false;
     }
-    let Ok(time) =
-        crate::re2::compile(r"^([0-9]{2}):([0-9]{2}):([0-9]{2})(.[0-9]+)?(z|([+-][0-9]{2}:[0-9]{2}))$")
-    else {
-        return false;
+    let is_offset = |rest: &str| {
+        rest == "z"
+            || (rest.len() == 6
+                && matches!(rest.as_bytes()[0], b'+' | b'-')
+                && two_digits(&rest[1..3])
+                && rest.as_bytes()[3] == b':'
+                && two_digits(&rest[4..6]))
     };
-    let Some(found) = time.regex().captures(parts[1]) else {
-        return false;
-    };
-    let field = |i: usize| found.get(i).map_or("", |m| m.as_str());
-    field(1) <= "23" && field(2) <= "59" && field(3) <= "59"
+    let rest = &text[8..];
+    if is_offset(rest) {
+        return true;
+    }
+    // A fraction: any one character but a newline, then digits (as many as there are: an
+    // offset starts with none of them).
+    let mut chars = rest.chars();
+    match chars.next() {
+        Some(c) if c != '\n' => {
+            let after = chars.as_str();
+            let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+            digits > 0 && is_offset(&after[digits..])
+        }
+        _ => false,
+    }
 }
 
 /// Go's `strings.ToLower` for what matters here (ASCII letters; other characters are kept,

@@ -693,3 +693,197 @@ proptest! {
         }
     }
 }
+
+// ---- what a downgrade cannot hold comes back (issue 29, finding 8) ----
+
+fn chain_of(step: Value) -> Converter {
+    let spec: ConversionSpec = serde_json::from_value(json!({"changes": [step]})).expect("spec");
+    Converter::new(&spec, &versions(&["v1", "v2"]), &[]).expect("valid")
+}
+
+fn saved_of(object: &Value) -> Option<Value> {
+    object["metadata"]["annotations"][CONVERSION_DATA_ANNOTATION]
+        .as_str()
+        .map(|text| serde_json::from_str(text).expect("the annotation is JSON"))
+}
+
+/// v2 widens v1's integer port to a string; narrowing it back loses what an integer cannot
+/// say. Going down, the v2 value is kept whenever `upgrade(downgrade(x)) != x`, and comes
+/// back while v1's value is still what it became; an edit in v1 wins.
+#[test]
+fn a_lossy_downgrade_keeps_the_newer_value_and_gives_it_back() {
+    let c = chain_of(json!({"from": "v1", "to": "v2", "changed": [{
+        "path": "spec.port", "upgrade": "string(self)",
+        "downgrade": "self.matches('^[0-9]+$') ? int(self) : 0"}]}));
+    for written in ["08080", "http", "8080"] {
+        let v2 = widget("v2", json!({"port": written}));
+        let v1 = c.convert(&v2, "v1").expect("down");
+        let lossy = written != "8080";
+        assert_eq!(saved_of(&v1).is_some(), lossy, "{written}: {v1}");
+        assert_eq!(
+            c.convert(&v1, "v2").expect("up"),
+            v2,
+            "{written} comes back exactly"
+        );
+    }
+    let v1 = c
+        .convert(&widget("v2", json!({"port": "08080"})), "v1")
+        .expect("down");
+    assert_eq!(v1["spec"]["port"], json!(8080));
+    assert_eq!(
+        saved_of(&v1),
+        Some(json!({"v2": {"changed": {"spec.port": "08080"}}}))
+    );
+    // Edited in v1 since: the kept value is stale, the new one converts.
+    let mut edited = v1.clone();
+    edited["spec"]["port"] = json!(9090);
+    let back = c.convert(&edited, "v2").expect("up");
+    assert_eq!(back, widget("v2", json!({"port": "9090"})));
+}
+
+/// The issue's example: v2 adds `spec.ports[].appProtocol`. Declared as added in the list's
+/// items, each item's value is kept going down and comes back to the same item going up:
+/// matched by the list's key (`[port]`) wherever a client in v1 moved it, or by position.
+#[test]
+fn a_field_added_to_list_items_survives_a_trip_down() {
+    let keyed = chain_of(json!({"from": "v1", "to": "v2",
+        "added": [{"path": "spec.ports[port].appProtocol", "default": "tcp"}]}));
+    let v2 = widget(
+        "v2",
+        json!({"ports": [
+        {"port": 80, "appProtocol": "http"}, {"port": 443, "appProtocol": "tcp"}, {"port": 8443}]}),
+    );
+    let v1 = keyed.convert(&v2, "v1").expect("down");
+    assert_eq!(
+        v1["spec"],
+        json!({"ports": [{"port": 80}, {"port": 443}, {"port": 8443}]})
+    );
+    assert_eq!(
+        keyed.convert(&v1, "v2").expect("up"),
+        v2,
+        "exactly, defaults and absences too"
+    );
+    // A client of v1 inserts a port in front and drops 443: each item keeps its own.
+    let mut moved = v1.clone();
+    moved["spec"]["ports"] = json!([{"port": 9000}, {"port": 8443}, {"port": 80}]);
+    let up = keyed.convert(&moved, "v2").expect("up");
+    assert_eq!(
+        up["spec"]["ports"],
+        json!([{"port": 9000, "appProtocol": "tcp"}, {"port": 8443}, {"port": 80, "appProtocol": "http"}])
+    );
+    assert!(saved_of(&up).is_none(), "nothing left behind: {up}");
+
+    let positional = chain_of(json!({"from": "v1", "to": "v2",
+        "added": [{"path": "spec.ports[].appProtocol", "default": "tcp"}]}));
+    let v1 = positional.convert(&v2, "v1").expect("down");
+    assert_eq!(positional.convert(&v1, "v2").expect("up"), v2);
+}
+
+/// Removed and renamed inside list items, and a type change of an item's field: the same
+/// round trips, through nested lists.
+#[test]
+fn rules_reach_into_nested_list_items() {
+    let c = chain_of(json!({"from": "v1", "to": "v2",
+        "renamed": [{"from": "spec.groups[].ports[port].name", "to": "spec.groups[].ports[port].portName"}],
+        "removed": ["spec.groups[].ports[port].legacy"],
+        "changed": [{"path": "spec.groups[].ports[port].weight", "upgrade": "string(self)", "downgrade": "int(self)"}]}));
+    let v1 = widget(
+        "v1",
+        json!({"groups": [
+        {"ports": [{"port": 80, "name": "web", "legacy": true, "weight": 1}]},
+        {"ports": [{"port": 80, "weight": 2}, {"port": 81, "name": "alt"}]}]}),
+    );
+    let v2 = c.convert(&v1, "v2").expect("up");
+    assert_eq!(
+        v2["spec"],
+        json!({"groups": [
+        {"ports": [{"port": 80, "portName": "web", "weight": "1"}]},
+        {"ports": [{"port": 80, "weight": "2"}, {"port": 81, "portName": "alt"}]}]})
+    );
+    assert_eq!(c.convert(&v2, "v1").expect("down"), v1);
+    // "007" narrows to 7: kept for its item.
+    let mut padded = v2.clone();
+    padded["spec"]["groups"][1]["ports"][0]["weight"] = json!("007");
+    let down = c.convert(&padded, "v1").expect("down");
+    assert_eq!(down["spec"]["groups"][1]["ports"][0]["weight"], json!(7));
+    assert_eq!(c.convert(&down, "v2").expect("up"), padded);
+}
+
+/// A type change of a whole list whose downgrade drops what the older items cannot hold:
+/// kept, unless the policy accepts to lose it.
+#[test]
+fn a_downgrade_that_drops_fields_keeps_them_unless_their_loss_is_accepted() {
+    let rule = json!({"path": "spec.ports", "upgrade": "self", "downgrade": "self.map(p, {'port': p.port})"});
+    let v2 = widget("v2", json!({"ports": [{"port": 80, "appProtocol": "http"}]}));
+    let kept = chain_of(json!({"from": "v1", "to": "v2", "changed": [rule.clone()]}));
+    let v1 = kept.convert(&v2, "v1").expect("down");
+    assert_eq!(v1["spec"]["ports"], json!([{"port": 80}]));
+    assert_eq!(kept.convert(&v1, "v2").expect("up"), v2);
+
+    let accepted = chain_of(json!({"from": "v1", "to": "v2", "changed": [rule],
+        "acceptLoss": [{"path": "spec.ports[].appProtocol", "reason": "v1 clients never set it"}]}));
+    let v1 = accepted.convert(&v2, "v1").expect("down");
+    assert!(saved_of(&v1).is_none(), "dropped on purpose: {v1}");
+    assert_eq!(
+        accepted.convert(&v1, "v2").expect("up")["spec"]["ports"],
+        json!([{"port": 80}])
+    );
+}
+
+/// What is kept may not push the object's annotations over what the apiserver allows
+/// (recorded: tests/fixtures/conversion-data/): the conversion fails, naming the sizes,
+/// instead of the apiserver failing the read.
+#[test]
+fn what_is_kept_stays_within_the_apiservers_annotation_limit() {
+    let recorded = include_str!("../fixtures/conversion-data/annotation-size-v1.36.2.txt");
+    let body: String = recorded
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let cases: Value = serde_json::from_str(&body).expect("fixture");
+    let accepted = cases[0]["annotationBytes"].as_u64().expect("bytes") as usize;
+    assert_eq!(cases[0]["code"], 201);
+    assert_eq!(cases[1]["code"], 422);
+    assert_eq!(cases[1]["annotationBytes"].as_u64(), Some(accepted as u64 + 1));
+    assert_eq!(crd_lifecycle::conversion::MAX_ANNOTATIONS_BYTES, accepted);
+
+    let c = chain_of(json!({"from": "v1", "to": "v2", "added": [{"path": "spec.notes", "default": ""}]}));
+    // The annotation holds {"v2":{"values":{"spec.notes":"..."}}}: 37 bytes around the text.
+    let around = CONVERSION_DATA_ANNOTATION.len() + r#"{"v2":{"values":{"spec.notes":""}}}"#.len();
+    let fits = widget("v2", json!({"notes": "n".repeat(accepted - around)}));
+    let down = c.convert(&fits, "v1").expect("exactly at the limit");
+    assert_eq!(c.convert(&down, "v2").expect("up"), fits);
+    let over = widget("v2", json!({"notes": "n".repeat(accepted - around + 1)}));
+    let error = c.convert(&over, "v1").expect_err("one byte over");
+    assert!(matches!(error, ConversionError::SavedTooLarge { .. }), "{error}");
+    assert!(error.to_string().contains("262144"), "{error}");
+    // Other annotations count too.
+    let mut annotated = fits.clone();
+    annotated["metadata"]["annotations"] = json!({"a": "b"});
+    assert!(c.convert(&annotated, "v1").is_err());
+}
+
+/// Paths into list items are validated with the rest.
+#[test]
+fn list_item_paths_are_validated() {
+    let spec: ConversionSpec = serde_json::from_value(json!({"changes": [{"from": "v1", "to": "v2",
+        "renamed": [{"from": "spec.ports[].name", "to": "spec.names"},
+                    {"from": "spec.ports", "to": "spec.endpoints"}],
+        "added": [{"path": "spec.ports[port].port", "default": 1},
+                  {"path": "spec.endpoints[].x", "default": 1},
+                  {"path": "spec.items[]", "default": 1}]}]}))
+    .expect("spec");
+    let Err(errors) = Converter::new(&spec, &versions(&["v1", "v2"]), &[]) else {
+        panic!("invalid paths accepted");
+    };
+    let text = errors.to_string();
+    for expected in [
+        "spec.conversion.changes[0].renamed[0].to: a rename stays within the same list items",
+        "spec.conversion.changes[0].added[0].path: spec.ports[port].port is a key its list's items are matched by",
+        "spec.conversion.changes[0].added[1].path: spec.endpoints[].x: the list spec.endpoints is renamed in this step",
+        "spec.conversion.changes[0].added[2].path: \"spec.items[]\" ends at a list",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+}
