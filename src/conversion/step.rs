@@ -263,6 +263,9 @@ impl Scope {
     ) -> Result<(), ConversionError> {
         let name = list.to_string();
         let Some(Value::Array(items)) = list.list.get_mut(object) else {
+            // No list, no items: what was kept for them belongs to none.
+            work.older.keep_items(&name, &[]);
+            work.newer.keep_items(&name, &[]);
             return Ok(());
         };
         let ids = ItemId::of_items(items, &list.key);
@@ -440,13 +443,16 @@ fn add_up(
 /// Down: an added field is kept (unless it holds its default) and dropped, with the
 /// parents converting up created for it.
 fn add_down(object: &mut Value, newer: &mut SavedFields, path: &FieldPath, default: &Value) {
+    let key = path.to_string();
+    // What was kept for it before is stale now: this conversion records it anew.
+    newer.values.remove(&key);
+    newer.absent.remove(&key);
     let created = std::mem::take(&mut newer.created);
     let taken = path.take(object, |parent| created.contains(parent));
     // A record goes once its object is gone (another added field may still be in it),
     // unless this field's value is kept: converting back recreates the parent for it, and
     // it is still one conversion created.
     let value_kept = taken.as_ref().is_some_and(|value| value != default);
-    let key = path.to_string();
     newer.created = created
         .into_iter()
         .filter(|c| {

@@ -887,3 +887,151 @@ fn list_item_paths_are_validated() {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
 }
+
+/// A list a client of the older version deleted takes what its items kept with it: nothing
+/// stale comes back into items added later.
+#[test]
+fn what_items_kept_goes_with_their_list() {
+    let c = chain_of(json!({"from": "v1", "to": "v2",
+        "added": [{"path": "spec.ports[].appProtocol", "default": "tcp"}]}));
+    let v2 = widget("v2", json!({"ports": [{"port": 80, "appProtocol": "http"}]}));
+    let mut v1 = c.convert(&v2, "v1").expect("down");
+    v1["spec"] = json!({});
+    let up = c.convert(&v1, "v2").expect("up");
+    assert!(saved_of(&up).is_none(), "{up}");
+    let mut again = up.clone();
+    again["spec"] = json!({"ports": [{"port": 81}]});
+    let down = c.convert(&again, "v1").expect("down");
+    assert_eq!(c.convert(&down, "v2").expect("up"), again, "no stale appProtocol");
+}
+
+// ---- property tests of rules inside list items ----
+
+/// Three versions of a list of items keyed by `k`: v1 drops `a`, renames `b` to `bb` and
+/// adds `c` (default "dc"); v2 shortens `c` to three characters (a lossy type change) and
+/// adds `e` to the items of each item's positional list `sub`.
+fn item_chain() -> Converter {
+    let spec: ConversionSpec = serde_json::from_value(json!({"changes": [
+        {"from": "v0", "to": "v1",
+         "removed": ["spec.items[k].a"],
+         "renamed": [{"from": "spec.items[k].b", "to": "spec.items[k].bb"}],
+         "added": [{"path": "spec.items[k].c", "default": "dc"}]},
+        {"from": "v1", "to": "v2",
+         "changed": [{"path": "spec.items[k].c", "upgrade": "self == null || string(self).size() <= 3 ? self : string(self).substring(0, 3)", "downgrade": "self"}],
+         "added": [{"path": "spec.items[k].sub[].e", "default": 0}]},
+    ]}))
+    .expect("spec");
+    Converter::new(&spec, &versions(&["v0", "v1", "v2"]), &[]).expect("valid")
+}
+
+/// The fields an item of each version may have.
+const ITEM_FIELDS: [&[&str]; 3] = [&["a", "b"], &["bb", "c"], &["bb", "c"]];
+
+fn item_value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        "[a-z]{0,6}".prop_map(Value::from),
+        Just(json!("dc")),
+        any::<i16>().prop_map(Value::from),
+        Just(json!(0)),
+        Just(Value::Null),
+    ]
+}
+
+/// An object of version `v` of [`item_chain`]: up to four items with distinct keys (a key
+/// may be missing on one), each with some of its version's fields and a `sub` list.
+fn item_object() -> impl Strategy<Value = (usize, Value)> {
+    (0..3usize).prop_flat_map(|version| {
+        let item = (
+            proptest::option::of("[a-c]"),
+            proptest::collection::vec(proptest::option::of(item_value()), 2),
+            proptest::option::of(proptest::collection::vec(
+                proptest::option::of(item_value()),
+                0..3,
+            )),
+        );
+        (
+            Just(version),
+            proptest::collection::vec(item, 0..4),
+            any::<bool>(),
+        )
+            .prop_map(|(version, items, has_list)| {
+                let mut seen = std::collections::BTreeSet::new();
+                let items: Vec<Value> = items
+                    .into_iter()
+                    .filter(|(key, _, _)| seen.insert(key.clone()))
+                    .map(|(key, values, sub)| {
+                        let mut item = serde_json::Map::new();
+                        if let Some(key) = key {
+                            item.insert("k".into(), json!(key));
+                        }
+                        for (name, value) in ITEM_FIELDS[version].iter().zip(values) {
+                            if let Some(value) = value {
+                                item.insert((*name).into(), value);
+                            }
+                        }
+                        if let Some(sub) = sub {
+                            let sub: Vec<Value> = sub
+                                .into_iter()
+                                .map(|e| match (version, e) {
+                                    (2, Some(e)) => json!({"n": 1, "e": e}),
+                                    _ => json!({"n": 1}),
+                                })
+                                .collect();
+                            item.insert("sub".into(), json!(sub));
+                        }
+                        Value::Object(item)
+                    })
+                    .collect();
+                let spec = if has_list {
+                    json!({"items": items})
+                } else {
+                    json!({})
+                };
+                (version, widget(&format!("v{version}"), spec))
+            })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, max_global_rejects: 100_000, ..ProptestConfig::default() })]
+
+    /// Any object converts to every other version and back exactly, whatever its items hold.
+    #[test]
+    fn list_items_round_trip((version, object) in item_object()) {
+        let c = item_chain();
+        let here = format!("v{version}");
+        for there in ["v0", "v1", "v2"] {
+            let converted = c.convert(&object, there).expect("converts");
+            let back = c.convert(&converted, &here).expect("converts back");
+            prop_assert_eq!(&back, &object, "via {}: {}", there, converted);
+        }
+    }
+
+    /// In an older version, a client reorders the items and drops some: back in the newer
+    /// version, every remaining item is the item it was, matched by its key.
+    #[test]
+    fn kept_item_fields_follow_their_key((version, object) in item_object(), order in any::<u64>(), drop in any::<usize>()) {
+        prop_assume!(version > 0);
+        let c = item_chain();
+        let here = format!("v{version}");
+        let mut older = c.convert(&object, "v0").expect("down");
+        let Some(items) = older["spec"]["items"].as_array_mut() else {
+            return Ok(());
+        };
+        prop_assume!(items.iter().all(|item| item.get("k").is_some()));
+        if !items.is_empty() {
+            items.remove(drop % items.len());
+        }
+        let len = items.len().max(1);
+        items.rotate_left((order as usize) % len);
+        let kept: Vec<Value> = items.iter().map(|item| item["k"].clone()).collect();
+        let back = c.convert(&older, &here).expect("up");
+        let original = object["spec"]["items"].as_array().expect("items");
+        let returned = back["spec"]["items"].as_array().expect("items");
+        prop_assert_eq!(returned.len(), kept.len());
+        for (item, key) in returned.iter().zip(&kept) {
+            let before = original.iter().find(|o| o["k"] == *key).expect("the same key");
+            prop_assert_eq!(item, before, "{}", back);
+        }
+    }
+}
