@@ -312,7 +312,7 @@ impl Scope {
             }
             Phase::UpChanged => {
                 for changed in &self.changed {
-                    self.change_up(object, work, at, changed)?;
+                    self.change(object, work, at, changed, true)?;
                 }
             }
             Phase::UpAdded => {
@@ -327,7 +327,7 @@ impl Scope {
             }
             Phase::DownChanged => {
                 for changed in self.changed.iter().rev() {
-                    self.change_down(object, work, at, changed)?;
+                    self.change(object, work, at, changed, false)?;
                 }
             }
             Phase::DownRemoved => {
@@ -341,75 +341,52 @@ impl Scope {
         Ok(())
     }
 
-    /// Up: the newer value this version had is restored while the older value is still
-    /// what it became going down; otherwise `upgrade`. What the way back would not give back
-    /// (`"08080"` → 8080 → `"8080"`) is kept.
-    fn change_up(
+    /// A type change one way (`up`: `upgrade`, else `downgrade`). The value the other
+    /// version kept is restored while converting it back still gives the value here (an
+    /// edit here wins); otherwise the value converts, and when converting the result back
+    /// would not give the value here again (`"08080"` → 8080 → `"8080"`; a field the other
+    /// version has no place for, a value it narrows), the value here is kept, apart from the
+    /// parts whose loss is accepted.
+    fn change(
         &self,
         object: &mut Value,
         work: &mut Work,
         at: At,
         changed: &Changed,
+        up: bool,
     ) -> Result<(), ConversionError> {
+        let ((forward, forward_name), (backward, backward_name)) = if up {
+            ((&changed.upgrade, "upgrade"), (&changed.downgrade, "downgrade"))
+        } else {
+            ((&changed.downgrade, "downgrade"), (&changed.upgrade, "upgrade"))
+        };
+        let (this, other) = if up {
+            (&mut *work.older, &mut *work.newer)
+        } else {
+            (&mut *work.newer, &mut *work.older)
+        };
         let key = changed.path.to_string();
-        let kept = work.newer.changed.remove(&key);
+        let kept = other.changed.remove(&key);
         // A missing field stays missing.
-        let Some(original) = changed.path.get(object).cloned() else {
+        let Some(here) = changed.path.get(object).cloned() else {
             return Ok(());
         };
         let restored = match kept {
-            Some(newer) => {
-                let back = changed.probe(at, &changed.downgrade, "downgrade", &newer, work.budget)?;
-                (back.as_ref() == Some(&original)).then_some(newer)
-            }
-            None => None,
-        };
-        let upgraded = match restored {
-            Some(newer) => newer,
-            None => {
-                let upgraded = changed.apply(at, &changed.upgrade, "upgrade", &original, work.budget)?;
-                let back = changed.probe(at, &changed.downgrade, "downgrade", &upgraded, work.budget)?;
-                if !changed.same(back.as_ref(), &original) {
-                    work.older.changed.insert(key, original);
-                }
-                upgraded
-            }
-        };
-        changed.path.set(object, upgraded)
-    }
-
-    /// Down: the older value is restored while the newer value is still what it became going
-    /// up (an edit in the newer version wins); otherwise `downgrade`, and what the way back
-    /// would not give back (a field the older version has no place for, a value it narrows)
-    /// is kept.
-    fn change_down(
-        &self,
-        object: &mut Value,
-        work: &mut Work,
-        at: At,
-        changed: &Changed,
-    ) -> Result<(), ConversionError> {
-        let key = changed.path.to_string();
-        let kept = work.older.changed.remove(&key);
-        let Some(current) = changed.path.get(object).cloned() else {
-            return Ok(());
-        };
-        let restored = match kept {
-            Some(original) => changed
-                .probe(at, &changed.upgrade, "upgrade", &original, work.budget)?
-                .is_some_and(|upgraded| upgraded == current)
-                .then_some(original),
+            Some(kept) => changed
+                .probe(at, backward, backward_name, &kept, work.budget)?
+                .is_some_and(|back| back == here)
+                .then_some(kept),
             None => None,
         };
         let value = match restored {
-            Some(original) => original,
+            Some(kept) => kept,
             None => {
-                let downgraded = changed.apply(at, &changed.downgrade, "downgrade", &current, work.budget)?;
-                let back = changed.probe(at, &changed.upgrade, "upgrade", &downgraded, work.budget)?;
-                if !changed.same(back.as_ref(), &current) {
-                    work.newer.changed.insert(key, current);
+                let converted = changed.apply(at, forward, forward_name, &here, work.budget)?;
+                let back = changed.probe(at, backward, backward_name, &converted, work.budget)?;
+                if !changed.same(back.as_ref(), &here) {
+                    this.changed.insert(key, here);
                 }
-                downgraded
+                converted
             }
         };
         changed.path.set(object, value)

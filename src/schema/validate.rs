@@ -44,10 +44,7 @@ pub fn validate(root: &Schema, object: &Value) -> Vec<Problem> {
         problems.push(problem("", "the object is not a JSON object"));
         return problems;
     }
-    let mut served = object.clone();
-    prune(&mut served, Some(root), "", true, &mut problems);
-    prune_nulls(&mut served, Some(root));
-    default(&mut served, Some(root));
+    let served = stored(root, object, true, &mut problems);
     check(root, &served, "", true, &mut problems);
     problems
 }
@@ -57,11 +54,17 @@ pub fn validate(root: &Schema, object: &Value) -> Vec<Problem> {
 /// (`structuralpruning.Prune`, `PruneNonNullableNullsWithoutDefaults`,
 /// `structuraldefaulting.Default`).
 pub fn served(root: &Schema, object: &Value) -> Value {
-    let mut served = object.clone();
-    prune(&mut served, Some(root), "", true, &mut Vec::new());
-    prune_nulls(&mut served, Some(root));
-    default(&mut served, Some(root));
-    served
+    stored(root, object, true, &mut Vec::new())
+}
+
+/// `value` pruned (what goes reported in `pruned`), its non-nullable nulls dropped and its
+/// defaults applied, as the apiserver stores it.
+fn stored(schema: &Schema, value: &Value, root: bool, pruned: &mut Vec<Problem>) -> Value {
+    let mut stored = value.clone();
+    prune(&mut stored, Some(schema), "", root, pruned);
+    prune_nulls(&mut stored, Some(schema));
+    default(&mut stored, Some(schema));
+    stored
 }
 
 /// Every problem of a value (a field's, not a whole object's) against its schema, as for an
@@ -69,10 +72,7 @@ pub fn served(root: &Schema, object: &Value) -> Value {
 /// defaults applied. Paths are relative to the value (`[0].name`, `name`).
 pub fn validate_value(schema: &Schema, value: &Value) -> Vec<Problem> {
     let mut problems = Vec::new();
-    let mut served = value.clone();
-    prune(&mut served, Some(schema), "", false, &mut problems);
-    prune_nulls(&mut served, Some(schema));
-    default(&mut served, Some(schema));
+    let served = stored(schema, value, false, &mut problems);
     check(schema, &served, "", false, &mut problems);
     problems
 }

@@ -368,19 +368,21 @@ fn a_small_result_does_not_hide_the_work_behind_it() {
     );
 }
 
+/// `n` bytes of the alphabet, over and over.
+fn letters(n: usize) -> Value {
+    json!(
+        "abcdefghijklmnopqrstuvwxyz"
+            .chars()
+            .cycle()
+            .take(n)
+            .collect::<String>()
+    )
+}
+
 /// `matches` costs the traversal of its input times the states of the pattern's automaton,
 /// charged before it runs; `contains` the product of both sizes (cel-go's runtime cost).
 #[test]
 fn matches_and_contains_cost_as_much_as_they_can_run() {
-    let letters = |n: usize| {
-        json!(
-            "abcdefghijklmnopqrstuvwxyz"
-                .chars()
-                .cycle()
-                .take(n)
-                .collect::<String>()
-        )
-    };
     let states = |pattern: &str| crate::re2::compile(pattern).expect("compiles").states() as u64;
     let simple = cost("self.matches('^[a-z]+$')", &letters(100_000));
     let traversal = 100_001u64.div_ceil(10);
@@ -431,15 +433,6 @@ fn a_pathological_pattern_ends_in_time_over_the_largest_input_allowed() {
             })
             .collect();
         json!(text)
-    };
-    let letters = |n: usize| {
-        json!(
-            "abcdefghijklmnopqrstuvwxyz"
-                .chars()
-                .cycle()
-                .take(n)
-                .collect::<String>()
-        )
     };
     let cases: [(&str, &dyn Fn(usize) -> Value); 7] = [
         ("(a|b)*a(a|b){20}c", &alternating),
