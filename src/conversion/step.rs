@@ -141,6 +141,20 @@ fn shortened(value: &Value) -> String {
     format!("{head}... ({} bytes)", text.len())
 }
 
+/// The passes of converting up a step, in order; down is the reverse.
+const UP: [Phase; 4] = [
+    Phase::UpRemoved,
+    Phase::Renamed { up: true },
+    Phase::UpChanged,
+    Phase::UpAdded,
+];
+const DOWN: [Phase; 4] = [
+    Phase::DownAdded,
+    Phase::DownChanged,
+    Phase::Renamed { up: false },
+    Phase::DownRemoved,
+];
+
 impl Step {
     pub(super) fn up(
         &self,
@@ -149,11 +163,8 @@ impl Step {
         budget: &mut Budget,
     ) -> Result<(), ConversionError> {
         self.with_saved(saved, budget, |work| {
-            let root = &self.root;
-            root.phase(object, work, "", Phase::UpRemoved)?;
-            root.phase(object, work, "", Phase::Renamed { up: true })?;
-            root.phase(object, work, "", Phase::UpChanged)?;
-            root.phase(object, work, "", Phase::UpAdded)
+            UP.iter()
+                .try_for_each(|phase| self.root.phase(object, work, "", *phase))
         })
     }
 
@@ -164,11 +175,8 @@ impl Step {
         budget: &mut Budget,
     ) -> Result<(), ConversionError> {
         self.with_saved(saved, budget, |work| {
-            let root = &self.root;
-            root.phase(object, work, "", Phase::DownAdded)?;
-            root.phase(object, work, "", Phase::DownChanged)?;
-            root.phase(object, work, "", Phase::Renamed { up: false })?;
-            root.phase(object, work, "", Phase::DownRemoved)
+            DOWN.iter()
+                .try_for_each(|phase| self.root.phase(object, work, "", *phase))
         })
     }
 
