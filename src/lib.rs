@@ -14,6 +14,7 @@ pub mod lifecycle;
 pub mod manifest;
 pub mod migrate;
 pub mod plan;
+pub mod re2;
 pub mod schema;
 pub mod signals;
 mod sync;

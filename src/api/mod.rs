@@ -116,6 +116,9 @@ pub struct ConversionStep {
     /// The next version.
     pub to: String,
     /// Fields that moved: dotted paths inside the object, e.g. `spec.size` → `spec.replicas`.
+    /// A path may reach into the items of a list: `spec.ports[].name` (items matched by
+    /// position) or `spec.ports[port].name` (by the values of their `port`, as a list with
+    /// `x-kubernetes-list-map-keys` must be).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub renamed: Vec<RenamedField>,
     /// Fields the newer version adds, with the value they take when converting up.
@@ -148,7 +151,9 @@ pub struct AcceptedLoss {
 
 /// A field whose type or values change between two versions, e.g. a port that was a string
 /// and becomes an integer. A missing field stays missing; a value the round trip would not
-/// give back (`downgrade(upgrade(x)) != x`, e.g. `"08080"`) is kept in an annotation.
+/// give back, either way (`downgrade(upgrade(x)) != x`, e.g. `"08080"`, or
+/// `upgrade(downgrade(x)) != x`), is kept in an annotation, apart from what `acceptLoss`
+/// names.
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ChangedField {

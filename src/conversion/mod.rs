@@ -27,9 +27,10 @@ use serde_json::Value;
 use crate::api::ConversionSpec;
 use crate::field_errors::FieldErrors;
 pub use cel::{Budget, Expression};
-pub use path::FieldPath;
+pub use path::{FieldPath, ITEMS, ItemKey, ListStep, RulePath, segments_of, text_of};
+pub use saved::MAX_ANNOTATIONS_BYTES;
 use saved::{put_saved, take_saved};
-use step::{Changed, Step};
+use step::{Changed, Scope, Step};
 
 /// The annotation holding what a version cannot hold.
 pub const CONVERSION_DATA_ANNOTATION: &str = "crdlifecycle.io/conversion-data";
@@ -85,6 +86,10 @@ pub enum ConversionError {
     NotAnObject { path: String, blocker: String },
     #[error("the {CONVERSION_DATA_ANNOTATION} annotation is not valid JSON: {0}")]
     BadAnnotation(String),
+    #[error(
+        "what {to} cannot hold would take {saved} bytes in the {CONVERSION_DATA_ANNOTATION} annotation, making the object's annotations {total} bytes; the apiserver allows {MAX_ANNOTATIONS_BYTES}"
+    )]
+    SavedTooLarge { saved: usize, total: usize, to: String },
     #[error("{path}: {direction} `{expression}` failed on {value}: {message}")]
     Expression {
         path: String,
@@ -104,12 +109,53 @@ impl ConversionError {
     }
 }
 
+/// A type change of a step, for checking its expressions against the versions' schemas.
+pub struct ChangedRule<'a> {
+    /// The field's path in the newer version, as segments ([`ITEMS`] for a list's items).
+    pub path: Vec<String>,
+    pub upgrade: &'a Expression,
+    pub downgrade: &'a Expression,
+    /// Parts below the field whose loss the policy accepts, as segments from it.
+    pub accepted: &'a [Vec<String>],
+}
+
 /// A validated chain of conversion steps.
 pub struct Converter {
     /// The versions, oldest first.
     versions: Vec<String>,
     /// `steps[i]` converts `versions[i]` ↔ `versions[i + 1]`.
     steps: Vec<Step>,
+    /// `rules[i]`: the paths of `steps[i]`'s rules as segments, for translating paths.
+    rules: Vec<StepPaths>,
+}
+
+/// A step's renames, additions and removals as whole paths' segments (lists as [`ITEMS`]).
+#[derive(Default)]
+struct StepPaths {
+    renamed: Vec<(Vec<String>, Vec<String>)>,
+    added: Vec<Vec<String>>,
+    removed: Vec<Vec<String>>,
+}
+
+/// The scope of `root` that the rules inside `lists` apply in, made on the way.
+fn scope_for<'a>(root: &'a mut Scope, lists: &[path::ListStep]) -> &'a mut Scope {
+    let mut scope = root;
+    for list in lists {
+        let at = match scope.lists.iter().position(|(known, _)| known == list) {
+            Some(at) => at,
+            None => {
+                scope.lists.push((list.clone(), Scope::default()));
+                scope.lists.len() - 1
+            }
+        };
+        scope = &mut scope.lists[at].1;
+    }
+    scope
+}
+
+/// Whether segments `path` are `root` or below it.
+fn is_within(path: &[String], root: &[String]) -> bool {
+    path.starts_with(root)
 }
 
 impl Converter {
@@ -125,6 +171,7 @@ impl Converter {
         let mut errors = FieldErrors::default();
         let mut versions: Vec<String> = Vec::new();
         let mut steps = Vec::new();
+        let mut rules = Vec::new();
         for (i, change) in spec.changes.iter().enumerate() {
             let base = format!("spec.conversion.changes[{i}]");
             match versions.last() {
@@ -153,14 +200,14 @@ impl Converter {
                     );
                 }
             }
-            let mut parse = |text: &str, at: String| match FieldPath::parse(text) {
-                Ok(path) => Some(path),
+            let mut parse = |text: &str, at: String| match RulePath::parse(text) {
+                Ok(path) => Some((path, at)),
                 Err(message) => {
                     errors.push(at, message);
                     None
                 }
             };
-            let renamed: Vec<(FieldPath, FieldPath)> = change
+            let renamed: Vec<((RulePath, String), (RulePath, String))> = change
                 .renamed
                 .iter()
                 .enumerate()
@@ -170,7 +217,7 @@ impl Converter {
                     from.zip(to)
                 })
                 .collect();
-            let added: Vec<(FieldPath, Value)> = change
+            let added: Vec<((RulePath, String), Value)> = change
                 .added
                 .iter()
                 .enumerate()
@@ -178,70 +225,154 @@ impl Converter {
                     parse(&a.path, format!("{base}.added[{j}].path")).map(|p| (p, a.default.clone()))
                 })
                 .collect();
-            let removed: Vec<FieldPath> = change
+            let removed: Vec<(RulePath, String)> = change
                 .removed
                 .iter()
                 .enumerate()
                 .filter_map(|(j, r)| parse(r, format!("{base}.removed[{j}]")))
                 .collect();
-            for (j, loss) in change.accept_loss.iter().enumerate() {
-                parse(&loss.path, format!("{base}.acceptLoss[{j}].path"));
-            }
-            for (j, path) in removed.iter().enumerate() {
-                if renamed.iter().any(|(from, to)| from == path || to == path) {
-                    errors.push(
-                        format!("{base}.removed[{j}]"),
-                        format!("{path} is both renamed and removed in this step"),
-                    );
-                }
-            }
-            let mut changed = Vec::new();
+            let accepted: Vec<(RulePath, String)> = change
+                .accept_loss
+                .iter()
+                .enumerate()
+                .filter_map(|(j, loss)| parse(&loss.path, format!("{base}.acceptLoss[{j}].path")))
+                .collect();
+            let mut changed_paths: Vec<(RulePath, String)> = Vec::new();
+            let mut changed_expressions = Vec::new();
             for (j, field) in change.changed.iter().enumerate() {
                 let at = format!("{base}.changed[{j}]");
-                let path = FieldPath::parse(&field.path)
-                    .map_err(|message| errors.push(format!("{at}.path"), message))
-                    .ok();
+                let path = match RulePath::parse(&field.path) {
+                    Ok(path) => Some((path, format!("{at}.path"))),
+                    Err(message) => {
+                        errors.push(format!("{at}.path"), message);
+                        None
+                    }
+                };
                 let upgrade = Expression::compile(&field.upgrade)
                     .map_err(|message| errors.push(format!("{at}.upgrade"), message))
                     .ok();
                 let downgrade = Expression::compile(&field.downgrade)
                     .map_err(|message| errors.push(format!("{at}.downgrade"), message))
                     .ok();
-                let Some(path) = path else { continue };
-                let clash = if renamed.iter().any(|(from, _)| *from == path) {
+                if let Some((path, at)) = path {
+                    changed_paths.push((path, at));
+                    changed_expressions.push((upgrade, downgrade));
+                }
+            }
+            for ((from, _), (to, to_at)) in &renamed {
+                if from.lists != to.lists {
+                    errors.push(
+                        to_at.clone(),
+                        format!("a rename stays within the same list items: {from} and {to} are in different lists"),
+                    );
+                }
+            }
+            for (path, at) in &removed {
+                if renamed
+                    .iter()
+                    .any(|((from, _), (to, _))| from == path || to == path)
+                {
+                    errors.push(
+                        at.clone(),
+                        format!("{path} is both renamed and removed in this step"),
+                    );
+                }
+            }
+            for (n, (path, at)) in changed_paths.iter().enumerate() {
+                let clash = if renamed.iter().any(|((from, _), _)| from == path) {
                     Some("renamed from in this step: name its new path (changes apply after renames)")
-                } else if removed.contains(&path) {
+                } else if removed.iter().any(|(r, _)| r == path) {
                     Some("removed in this step")
-                } else if added.iter().any(|(added, _)| *added == path) {
+                } else if added.iter().any(|((a, _), _)| a == path) {
                     Some("added in this step: give the added field's default in the newer type")
                 } else {
                     None
                 };
                 if let Some(clash) = clash {
-                    errors.push(format!("{at}.path"), format!("{path} is also {clash}"));
+                    errors.push(at.clone(), format!("{path} is also {clash}"));
                 }
-                if change.changed[..j].iter().any(|other| other.path == field.path) {
+                if changed_paths[..n].iter().any(|(other, _)| other == path) {
+                    errors.push(at.clone(), format!("{path} is changed twice in this step"));
+                }
+            }
+            // Rules inside list items: the list is not moved by a rename of this step, and no
+            // rule touches the fields its items are matched by.
+            let rename_roots: Vec<Vec<String>> = renamed
+                .iter()
+                .flat_map(|((from, _), (to, _))| [from.segments(), to.segments()])
+                .collect();
+            let mut inside_rules: Vec<(&RulePath, &String)> = Vec::new();
+            inside_rules.extend(renamed.iter().flat_map(|((f, fa), (t, ta))| [(f, fa), (t, ta)]));
+            inside_rules.extend(added.iter().map(|((p, a), _)| (p, a)));
+            inside_rules.extend(removed.iter().map(|(p, a)| (p, a)));
+            inside_rules.extend(changed_paths.iter().map(|(p, a)| (p, a)));
+            inside_rules.extend(accepted.iter().map(|(p, a)| (p, a)));
+            for (path, at) in &inside_rules {
+                let mut prefix: Vec<String> = Vec::new();
+                for list in &path.lists {
+                    prefix.extend(list.list.segments().iter().cloned());
+                    if rename_roots.iter().any(|root| is_within(&prefix, root)) {
+                        errors.push(
+                            (*at).clone(),
+                            format!("{path}: the list {} is renamed in this step; rules inside its items are not supported in the same step", text_of(&prefix)),
+                        );
+                    }
+                    prefix.push(ITEMS.to_owned());
+                }
+                if let Some(list) = path.lists.last()
+                    && let ItemKey::Fields(keys) = &list.key
+                    && keys.contains(&path.field.segments()[0])
+                {
                     errors.push(
-                        format!("{at}.path"),
-                        format!("{path} is changed twice in this step"),
+                        (*at).clone(),
+                        format!("{path} is a key its list's items are matched by ({list}): it cannot change in a conversion that matches by it"),
                     );
                 }
-                if let (Some(upgrade), Some(downgrade)) = (upgrade, downgrade) {
-                    changed.push(Changed {
-                        path,
-                        upgrade,
-                        downgrade,
-                    });
+            }
+            let mut root = Scope::default();
+            let mut paths = StepPaths::default();
+            for ((from, _), (to, _)) in &renamed {
+                paths.renamed.push((from.segments(), to.segments()));
+                if from.lists == to.lists {
+                    scope_for(&mut root, &from.lists)
+                        .renamed
+                        .push((from.field.clone(), to.field.clone()));
                 }
+            }
+            for ((path, _), default) in &added {
+                paths.added.push(path.segments());
+                scope_for(&mut root, &path.lists)
+                    .added
+                    .push((path.field.clone(), default.clone()));
+            }
+            for (path, _) in &removed {
+                paths.removed.push(path.segments());
+                scope_for(&mut root, &path.lists).removed.push(path.field.clone());
+            }
+            for ((path, _), (upgrade, downgrade)) in changed_paths.iter().zip(changed_expressions) {
+                let (Some(upgrade), Some(downgrade)) = (upgrade, downgrade) else {
+                    continue;
+                };
+                let whole = path.segments();
+                let accepted_below = accepted
+                    .iter()
+                    .map(|(loss, _)| loss.segments())
+                    .filter(|loss| is_within(loss, &whole))
+                    .map(|loss| loss[whole.len()..].to_vec())
+                    .collect();
+                scope_for(&mut root, &path.lists).changed.push(Changed {
+                    path: path.field.clone(),
+                    upgrade,
+                    downgrade,
+                    accepted: accepted_below,
+                });
             }
             steps.push(Step {
                 from: change.from.clone(),
                 to: change.to.clone(),
-                renamed,
-                added,
-                removed,
-                changed,
+                root,
             });
+            rules.push(paths);
         }
         if !spec.changes.is_empty() {
             for version in crd_versions.iter().filter(|v| !versions.contains(v)) {
@@ -254,7 +385,11 @@ impl Converter {
         if !errors.is_empty() {
             return Err(errors);
         }
-        Ok(Converter { versions, steps })
+        Ok(Converter {
+            versions,
+            steps,
+            rules,
+        })
     }
 
     /// Builds the converter from the steps alone, with the chain's own versions as the
@@ -270,9 +405,10 @@ impl Converter {
         Converter::new(spec, &chain, &[])
     }
 
-    /// Where a field of `from_version` (its path as segments, e.g. `["spec", "size"]`) is in
-    /// `to_version`: renames applied step by step; `None` when a step drops it (removed going
-    /// up, added going down). A version outside the chain keeps the path as it is.
+    /// Where a field of `from_version` (its path as segments, e.g. `["spec", "size"]`, with
+    /// [`ITEMS`] after a list whose items it is in) is in `to_version`: renames applied step
+    /// by step; `None` when a step drops it (removed going up, added going down). A version
+    /// outside the chain keeps the path as it is.
     pub fn translate_path(
         &self,
         path: &[String],
@@ -283,33 +419,51 @@ impl Converter {
         let (Some(from), Some(to)) = (position(from_version), position(to_version)) else {
             return Some(path.to_vec());
         };
-        let under = |path: &[String], field: &FieldPath| path.starts_with(field.segments());
-        let moved = |path: &[String], from: &FieldPath, to: &FieldPath| {
-            let mut moved = to.segments().to_vec();
-            moved.extend_from_slice(&path[from.depth()..]);
+        let moved = |path: &[String], from: &[String], to: &[String]| {
+            let mut moved = to.to_vec();
+            moved.extend_from_slice(&path[from.len()..]);
             moved
         };
         let mut path = path.to_vec();
         if from < to {
-            for step in &self.steps[from..to] {
-                if step.removed.iter().any(|r| under(&path, r)) {
+            for step in &self.rules[from..to] {
+                if step.removed.iter().any(|r| is_within(&path, r)) {
                     return None;
                 }
-                if let Some((old, new)) = step.renamed.iter().find(|(old, _)| under(&path, old)) {
+                if let Some((old, new)) = step.renamed.iter().find(|(old, _)| is_within(&path, old)) {
                     path = moved(&path, old, new);
                 }
             }
         } else {
-            for step in self.steps[to..from].iter().rev() {
-                if step.added.iter().any(|(added, _)| under(&path, added)) {
+            for step in self.rules[to..from].iter().rev() {
+                if step.added.iter().any(|added| is_within(&path, added)) {
                     return None;
                 }
-                if let Some((old, new)) = step.renamed.iter().find(|(_, new)| under(&path, new)) {
+                if let Some((old, new)) = step.renamed.iter().find(|(_, new)| is_within(&path, new)) {
                     path = moved(&path, new, old);
                 }
             }
         }
         Some(path)
+    }
+
+    /// The type changes of step `step` (the `spec.conversion.changes` index): each path's
+    /// segments in the newer version, its expressions, and the parts below it whose loss is
+    /// accepted.
+    pub fn changed_rules(&self, step: usize) -> Vec<ChangedRule<'_>> {
+        let mut found = Vec::new();
+        if let Some(step) = self.steps.get(step) {
+            step.root.changed_rules(&[], &mut found);
+        }
+        found
+            .into_iter()
+            .map(|(path, changed)| ChangedRule {
+                path,
+                upgrade: &changed.upgrade,
+                downgrade: &changed.downgrade,
+                accepted: &changed.accepted,
+            })
+            .collect()
     }
 
     /// The versions of the chain, oldest first.
@@ -371,7 +525,7 @@ impl Converter {
                 step.down(object, &mut saved, budget)?;
             }
         }
-        put_saved(object, saved);
+        put_saved(object, saved, to_version)?;
         object["apiVersion"] = Value::String(api_version);
         Ok(())
     }

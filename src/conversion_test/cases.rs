@@ -142,7 +142,11 @@ pub fn convert_as_served(
                 // the object had; converting back brings them back): whether anything was
                 // lost shows in the round trip.
                 let empty = get_path(&converted, &problem.path).is_some_and(holds_nothing);
-                let accepted = crd.accepted_losses.iter().any(|loss| within(&problem.path, loss));
+                let any_item = normal_items(&problem.path);
+                let accepted = crd
+                    .accepted_losses
+                    .iter()
+                    .any(|loss| within(&any_item, &normal_items(loss)));
                 if empty || accepted {
                     remove_path(&mut converted, &problem.path);
                     if accepted {
@@ -172,7 +176,16 @@ fn round_trip_difference(expected: &Value, actual: &Value) -> Option<(String, St
 }
 
 fn within(path: &str, root: &str) -> bool {
-    path == root || path.strip_prefix(root).is_some_and(|rest| rest.starts_with('.'))
+    path == root
+        || path
+            .strip_prefix(root)
+            .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
+}
+
+/// A path with every list position or key written `[]` (`spec.ports[2].name`,
+/// `spec.ports[port].name` → `spec.ports[].name`).
+fn normal_items(path: &str) -> String {
+    crate::conversion::text_of(&crate::conversion::segments_of(path))
 }
 
 /// An object holding nothing but (objects holding nothing but) empty objects.
@@ -182,17 +195,49 @@ fn holds_nothing(value: &Value) -> bool {
         .is_some_and(|fields| fields.values().all(holds_nothing))
 }
 
-fn get_path<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {
-    path.split('.').try_fold(value, |v, segment| v.get(segment))
+/// The steps of a problem's path: field names and list positions (`spec.ports[2].name`).
+fn steps_of(path: &str) -> Vec<PathStep<'_>> {
+    let mut steps = Vec::new();
+    for part in path.split('.') {
+        let (name, mut rest) = part
+            .split_once('[')
+            .map_or((part, ""), |(name, rest)| (name, rest));
+        if !name.is_empty() {
+            steps.push(PathStep::Field(name));
+        }
+        while let Some((index, after)) = rest.split_once(']') {
+            steps.push(PathStep::Item(index.parse().unwrap_or(usize::MAX)));
+            rest = after.strip_prefix('[').unwrap_or(after);
+        }
+    }
+    steps
 }
 
-/// Removes a dotted field path (object fields only).
+enum PathStep<'a> {
+    Field(&'a str),
+    Item(usize),
+}
+
+fn get_path<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {
+    steps_of(path).into_iter().try_fold(value, |v, step| match step {
+        PathStep::Field(name) => v.get(name),
+        PathStep::Item(i) => v.get(i),
+    })
+}
+
+/// Removes the field at a problem's path (`spec.ports[2].name`).
 fn remove_path(value: &mut Value, path: &str) {
-    let mut segments: Vec<&str> = path.split('.').collect();
-    let Some(last) = segments.pop() else { return };
+    let mut steps = steps_of(path);
+    let Some(PathStep::Field(last)) = steps.pop() else {
+        return;
+    };
     let mut current = value;
-    for segment in segments {
-        match current.get_mut(segment) {
+    for step in steps {
+        let next = match step {
+            PathStep::Field(name) => current.get_mut(name),
+            PathStep::Item(i) => current.get_mut(i),
+        };
+        match next {
             Some(next) => current = next,
             None => return,
         }

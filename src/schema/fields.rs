@@ -14,11 +14,15 @@ pub struct Field {
     /// Fields below it are not listed: it keeps whatever it is given.
     pub open: bool,
     pub default: Option<serde_json::Value>,
+    /// For a list whose items are matched by key (`x-kubernetes-list-type: map`), its
+    /// `x-kubernetes-list-map-keys`.
+    pub map_keys: Option<Vec<String>>,
 }
 
 /// Every field path below the root (`spec.port`, `spec.scale.replicas`), outside
-/// `apiVersion`, `kind` and `metadata`. Objects with properties are walked; arrays and maps
-/// are leaves whose signature includes their element's.
+/// `apiVersion`, `kind` and `metadata`. Objects with properties are walked, and so are the
+/// items of lists of such objects (`spec.ports[]`, `spec.ports[].name`); maps and other
+/// lists are leaves whose signature includes their element's.
 pub fn fields(root: &Schema) -> BTreeMap<String, Field> {
     let mut out = BTreeMap::new();
     for (name, child) in &root.properties {
@@ -37,14 +41,28 @@ fn walk(path: &str, schema: &Schema, out: &mut BTreeMap<String, Field>) {
             signature: signature(schema),
             open: schema.preserve_unknown_fields || schema.embedded_resource,
             default: schema.default.clone(),
+            map_keys: (schema.list_type.as_deref() == Some("map")).then(|| schema.list_map_keys.clone()),
         },
     );
+    if let Some(items) = walked_items(schema) {
+        walk(&format!("{path}[]"), items, out);
+        return;
+    }
     if schema.additional_properties.is_some() {
         return;
     }
     for (name, child) in &schema.properties {
         walk(&format!("{path}.{name}"), child, out);
     }
+}
+
+/// The items of a list that are objects with fields of their own: walked field by field.
+fn walked_items(schema: &Schema) -> Option<&Schema> {
+    let items = schema.items.as_deref()?;
+    (schema.kind.as_deref() == Some("array")
+        && !items.properties.is_empty()
+        && items.additional_properties.is_none())
+    .then_some(items)
 }
 
 /// The type of value a node holds. Objects with properties are `object` (their fields are
@@ -54,6 +72,8 @@ pub fn signature(schema: &Schema) -> String {
         "int-or-string".to_owned()
     } else {
         match schema.kind.as_deref() {
+            // Walked item by item (`fields`).
+            Some("array") if walked_items(schema).is_some() => "array<object>".to_owned(),
             Some("array") => format!(
                 "array<{}>",
                 schema

@@ -60,8 +60,38 @@ pub fn generate(root: &Schema, rng: &mut Rng) -> Result<Map<String, Value>, Stri
     }
 }
 
+/// Tries a value this many times before giving up on a schema whose `allOf`, `anyOf`,
+/// `oneOf`, `not` or list uniqueness the first candidates miss.
+const ATTEMPTS: usize = 50;
+
+/// A value for one field's schema (for checking a type change's expressions on samples);
+/// `None` when no value could be made.
+pub fn generate_value(schema: &Schema, rng: &mut Rng) -> Option<Value> {
+    value(schema, rng, "", 1).ok().flatten()
+}
+
 fn value(schema: &Schema, rng: &mut Rng, path: &str, depth: usize) -> Result<Option<Value>, String> {
-    if schema.nullable && rng.chance(10) {
+    let constrained = !schema.all_of.is_empty()
+        || !schema.any_of.is_empty()
+        || !schema.one_of.is_empty()
+        || schema.not.is_some()
+        || matches!(schema.list_type.as_deref(), Some("set" | "map"));
+    if !constrained {
+        return candidate(schema, rng, path, depth);
+    }
+    for _ in 0..ATTEMPTS {
+        if let Some(found) = candidate(schema, rng, path, depth)?
+            && super::validate::fits(schema, &found)
+        {
+            return Ok(Some(found));
+        }
+    }
+    Ok(None)
+}
+
+fn candidate(schema: &Schema, rng: &mut Rng, path: &str, depth: usize) -> Result<Option<Value>, String> {
+    // The apiserver refuses null for a field with an enum, nullable or not (recorded).
+    if schema.nullable && schema.enum_values.is_none() && rng.chance(10) {
         return Ok(Some(Value::Null));
     }
     if let Some(allowed) = &schema.enum_values
@@ -184,7 +214,7 @@ fn string(schema: &Schema, rng: &mut Rng, path: &str) -> Result<Option<String>, 
     let low = schema.min_length.unwrap_or(0);
     let high = schema.max_length.unwrap_or(low + 12).min(low + 12);
     let pattern = match &schema.pattern {
-        Some(pattern) => match regex::Regex::new(pattern) {
+        Some(pattern) => match crate::re2::compile(pattern) {
             Ok(regex) => Some(regex),
             Err(_) => {
                 return Err(format!(
@@ -242,7 +272,8 @@ fn formatted(format: &str, rng: &mut Rng) -> Option<String> {
         ),
         "byte" => {
             use base64::Engine;
-            let bytes: Vec<u8> = (0..rng.between(0, 8))
+            // At least one byte: the apiserver's `byte` refuses the empty string.
+            let bytes: Vec<u8> = (0..rng.between(1, 8))
                 .map(|_| rng.between(0, 255) as u8)
                 .collect();
             base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -271,7 +302,13 @@ mod tests {
             "labels": {"type": "object", "additionalProperties": {"type": "string"}},
             "raw": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
             "either": {"x-kubernetes-int-or-string": true},
-            "maybe": {"type": "string", "nullable": true}
+            "maybe": {"type": "string", "nullable": true},
+            "level": {"type": "string", "nullable": true, "enum": ["low", "high"]},
+            "choice": {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+                       "anyOf": [{"required": ["a"]}, {"required": ["b"]}]},
+            "names": {"type": "array", "x-kubernetes-list-type": "set", "minItems": 2,
+                      "items": {"type": "string", "enum": ["x", "y", "z"]}},
+            "blob": {"type": "string", "format": "byte"}
         }}}}));
         let mut rng = Rng::new(7);
         for _ in 0..200 {

@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 pub use fields::{Field, fields};
-pub use generate::{Rng, generate};
-pub use validate::{Problem, validate};
+pub use generate::{Rng, generate, generate_value};
+pub use validate::{Problem, served, validate, validate_value};
 
 /// One node of a structural schema.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -43,7 +43,17 @@ pub struct Schema {
     pub max_items: Option<u64>,
     pub min_properties: Option<u64>,
     pub max_properties: Option<u64>,
+    pub multiple_of: Option<f64>,
     pub default: Option<Value>,
+    /// `x-kubernetes-list-type` (`atomic`, `set`, `map`).
+    pub list_type: Option<String>,
+    /// `x-kubernetes-list-map-keys` of a `map` list.
+    pub list_map_keys: Vec<String>,
+    /// Value validations that must all hold, at least one, exactly one, or not hold.
+    pub all_of: Vec<Schema>,
+    pub any_of: Vec<Schema>,
+    pub one_of: Vec<Schema>,
+    pub not: Option<Box<Schema>>,
 }
 
 impl Schema {
@@ -67,6 +77,26 @@ impl Schema {
             })),
             _ => None,
         };
+        let strings = |key: &str| -> Vec<String> {
+            value
+                .get(key)
+                .and_then(Value::as_array)
+                .map(|names| {
+                    names
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let schemas = |key: &str| -> Vec<Schema> {
+            value
+                .get(key)
+                .and_then(Value::as_array)
+                .map(|all| all.iter().map(Schema::parse).collect())
+                .unwrap_or_default()
+        };
         Schema {
             kind: text("type"),
             properties,
@@ -76,17 +106,7 @@ impl Schema {
             int_or_string: flag("x-kubernetes-int-or-string"),
             embedded_resource: flag("x-kubernetes-embedded-resource"),
             nullable: flag("nullable"),
-            required: value
-                .get("required")
-                .and_then(Value::as_array)
-                .map(|names| {
-                    names
-                        .iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_owned)
-                        .collect()
-                })
-                .unwrap_or_default(),
+            required: strings("required"),
             enum_values: value.get("enum").and_then(Value::as_array).cloned(),
             format: text("format"),
             pattern: text("pattern"),
@@ -100,8 +120,29 @@ impl Schema {
             max_items: count("maxItems"),
             min_properties: count("minProperties"),
             max_properties: count("maxProperties"),
+            multiple_of: number("multipleOf"),
             default: value.get("default").cloned(),
+            list_type: text("x-kubernetes-list-type"),
+            list_map_keys: strings("x-kubernetes-list-map-keys"),
+            all_of: schemas("allOf"),
+            any_of: schemas("anyOf"),
+            one_of: schemas("oneOf"),
+            not: value.get("not").map(|not| Box::new(Schema::parse(not))),
         }
+    }
+}
+
+impl Schema {
+    /// The schema at a path of field names below this node, where `[]` stands for the items
+    /// of a list (`["spec", "ports", "[]", "name"]`).
+    pub fn at(&self, segments: &[String]) -> Option<&Schema> {
+        segments.iter().try_fold(self, |node, segment| {
+            if segment == "[]" {
+                node.items.as_deref()
+            } else {
+                node.properties.get(segment)
+            }
+        })
     }
 }
 

@@ -693,3 +693,345 @@ proptest! {
         }
     }
 }
+
+// ---- what a downgrade cannot hold comes back (issue 29, finding 8) ----
+
+fn chain_of(step: Value) -> Converter {
+    let spec: ConversionSpec = serde_json::from_value(json!({"changes": [step]})).expect("spec");
+    Converter::new(&spec, &versions(&["v1", "v2"]), &[]).expect("valid")
+}
+
+fn saved_of(object: &Value) -> Option<Value> {
+    object["metadata"]["annotations"][CONVERSION_DATA_ANNOTATION]
+        .as_str()
+        .map(|text| serde_json::from_str(text).expect("the annotation is JSON"))
+}
+
+/// v2 widens v1's integer port to a string; narrowing it back loses what an integer cannot
+/// say. Going down, the v2 value is kept whenever `upgrade(downgrade(x)) != x`, and comes
+/// back while v1's value is still what it became; an edit in v1 wins.
+#[test]
+fn a_lossy_downgrade_keeps_the_newer_value_and_gives_it_back() {
+    let c = chain_of(json!({"from": "v1", "to": "v2", "changed": [{
+        "path": "spec.port", "upgrade": "string(self)",
+        "downgrade": "self.matches('^[0-9]+$') ? int(self) : 0"}]}));
+    for written in ["08080", "http", "8080"] {
+        let v2 = widget("v2", json!({"port": written}));
+        let v1 = c.convert(&v2, "v1").expect("down");
+        let lossy = written != "8080";
+        assert_eq!(saved_of(&v1).is_some(), lossy, "{written}: {v1}");
+        assert_eq!(
+            c.convert(&v1, "v2").expect("up"),
+            v2,
+            "{written} comes back exactly"
+        );
+    }
+    let v1 = c
+        .convert(&widget("v2", json!({"port": "08080"})), "v1")
+        .expect("down");
+    assert_eq!(v1["spec"]["port"], json!(8080));
+    assert_eq!(
+        saved_of(&v1),
+        Some(json!({"v2": {"changed": {"spec.port": "08080"}}}))
+    );
+    // Edited in v1 since: the kept value is stale, the new one converts.
+    let mut edited = v1.clone();
+    edited["spec"]["port"] = json!(9090);
+    let back = c.convert(&edited, "v2").expect("up");
+    assert_eq!(back, widget("v2", json!({"port": "9090"})));
+}
+
+/// The issue's example: v2 adds `spec.ports[].appProtocol`. Declared as added in the list's
+/// items, each item's value is kept going down and comes back to the same item going up:
+/// matched by the list's key (`[port]`) wherever a client in v1 moved it, or by position.
+#[test]
+fn a_field_added_to_list_items_survives_a_trip_down() {
+    let keyed = chain_of(json!({"from": "v1", "to": "v2",
+        "added": [{"path": "spec.ports[port].appProtocol", "default": "tcp"}]}));
+    let v2 = widget(
+        "v2",
+        json!({"ports": [
+        {"port": 80, "appProtocol": "http"}, {"port": 443, "appProtocol": "tcp"}, {"port": 8443}]}),
+    );
+    let v1 = keyed.convert(&v2, "v1").expect("down");
+    assert_eq!(
+        v1["spec"],
+        json!({"ports": [{"port": 80}, {"port": 443}, {"port": 8443}]})
+    );
+    assert_eq!(
+        keyed.convert(&v1, "v2").expect("up"),
+        v2,
+        "exactly, defaults and absences too"
+    );
+    // A client of v1 inserts a port in front and drops 443: each item keeps its own.
+    let mut moved = v1.clone();
+    moved["spec"]["ports"] = json!([{"port": 9000}, {"port": 8443}, {"port": 80}]);
+    let up = keyed.convert(&moved, "v2").expect("up");
+    assert_eq!(
+        up["spec"]["ports"],
+        json!([{"port": 9000, "appProtocol": "tcp"}, {"port": 8443}, {"port": 80, "appProtocol": "http"}])
+    );
+    assert!(saved_of(&up).is_none(), "nothing left behind: {up}");
+
+    let positional = chain_of(json!({"from": "v1", "to": "v2",
+        "added": [{"path": "spec.ports[].appProtocol", "default": "tcp"}]}));
+    let v1 = positional.convert(&v2, "v1").expect("down");
+    assert_eq!(positional.convert(&v1, "v2").expect("up"), v2);
+}
+
+/// Removed and renamed inside list items, and a type change of an item's field: the same
+/// round trips, through nested lists.
+#[test]
+fn rules_reach_into_nested_list_items() {
+    let c = chain_of(json!({"from": "v1", "to": "v2",
+        "renamed": [{"from": "spec.groups[].ports[port].name", "to": "spec.groups[].ports[port].portName"}],
+        "removed": ["spec.groups[].ports[port].legacy"],
+        "changed": [{"path": "spec.groups[].ports[port].weight", "upgrade": "string(self)", "downgrade": "int(self)"}]}));
+    let v1 = widget(
+        "v1",
+        json!({"groups": [
+        {"ports": [{"port": 80, "name": "web", "legacy": true, "weight": 1}]},
+        {"ports": [{"port": 80, "weight": 2}, {"port": 81, "name": "alt"}]}]}),
+    );
+    let v2 = c.convert(&v1, "v2").expect("up");
+    assert_eq!(
+        v2["spec"],
+        json!({"groups": [
+        {"ports": [{"port": 80, "portName": "web", "weight": "1"}]},
+        {"ports": [{"port": 80, "weight": "2"}, {"port": 81, "portName": "alt"}]}]})
+    );
+    assert_eq!(c.convert(&v2, "v1").expect("down"), v1);
+    // "007" narrows to 7: kept for its item.
+    let mut padded = v2.clone();
+    padded["spec"]["groups"][1]["ports"][0]["weight"] = json!("007");
+    let down = c.convert(&padded, "v1").expect("down");
+    assert_eq!(down["spec"]["groups"][1]["ports"][0]["weight"], json!(7));
+    assert_eq!(c.convert(&down, "v2").expect("up"), padded);
+}
+
+/// A type change of a whole list whose downgrade drops what the older items cannot hold:
+/// kept, unless the policy accepts to lose it.
+#[test]
+fn a_downgrade_that_drops_fields_keeps_them_unless_their_loss_is_accepted() {
+    let rule = json!({"path": "spec.ports", "upgrade": "self", "downgrade": "self.map(p, {'port': p.port})"});
+    let v2 = widget("v2", json!({"ports": [{"port": 80, "appProtocol": "http"}]}));
+    let kept = chain_of(json!({"from": "v1", "to": "v2", "changed": [rule.clone()]}));
+    let v1 = kept.convert(&v2, "v1").expect("down");
+    assert_eq!(v1["spec"]["ports"], json!([{"port": 80}]));
+    assert_eq!(kept.convert(&v1, "v2").expect("up"), v2);
+
+    let accepted = chain_of(json!({"from": "v1", "to": "v2", "changed": [rule],
+        "acceptLoss": [{"path": "spec.ports[].appProtocol", "reason": "v1 clients never set it"}]}));
+    let v1 = accepted.convert(&v2, "v1").expect("down");
+    assert!(saved_of(&v1).is_none(), "dropped on purpose: {v1}");
+    assert_eq!(
+        accepted.convert(&v1, "v2").expect("up")["spec"]["ports"],
+        json!([{"port": 80}])
+    );
+}
+
+/// What is kept may not push the object's annotations over what the apiserver allows
+/// (recorded: tests/fixtures/conversion-data/): the conversion fails, naming the sizes,
+/// instead of the apiserver failing the read.
+#[test]
+fn what_is_kept_stays_within_the_apiservers_annotation_limit() {
+    let recorded = include_str!("../fixtures/conversion-data/annotation-size-v1.36.2.txt");
+    let body: String = recorded
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let cases: Value = serde_json::from_str(&body).expect("fixture");
+    let accepted = cases[0]["annotationBytes"].as_u64().expect("bytes") as usize;
+    assert_eq!(cases[0]["code"], 201);
+    assert_eq!(cases[1]["code"], 422);
+    assert_eq!(cases[1]["annotationBytes"].as_u64(), Some(accepted as u64 + 1));
+    assert_eq!(crd_lifecycle::conversion::MAX_ANNOTATIONS_BYTES, accepted);
+
+    let c = chain_of(json!({"from": "v1", "to": "v2", "added": [{"path": "spec.notes", "default": ""}]}));
+    // The annotation holds {"v2":{"values":{"spec.notes":"..."}}}: 37 bytes around the text.
+    let around = CONVERSION_DATA_ANNOTATION.len() + r#"{"v2":{"values":{"spec.notes":""}}}"#.len();
+    let fits = widget("v2", json!({"notes": "n".repeat(accepted - around)}));
+    let down = c.convert(&fits, "v1").expect("exactly at the limit");
+    assert_eq!(c.convert(&down, "v2").expect("up"), fits);
+    let over = widget("v2", json!({"notes": "n".repeat(accepted - around + 1)}));
+    let error = c.convert(&over, "v1").expect_err("one byte over");
+    assert!(matches!(error, ConversionError::SavedTooLarge { .. }), "{error}");
+    assert!(error.to_string().contains("262144"), "{error}");
+    // Other annotations count too.
+    let mut annotated = fits.clone();
+    annotated["metadata"]["annotations"] = json!({"a": "b"});
+    assert!(c.convert(&annotated, "v1").is_err());
+}
+
+/// Paths into list items are validated with the rest.
+#[test]
+fn list_item_paths_are_validated() {
+    let spec: ConversionSpec = serde_json::from_value(json!({"changes": [{"from": "v1", "to": "v2",
+        "renamed": [{"from": "spec.ports[].name", "to": "spec.names"},
+                    {"from": "spec.ports", "to": "spec.endpoints"}],
+        "added": [{"path": "spec.ports[port].port", "default": 1},
+                  {"path": "spec.endpoints[].x", "default": 1},
+                  {"path": "spec.items[]", "default": 1}]}]}))
+    .expect("spec");
+    let Err(errors) = Converter::new(&spec, &versions(&["v1", "v2"]), &[]) else {
+        panic!("invalid paths accepted");
+    };
+    let text = errors.to_string();
+    for expected in [
+        "spec.conversion.changes[0].renamed[0].to: a rename stays within the same list items",
+        "spec.conversion.changes[0].added[0].path: spec.ports[port].port is a key its list's items are matched by",
+        "spec.conversion.changes[0].added[1].path: spec.endpoints[].x: the list spec.endpoints is renamed in this step",
+        "spec.conversion.changes[0].added[2].path: \"spec.items[]\" ends at a list",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+}
+
+/// A list a client of the older version deleted takes what its items kept with it: nothing
+/// stale comes back into items added later.
+#[test]
+fn what_items_kept_goes_with_their_list() {
+    let c = chain_of(json!({"from": "v1", "to": "v2",
+        "added": [{"path": "spec.ports[].appProtocol", "default": "tcp"}]}));
+    let v2 = widget("v2", json!({"ports": [{"port": 80, "appProtocol": "http"}]}));
+    let mut v1 = c.convert(&v2, "v1").expect("down");
+    v1["spec"] = json!({});
+    let up = c.convert(&v1, "v2").expect("up");
+    assert!(saved_of(&up).is_none(), "{up}");
+    let mut again = up.clone();
+    again["spec"] = json!({"ports": [{"port": 81}]});
+    let down = c.convert(&again, "v1").expect("down");
+    assert_eq!(c.convert(&down, "v2").expect("up"), again, "no stale appProtocol");
+}
+
+// ---- property tests of rules inside list items ----
+
+/// Three versions of a list of items keyed by `k`: v1 drops `a`, renames `b` to `bb` and
+/// adds `c` (default "dc"); v2 shortens `c` to three characters (a lossy type change) and
+/// adds `e` to the items of each item's positional list `sub`.
+fn item_chain() -> Converter {
+    let spec: ConversionSpec = serde_json::from_value(json!({"changes": [
+        {"from": "v0", "to": "v1",
+         "removed": ["spec.items[k].a"],
+         "renamed": [{"from": "spec.items[k].b", "to": "spec.items[k].bb"}],
+         "added": [{"path": "spec.items[k].c", "default": "dc"}]},
+        {"from": "v1", "to": "v2",
+         "changed": [{"path": "spec.items[k].c", "upgrade": "self == null || string(self).size() <= 3 ? self : string(self).substring(0, 3)", "downgrade": "self"}],
+         "added": [{"path": "spec.items[k].sub[].e", "default": 0}]},
+    ]}))
+    .expect("spec");
+    Converter::new(&spec, &versions(&["v0", "v1", "v2"]), &[]).expect("valid")
+}
+
+/// The fields an item of each version may have.
+const ITEM_FIELDS: [&[&str]; 3] = [&["a", "b"], &["bb", "c"], &["bb", "c"]];
+
+fn item_value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        "[a-z]{0,6}".prop_map(Value::from),
+        Just(json!("dc")),
+        any::<i16>().prop_map(Value::from),
+        Just(json!(0)),
+        Just(Value::Null),
+    ]
+}
+
+/// An object of version `v` of [`item_chain`]: up to four items with distinct keys (a key
+/// may be missing on one), each with some of its version's fields and a `sub` list.
+fn item_object() -> impl Strategy<Value = (usize, Value)> {
+    (0..3usize).prop_flat_map(|version| {
+        let item = (
+            proptest::option::of("[a-c]"),
+            proptest::collection::vec(proptest::option::of(item_value()), 2),
+            proptest::option::of(proptest::collection::vec(
+                proptest::option::of(item_value()),
+                0..3,
+            )),
+        );
+        (
+            Just(version),
+            proptest::collection::vec(item, 0..4),
+            any::<bool>(),
+        )
+            .prop_map(|(version, items, has_list)| {
+                let mut seen = std::collections::BTreeSet::new();
+                let items: Vec<Value> = items
+                    .into_iter()
+                    .filter(|(key, _, _)| seen.insert(key.clone()))
+                    .map(|(key, values, sub)| {
+                        let mut item = serde_json::Map::new();
+                        if let Some(key) = key {
+                            item.insert("k".into(), json!(key));
+                        }
+                        for (name, value) in ITEM_FIELDS[version].iter().zip(values) {
+                            if let Some(value) = value {
+                                item.insert((*name).into(), value);
+                            }
+                        }
+                        if let Some(sub) = sub {
+                            let sub: Vec<Value> = sub
+                                .into_iter()
+                                .map(|e| match (version, e) {
+                                    (2, Some(e)) => json!({"n": 1, "e": e}),
+                                    _ => json!({"n": 1}),
+                                })
+                                .collect();
+                            item.insert("sub".into(), json!(sub));
+                        }
+                        Value::Object(item)
+                    })
+                    .collect();
+                let spec = if has_list {
+                    json!({"items": items})
+                } else {
+                    json!({})
+                };
+                (version, widget(&format!("v{version}"), spec))
+            })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, max_global_rejects: 100_000, ..ProptestConfig::default() })]
+
+    /// Any object converts to every other version and back exactly, whatever its items hold.
+    #[test]
+    fn list_items_round_trip((version, object) in item_object()) {
+        let c = item_chain();
+        let here = format!("v{version}");
+        for there in ["v0", "v1", "v2"] {
+            let converted = c.convert(&object, there).expect("converts");
+            let back = c.convert(&converted, &here).expect("converts back");
+            prop_assert_eq!(&back, &object, "via {}: {}", there, converted);
+        }
+    }
+
+    /// In an older version, a client reorders the items and drops some: back in the newer
+    /// version, every remaining item is the item it was, matched by its key.
+    #[test]
+    fn kept_item_fields_follow_their_key((version, object) in item_object(), order in any::<u64>(), drop in any::<usize>()) {
+        prop_assume!(version > 0);
+        let c = item_chain();
+        let here = format!("v{version}");
+        let mut older = c.convert(&object, "v0").expect("down");
+        let Some(items) = older["spec"]["items"].as_array_mut() else {
+            return Ok(());
+        };
+        prop_assume!(items.iter().all(|item| item.get("k").is_some()));
+        if !items.is_empty() {
+            items.remove(drop % items.len());
+        }
+        let len = items.len().max(1);
+        items.rotate_left((order as usize) % len);
+        let kept: Vec<Value> = items.iter().map(|item| item["k"].clone()).collect();
+        let back = c.convert(&older, &here).expect("up");
+        let original = object["spec"]["items"].as_array().expect("items");
+        let returned = back["spec"]["items"].as_array().expect("items");
+        prop_assert_eq!(returned.len(), kept.len());
+        for (item, key) in returned.iter().zip(&kept) {
+            let before = original.iter().find(|o| o["k"] == *key).expect("the same key");
+            prop_assert_eq!(item, before, "{}", back);
+        }
+    }
+}

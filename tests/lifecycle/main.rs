@@ -13,4 +13,5 @@ mod gates;
 mod kubectl_plugin;
 mod properties;
 mod schema_coverage;
+mod schema_validation;
 mod validation;

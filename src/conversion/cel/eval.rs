@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use cel::common::ast::{ComprehensionExpr, EntryExpr, Expr, IdedExpr, LiteralValue, operators};
-use regex::Regex;
+
+use crate::re2::Pattern;
 
 use super::functions::is_math;
 use super::meter::{Meter, Stop};
@@ -18,11 +19,11 @@ pub(super) struct Evaluator<'a> {
     pub(super) meter: Meter,
     /// Variables in scope, innermost last: `self`, then comprehension variables.
     env: Vec<(&'a str, Value)>,
-    patterns: &'a HashMap<u64, Regex>,
+    patterns: &'a HashMap<u64, Arc<Pattern>>,
 }
 
 impl<'a> Evaluator<'a> {
-    pub(super) fn new(meter: Meter, this: Value, patterns: &'a HashMap<u64, Regex>) -> Evaluator<'a> {
+    pub(super) fn new(meter: Meter, this: Value, patterns: &'a HashMap<u64, Arc<Pattern>>) -> Evaluator<'a> {
         Evaluator {
             meter,
             env: vec![("self", this)],
@@ -430,19 +431,32 @@ impl<'a> Evaluator<'a> {
             Some(other) => Err(no_overload(name, &[other])),
             None => Err(Stop::error(format!("{name}: missing argument"))),
         };
-        // Scanning the receiver is paid for once per call.
-        self.meter.charge_bytes(s.len())?;
+        // Scanning the receiver is paid for once per call, as cel-go does; `contains` and
+        // `matches` cost the product of the receiver's and the argument's sizes (cel-go's
+        // `runtimecost.go`), charged before they run.
+        if !matches!(name, "contains" | "matches") {
+            self.meter.charge_bytes(s.len())?;
+        }
         let string = |value: String| Value::String(Arc::from(value));
         Ok(match name {
-            "contains" => Value::Bool(s.contains(&*text(0)?)),
+            "contains" => {
+                let needle = text(0)?;
+                let (haystack_units, needle_units) =
+                    (Meter::bytes_units(s.len()), Meter::bytes_units(needle.len()));
+                self.meter
+                    .charge(haystack_units.max(1).saturating_mul(needle_units.max(1)))?;
+                Value::Bool(s.contains(&*needle))
+            }
             "startsWith" => Value::Bool(s.starts_with(&*text(0)?)),
             "endsWith" => Value::Bool(s.ends_with(&*text(0)?)),
             "matches" => {
-                let regex = self
+                let pattern = self
                     .patterns
                     .get(&id)
                     .ok_or_else(|| Stop::error("matches takes a string literal as its pattern"))?;
-                Value::Bool(regex.is_match(s))
+                self.meter
+                    .charge(Meter::matches_units(s.len(), pattern.states()))?;
+                Value::Bool(pattern.is_match(s))
             }
             "lowerAscii" => {
                 self.meter.build_string(s.len() as u128)?;

@@ -2,9 +2,11 @@
 //! expression calls nothing else: the same table the evaluator dispatches on.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue, operators};
-use regex::Regex;
+
+use crate::re2::Pattern;
 
 /// How a function is called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,14 +102,11 @@ const OPERATORS: &[(&str, usize)] = &[
     (operators::NOT_STRICTLY_FALSE, 1),
 ];
 
-/// Largest compiled regular expression of `matches` (bytes of the automaton).
-const REGEX_SIZE_LIMIT: usize = 1 << 20;
-
 /// What checking an expression finds out: the compiled patterns of its `matches` calls,
 /// by the call's expression id.
 #[derive(Debug, Default)]
 pub(super) struct Checked {
-    pub(super) patterns: HashMap<u64, Regex>,
+    pub(super) patterns: HashMap<u64, Arc<Pattern>>,
 }
 
 /// Checks that the expression names only `self` and the variables of its comprehensions,
@@ -255,11 +254,10 @@ fn check_call(
         else {
             return Err("matches takes a string literal as its pattern".to_owned());
         };
-        let regex = regex::RegexBuilder::new(pattern.inner())
-            .size_limit(REGEX_SIZE_LIMIT)
-            .build()
+        // Go's RE2 syntax and meaning, as cel-go's `matches`; compiled once per pattern.
+        let compiled = crate::re2::compile(pattern.inner())
             .map_err(|e| format!("matches: the pattern does not compile: {e}"))?;
-        checked.patterns.insert(id, regex);
+        checked.patterns.insert(id, compiled);
     }
     Ok(())
 }

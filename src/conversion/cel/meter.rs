@@ -2,8 +2,9 @@
 
 /// Cost units one evaluation may use, as the apiserver's per-call limit for CRD validation
 /// rules (`k8s.io/apiserver/pkg/apis/cel.PerCallLimit`). One unit is one step of the
-/// evaluator (a node, an element of a list built, copied or compared, or 8 bytes of a string
-/// built or scanned).
+/// evaluator (a node, an element of a list built, copied or compared, or 10 bytes of a
+/// string built or scanned: cel-go's `StringTraversalCostFactor` of 0.1); `matches` costs
+/// the traversal of its input times the states of the pattern's automaton.
 pub const PER_CALL_COST_LIMIT: u64 = 1_000_000;
 
 /// Cost units all evaluations for one ConversionReview may use together (every object,
@@ -16,8 +17,17 @@ pub const MAX_STRING_BYTES: usize = 1 << 20;
 /// Most elements a list or map an expression builds may have.
 pub const MAX_LIST_ELEMENTS: usize = 100_000;
 
-/// Bytes of a string that cost one unit to build or scan.
-const BYTES_PER_UNIT: usize = 8;
+/// Bytes of a string that cost one unit to build or scan (cel-go's
+/// `StringTraversalCostFactor`, 0.1 per byte, rounded up).
+const BYTES_PER_UNIT: u64 = 10;
+
+/// Units `matches` costs per state of the pattern's automaton and traversal unit (10 bytes)
+/// of its text. Where the lazy DFA would blow up (`(a|b)*a(a|b){20}c` over random `a`s and
+/// `b`s), the regex engine falls back to simulating the NFA, which visits every state for
+/// every byte: about 17 ns per state and byte in a release build on this project's 2-core
+/// machine. At 2 units, the 1,000,000 units of one evaluation allow 5 million state-bytes,
+/// under 0.1 s, about what as many units of the evaluator's other steps take.
+pub const UNITS_PER_STATE: u64 = 2;
 
 /// What is left of a review's cost budget; each evaluation draws on it.
 #[derive(Debug, Clone)]
@@ -119,7 +129,19 @@ impl Meter {
     }
 
     pub(super) fn bytes_units(bytes: usize) -> u64 {
-        (bytes / BYTES_PER_UNIT) as u64
+        (bytes as u64).div_ceil(BYTES_PER_UNIT)
+    }
+
+    /// What `text.matches(pattern)` costs, as cel-go charges it (`runtimecost.go`): the
+    /// traversal of the text (plus one, so that an empty text still costs the pattern) times
+    /// the pattern's size. cel-go guesses that size as a quarter of the pattern's length;
+    /// here it is [`UNITS_PER_STATE`] for each state of the automaton
+    /// (`re2::Pattern::states`), so that no pattern runs longer than its cost says
+    /// (`\pL{100}` is short but has thousands of states).
+    pub(super) fn matches_units(text_bytes: usize, states: usize) -> u64 {
+        Meter::bytes_units(text_bytes.saturating_add(1))
+            .saturating_mul(states.max(1) as u64)
+            .saturating_mul(UNITS_PER_STATE)
     }
 
     /// Allows `units` more: writing out a result as large as the input is not the

@@ -99,17 +99,23 @@ impl Expression {
 
     /// Evaluates with `self` bound to `value`, drawing on `budget`; the result must be a
     /// JSON value. What the evaluation used is taken off the budget, whether it succeeded
-    /// or not.
+    /// or not. Writing out the result is free up to the size of the input (`self` on a large
+    /// field costs nearly nothing); everything else the evaluation did is charged, however
+    /// small its result (`self.size()` pays for scanning the string).
     pub fn evaluate_within(&self, value: &Json, budget: &mut Budget) -> Result<Json, EvalError> {
         let meter = meter::Meter::new(budget);
         let mut input_units = 0;
         let this = value::Value::from_json(value, &mut input_units);
         let mut evaluator = eval::Evaluator::new(meter, this, &self.checked.patterns);
+        let mut written = 0;
         let outcome = evaluator.eval(&self.ast).and_then(|result| {
             evaluator.meter.allow(input_units);
-            result.to_json(&mut evaluator.meter)
+            let before = evaluator.meter.used();
+            let json = result.to_json(&mut evaluator.meter);
+            written = evaluator.meter.used().saturating_sub(before);
+            json
         });
-        let used = evaluator.meter.used().saturating_sub(input_units);
+        let used = evaluator.meter.used().saturating_sub(written.min(input_units));
         budget.remaining = budget.remaining.saturating_sub(used);
         outcome.map_err(|stop| EvalError {
             over_limit: matches!(stop, meter::Stop::Limit(_)),
@@ -136,28 +142,30 @@ fn parse(source: &str) -> Result<IdedExpr, String> {
     }
 }
 
-/// How deep brackets and conditionals (`?`) nest, outside string literals.
+/// How deep brackets and conditionals (`?`) nest, outside string literals. Literals are
+/// read as CEL's lexer reads them: a `'` or `"` (or three of them) starts one, a backslash
+/// escapes the next character, except in a raw literal (`r'...'`, `R"""..."""`, also after a
+/// bytes prefix `b`), where it escapes nothing; `r` and `b` are prefixes only where a token
+/// starts, not at the end of a name (`bar'x'` is the name `bar` and a literal).
 fn nesting_depth(source: &str) -> usize {
     let bytes = source.as_bytes();
     let (mut depth, mut deepest, mut conditionals) = (0usize, 0usize, 0usize);
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
-            quote @ (b'\'' | b'"') => {
-                let triple = bytes[i..].starts_with(&[quote; 3]);
-                let width = if triple { 3 } else { 1 };
-                i += width;
-                while i < bytes.len() {
-                    if bytes[i] == b'\\' {
-                        i += 2;
-                        continue;
-                    }
-                    if bytes[i..].starts_with(&[quote; 3][..width]) {
-                        i += width - 1;
-                        break;
-                    }
+            b'\'' | b'"' => i = skip_literal(bytes, i, false),
+            c if c.is_ascii_alphabetic() || c == b'_' => {
+                let start = i;
+                while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
                     i += 1;
                 }
+                let word = &bytes[start..i];
+                let prefix = matches!(word.to_ascii_lowercase().as_slice(), b"r" | b"b" | b"br");
+                if prefix && matches!(bytes.get(i), Some(b'\'' | b'"')) {
+                    let raw = word.iter().any(|c| c.eq_ignore_ascii_case(&b'r'));
+                    i = skip_literal(bytes, i, raw) + 1;
+                }
+                continue;
             }
             b'(' | b'[' | b'{' => depth += 1,
             b')' | b']' | b'}' => depth = depth.saturating_sub(1),
@@ -168,6 +176,29 @@ fn nesting_depth(source: &str) -> usize {
         i += 1;
     }
     deepest
+}
+
+/// The index of the last byte of the literal whose opening quote is at `start` (or the end).
+fn skip_literal(bytes: &[u8], start: usize, raw: bool) -> usize {
+    let quote = bytes[start];
+    let width = if bytes[start..].starts_with(&[quote; 3]) {
+        3
+    } else {
+        1
+    };
+    let closing = &[quote; 3][..width];
+    let mut i = start + width;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && !raw {
+            i += 2;
+            continue;
+        }
+        if bytes[i..].starts_with(closing) {
+            return i + width - 1;
+        }
+        i += 1;
+    }
+    bytes.len()
 }
 
 /// The functions an expression may call, as `name/arity` with their call form, for docs

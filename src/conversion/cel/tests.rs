@@ -274,3 +274,204 @@ fn the_readme_documents_every_function() {
         );
     }
 }
+
+/// A string literal as the scanner must skip it: cel-rust's parser decides what a literal
+/// is. In a raw string (`r'...'`, `R"..."`, triple-quoted, with or without a `b` prefix) a
+/// backslash escapes nothing, so `r'\'` ends at its second quote.
+#[test]
+fn brackets_after_a_raw_string_ending_in_a_backslash_count() {
+    let deep = format!(
+        "{}self{}",
+        "[".repeat(MAX_NESTING + 1),
+        "]".repeat(MAX_NESTING + 1)
+    );
+    for raw in [r"r'\'", r#"R"\""#, r"r'''\'''", r#"br"\""#, r"BR'\'"] {
+        let source = format!("{raw} == {raw} ? {deep} : self");
+        assert!(
+            nesting_depth(&source) > MAX_NESTING,
+            "{source}: {} levels seen",
+            nesting_depth(&source)
+        );
+        assert!(refused(&source).contains("levels deep"), "{source}");
+    }
+    // The escape still escapes in a string that is not raw, and an `r` ending a name is no prefix.
+    assert_eq!(nesting_depth(r"'\'(' + [self]"), 1);
+    assert_eq!(nesting_depth(r"self.bar'\'(' + [self]"), 1);
+}
+
+mod literals {
+    use proptest::prelude::*;
+
+    use super::super::nesting_depth;
+
+    /// A literal: an optional prefix, a quote and text that may hold backslashes, quotes and
+    /// brackets.
+    fn literal() -> impl Strategy<Value = String> {
+        let prefix = prop::sample::select(vec!["", "r", "R", "b", "B", "br", "bR", "Br", "BR", "rb"]);
+        let quote = prop::sample::select(vec!["'", "\"", "'''", "\"\"\""]);
+        let text = prop::collection::vec(
+            prop::sample::select(vec![
+                "a", "\\", "'", "\"", "(", ")", "[", "]", "{", "?", "\\\\", "\\'",
+            ]),
+            0..8,
+        );
+        (prefix, quote, text)
+            .prop_map(|(prefix, quote, text)| format!("{prefix}{quote}{}{quote}", text.concat()))
+    }
+
+    /// Whether cel-rust's parser reads `source` as a single string or bytes literal.
+    fn is_one_literal(source: &str) -> bool {
+        use cel::common::ast::{Expr, LiteralValue};
+        matches!(
+            cel::parser::Parser::new().parse(source).map(|e| e.expr),
+            Ok(Expr::Literal(LiteralValue::String(_) | LiteralValue::Bytes(_)))
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1_000, max_global_rejects: 20_000, ..ProptestConfig::default() })]
+
+        /// Whatever a literal holds, the scanner skips exactly it: brackets around it count,
+        /// brackets in it do not.
+        #[test]
+        fn the_scanner_skips_exactly_what_the_parser_reads_as_a_literal(literal in literal()) {
+            prop_assume!(is_one_literal(&literal));
+            prop_assert_eq!(nesting_depth(&literal), 0, "{}", literal);
+            let nested = format!("(({literal} + [{literal}]))");
+            prop_assert_eq!(nesting_depth(&nested), 3, "{}", nested);
+            let after = format!("{literal} == {literal} ? [[self]] : self");
+            prop_assert_eq!(nesting_depth(&after), 3, "{}", after);
+        }
+    }
+}
+
+/// What a review's budget is charged for an evaluation: everything it did, less writing out
+/// a result no larger than its input.
+#[test]
+fn a_small_result_does_not_hide_the_work_behind_it() {
+    let text = json!("é".repeat(500_000)); // 1,000,000 bytes
+    // Counting the characters scans 1,000,000 bytes: 100,000 units at cel-go's 0.1 a byte.
+    let counted = cost("self.size()", &text);
+    assert!(counted >= 100_000, "self.size() on 1 MB cost {counted} units");
+    // Handing the field back unchanged costs next to nothing.
+    let handed_back = cost("self", &text);
+    assert!(handed_back < 10, "self on 1 MB cost {handed_back} units");
+    // So a review of many such evaluations runs out of budget.
+    let expression = Expression::compile("self.size()").expect("compiles");
+    let mut budget = Budget::default();
+    let evaluations = (0..1_000)
+        .take_while(|_| expression.evaluate_within(&text, &mut budget).is_ok())
+        .count();
+    assert!(
+        (90..=100).contains(&evaluations),
+        "{evaluations} evaluations of self.size() on 1 MB fit a review"
+    );
+}
+
+/// `n` bytes of the alphabet, over and over.
+fn letters(n: usize) -> Value {
+    json!(
+        "abcdefghijklmnopqrstuvwxyz"
+            .chars()
+            .cycle()
+            .take(n)
+            .collect::<String>()
+    )
+}
+
+/// `matches` costs the traversal of its input times the states of the pattern's automaton,
+/// charged before it runs; `contains` the product of both sizes (cel-go's runtime cost).
+#[test]
+fn matches_and_contains_cost_as_much_as_they_can_run() {
+    let states = |pattern: &str| crate::re2::compile(pattern).expect("compiles").states() as u64;
+    let simple = cost("self.matches('^[a-z]+$')", &letters(100_000));
+    let traversal = 100_001u64.div_ceil(10);
+    let per_state = meter::UNITS_PER_STATE;
+    assert!(
+        simple >= traversal * states("^[a-z]+$") * per_state
+            && simple < traversal * states("^[a-z]+$") * per_state + 20,
+        "{simple}"
+    );
+    // A short pattern with a large automaton costs its automaton, not its length.
+    let classes = cost(r"self.matches('[\\pL\\pN]{3}0')", &letters(1_000));
+    assert!(classes >= 101 * states(r"[\pL\pN]{3}0") * per_state, "{classes}");
+    assert!(states(r"[\pL\pN]{3}0") > 500);
+    let needle = cost("self.contains('0123456789')", &letters(100_000));
+    assert!(needle >= 10_000, "{needle}");
+    // Over the limit, refused before it runs.
+    let big = letters(1_500_000);
+    let error = Expression::compile("self.matches('(a|b)*a(a|b){20}c')")
+        .expect("compiles")
+        .evaluate(&big)
+        .expect_err("over the per-call limit");
+    assert!(
+        error.over_limit && error.message.contains("cost limit"),
+        "{}",
+        error.message
+    );
+}
+
+/// Patterns that make regular-expression engines slow (a lazy DFA that blows up, large
+/// Unicode classes, nested repetitions), each over the largest input the per-call limit lets
+/// it read (at most 3 MiB, over the apiserver's request limit), end in time; over 1.5 MB
+/// (etcd's object limit) the costly ones are refused at once.
+///
+/// A timed assertion, allowed here as an upper bound far above typical: each takes tens of
+/// milliseconds in a release build on this project's 2-core machine (README, "Limits of an
+/// expression"); 1 s leaves room for a loaded machine. The regex engine is optimized in the
+/// test profile (Cargo.toml), as in production.
+#[test]
+fn a_pathological_pattern_ends_in_time_over_the_largest_input_allowed() {
+    let alternating = |n: usize| {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let text: String = (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if x.is_multiple_of(2) { 'a' } else { 'b' }
+            })
+            .collect();
+        json!(text)
+    };
+    let cases: [(&str, &dyn Fn(usize) -> Value); 7] = [
+        ("(a|b)*a(a|b){20}c", &alternating),
+        ("[ab]{1,50}c", &alternating),
+        ("(a|b)*a(a|b){12}[ab]{1,30}c", &alternating),
+        (r"(\\pL|\\pN|\\pS){20}0", &letters),
+        ("(x+x+)+y", &letters),
+        (r"\\w{50}\\s", &letters),
+        ("(?i)[a-z]{300}0", &letters),
+    ];
+    let limit = 3 << 20;
+    for (pattern, input) in cases {
+        let source = format!("self.matches('{pattern}')");
+        let expression = Expression::compile(&source).expect(&source);
+        let states = crate::re2::compile(&pattern.replace(r"\\", r"\"))
+            .expect(pattern)
+            .states();
+        // The largest input whose cost fits the per-call limit (with room for the nodes).
+        let fits = ((PER_CALL_COST_LIMIT - 10) / (states as u64 * meter::UNITS_PER_STATE) * 10) as usize - 10;
+        let n = fits.min(limit);
+        let value = input(n);
+        let started = std::time::Instant::now();
+        let answer = expression.evaluate(&value);
+        let took = started.elapsed();
+        assert!(answer.is_ok(), "{source} over {n} bytes: {answer:?}");
+        assert!(
+            took < std::time::Duration::from_secs(1),
+            "{source} over {n} bytes took {took:?}"
+        );
+        if n < 1_500_000 {
+            let started = std::time::Instant::now();
+            let refused = expression
+                .evaluate(&input(1_500_000))
+                .expect_err("over the limit");
+            assert!(refused.over_limit, "{source}: {}", refused.message);
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(1),
+                "{source} refused late"
+            );
+        }
+    }
+}

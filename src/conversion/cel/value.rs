@@ -95,7 +95,7 @@ impl Value {
     }
 
     /// The result as JSON: maps need string keys, doubles must be finite. Every value and
-    /// every 8 bytes of string written is charged, so a small value that shares one list
+    /// every 10 bytes of string written is charged, so a small value that shares one list
     /// many times over cannot turn into a huge JSON document.
     pub(super) fn to_json(&self, meter: &mut Meter) -> Result<Json, Stop> {
         meter.charge(1)?;
