@@ -16,6 +16,8 @@ pub struct Replica {
     child: Option<Child>,
     /// How often it was started.
     pub starts: u32,
+    /// Where its current process's lines begin in the log.
+    log_start: u64,
 }
 
 impl Replica {
@@ -28,10 +30,12 @@ impl Replica {
             log,
             child: None,
             starts: 0,
+            log_start: 0,
         }
     }
 
     pub fn start(&mut self) -> Result<(), String> {
+        self.log_start = std::fs::metadata(&self.log).map_or(0, |m| m.len());
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -86,6 +90,13 @@ impl Replica {
     /// How it exited, if it did (by itself).
     pub fn exited(&mut self) -> Option<ExitStatus> {
         self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// What its current (or last) process logged.
+    pub fn log_of_this_start(&self) -> String {
+        let text = std::fs::read(&self.log).unwrap_or_default();
+        let from = usize::try_from(self.log_start).unwrap_or(0).min(text.len());
+        String::from_utf8_lossy(&text[from..]).into_owned()
     }
 
     pub fn is_running(&mut self) -> bool {

@@ -921,7 +921,8 @@ impl Drop for Clients {
 struct Replicas {
     replicas: Vec<Replica>,
     metrics_ports: Vec<u16>,
-    /// (identity, how it exited, whether its log says it lost leadership: the designed exit).
+    /// (identity, how it exited, whether its log says why by design: leadership lost, or the
+    /// apiserver unreachable at start).
     exits: Vec<(String, String, bool)>,
     /// Conversions each replica (slot) answered over the whole soak, across its restarts,
     /// and the count its current process last reported.
@@ -934,10 +935,12 @@ impl Replicas {
     fn supervise(&mut self) -> Result<(), String> {
         for replica in &mut self.replicas {
             if let Some(status) = replica.exited() {
-                let log = std::fs::read_to_string(&replica.log).unwrap_or_default();
-                let lease_lost = log.contains("lost leadership");
+                // Designed exits: leadership lost (the apiserver unreachable for the renew
+                // deadline), or the apiserver unreachable at start (the kubelet restarts it).
+                let log = replica.log_of_this_start();
+                let designed = log.contains("lost leadership") || log.contains("cannot reach the apiserver");
                 self.exits
-                    .push((replica.identity.clone(), status.to_string(), lease_lost));
+                    .push((replica.identity.clone(), status.to_string(), designed));
                 replica.start()?;
             }
         }
