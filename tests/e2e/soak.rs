@@ -1425,7 +1425,7 @@ async fn run(env: &Env) -> Outcome {
     replicas.scrape().await;
     let served: Vec<u64> = replicas.served.iter().map(|(total, _)| *total).collect();
     println!("e2e: soak: conversions answered by each replica: {served:?}");
-    if served.iter().any(|n| *n == 0) {
+    if served.contains(&0) {
         soak.problem(format!("spread: a replica answered no conversion: {served:?}"));
     }
     for (identity, status, lease_lost) in &replicas.exits {
