@@ -51,7 +51,6 @@ async fn kubectl_apply(env: &Env, path: &std::path::Path) -> Result<Output, Stri
             "--server-side",
             "--force-conflicts",
             "--field-manager=helm",
-            "--validate=false",
             "-f",
         ])
         .arg(path);
