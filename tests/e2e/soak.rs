@@ -66,6 +66,11 @@ struct Content {
     legacy: Option<bool>,
     /// As written: zero-padded text survives the round trip through the integer of v1.
     port: String,
+    /// The version it was written through: read back through it, it is exactly as written;
+    /// through a string version after a write through the integer one, the conversion may
+    /// give back an earlier text of the same number (`"08012"` for 8012, from its
+    /// annotation), so there the port is compared as a number.
+    written_through: String,
 }
 
 impl Content {
@@ -77,7 +82,9 @@ impl Content {
             color: None,
             legacy: None,
             port: String::new(),
+            written_through: String::new(),
         });
+        content.written_through = version.to_owned();
         let text = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
         match version {
             "v1alpha1" => {
@@ -412,7 +419,19 @@ impl Soak {
             self.counts.conversions_checked.fetch_add(1, Ordering::Relaxed);
         }
         let expected = content.spec(version);
-        if expected != object["spec"] {
+        let same = |a: &Value, b: &Value| {
+            if version == content.written_through || version == "v1" {
+                return a == b;
+            }
+            let number = |v: &Value| v["port"].as_str().and_then(|p| p.parse::<u64>().ok());
+            let mut a = a.clone();
+            let mut b = b.clone();
+            let (pa, pb) = (number(&a), number(&b));
+            a["port"] = Value::Null;
+            b["port"] = Value::Null;
+            a == b && pa.is_some() && pa == pb
+        };
+        if !same(&expected, &object["spec"]) {
             self.problem(format!(
                 "wrong: {how} {name} (generation {generation}) through {version}: spec {} expected {expected}",
                 object["spec"]
@@ -779,7 +798,7 @@ impl Soak {
                     // Expected: the version not served yet (404), an expired resourceVersion
                     // after a compaction (410): the watcher relists.
                     if message.contains("404") {
-                        self.unserved(version, "watch", &exchange);
+                        self.unserved(version, &format!("watch ({message})"), &exchange);
                     } else if message.contains("410")
                         || message.contains("Expired")
                         || message.contains("too old")
