@@ -995,9 +995,9 @@ async fn serve_over_http(fake: FakeApiserver) -> (tempfile_path::Path, tokio::ta
                     kube::client::Body::from(bytes.to_vec()),
                 ))
                 .await;
+            // Streamed: a watch answers as the CRD changes.
             let (parts, body) = response.into_parts();
-            let bytes = body.collect_bytes().await.unwrap_or_default();
-            http::Response::from_parts(parts, AxumBody::from(bytes))
+            http::Response::from_parts(parts, AxumBody::new(body))
         }
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -1769,7 +1769,7 @@ async fn the_controller_without_its_crd_says_so_is_not_ready_and_stops_on_sigter
 /// Gives the CRD a managedFields entry last changed `ago` (as the apiserver records every
 /// change, sample 02).
 fn last_changed(fake: &FakeApiserver, ago: jiff::SignedDuration) {
-    let time = (jiff::Timestamp::now() - ago)
+    let time = (fake.lock().now() - ago)
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string();
     fake.lock()
