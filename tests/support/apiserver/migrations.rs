@@ -131,7 +131,13 @@ fn advance(state: &mut State, mut object: Value) -> Value {
         }
     }
     object["status"]["conditions"] = json!([
-        condition(now, "Running", "False", "MigrationCompleted", "Migration completed"),
+        condition(
+            now,
+            "Running",
+            "False",
+            "MigrationCompleted",
+            "Migration completed"
+        ),
         condition(now, "Succeeded", "True", "StorageVersionMigrationSucceeded", ""),
     ]);
     object["status"]["resourceVersion"] = json!(state.next_resource_version());

@@ -132,6 +132,9 @@ pub struct State {
     /// The built-in migrator succeeds without trimming `storedVersions` (so that the
     /// operator's own trim shows).
     pub svm_leaves_stored_versions: bool,
+    /// Lists of StorageVersionMigrations answer this status (a transient server error, as
+    /// `ObjectFault::Transient` answers for objects).
+    pub svm_list_fault: Option<u16>,
     /// The apiserver's clock minus this machine's (a skewed node: negative when this machine
     /// is ahead). Dates every response and every time the fake records.
     pub clock_offset: jiff::SignedDuration,
@@ -765,7 +768,13 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
             migrations::create(state, body)
         }
         ("GET", ["apis", migrations::GROUP, "v1beta1", "storageversionmigrations"]) if state.svm_served => {
-            migrations::list(state)
+            match state.svm_list_fault {
+                Some(code) => (
+                    code,
+                    status_body(code, "ServiceUnavailable", "please try again later"),
+                ),
+                None => migrations::list(state),
+            }
         }
         (
             "GET",

@@ -132,7 +132,10 @@ pub(super) fn watch_crd(fake: &FakeApiserver, request: &Recorded) -> Response<Fa
         state
             .unknown_requests
             .push(format!("{} {}?{}", request.method, request.path, request.query));
-        return once(501, &super::status_body(501, "NotImplemented", "a watch without a resourceVersion"));
+        return once(
+            501,
+            &super::status_body(501, "NotImplemented", "a watch without a resourceVersion"),
+        );
     };
     let timeout = request
         .query_param("timeoutSeconds")
@@ -173,10 +176,7 @@ pub(super) fn watch_crd(fake: &FakeApiserver, request: &Recorded) -> Response<Fa
         .map(|w| w.event.clone())
         .collect();
     let (sender, receiver) = mpsc::unbounded_channel();
-    state.crd_watchers.push(CrdWatcher {
-        name,
-        events: sender,
-    });
+    state.crd_watchers.push(CrdWatcher { name, events: sender });
     drop(state);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
     let fake = fake.clone();
