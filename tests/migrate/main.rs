@@ -1908,18 +1908,43 @@ fn one_at_a_time() -> Settings {
     }
 }
 
-/// 30 objects; when the third page is listed the storage version flips to v1alpha1, the
-/// first page's (already rewritten) objects are written, and it flips back to v1.
+/// The storage version flips to v1alpha1, the first page's objects are written (so stored
+/// as v1alpha1), and it flips back to v1.
+fn flip_and_write(state: &mut apiserver::State) {
+    state.switch_storage(CRD, "v1alpha1");
+    state.write_objects(CRD, 10);
+    state.switch_storage(CRD, "v1");
+}
+
+/// 30 objects; when the third page is listed (every object of the first rewritten), the
+/// storage version flips away and back while the first page's objects are written.
 fn flip_on_the_third_page() -> CheckedFake {
     let fake = cluster(30);
     fake.after_next_list_page(|_| {});
     fake.after_next_list_page(|_| {});
-    fake.after_next_list_page(|state| {
-        state.switch_storage(CRD, "v1alpha1");
-        state.write_objects(CRD, 10);
-        state.switch_storage(CRD, "v1");
-    });
+    fake.after_next_list_page(flip_and_write);
     fake
+}
+
+/// Resumes from `resume` to a trim that leaves nothing in a trimmed version; the restarts
+/// the run reported.
+async fn resumed_to_the_end(fake: &FakeApiserver, resume: Resume) -> Vec<String> {
+    let observer = Recorder::default();
+    let resumed = Settings {
+        resume: Some(resume),
+        ..one_at_a_time()
+    };
+    let report = migrate::migrate(&fake.client(), CRD, &resumed, &observer)
+        .await
+        .expect("runs");
+    assert!(report.succeeded(), "{}", report.summary());
+    assert_eq!(
+        fake.encodings(CRD),
+        [("v1".to_owned(), 30)].into(),
+        "nothing left in a trimmed version"
+    );
+    assert_eq!(stored_versions(fake), json!(["v1"]));
+    observer.restarts.lock().expect("lock").clone()
 }
 
 /// A run that stops with a checkpoint after its second page (the third page's first
@@ -1959,29 +1984,9 @@ async fn interrupted_after_two_pages(fake: &FakeApiserver) -> Resume {
 async fn a_flip_during_a_failover_starts_the_resumed_run_afresh() {
     let fake = cluster(30);
     let resume = interrupted_after_two_pages(&fake).await;
-    {
-        let mut state = fake.lock();
-        state.switch_storage(CRD, "v1alpha1");
-        state.write_objects(CRD, 10);
-        state.switch_storage(CRD, "v1");
-    }
+    flip_and_write(&mut fake.lock());
     fake.clear_requests();
-    let observer = Recorder::default();
-    let resumed = Settings {
-        resume: Some(resume),
-        ..one_at_a_time()
-    };
-    let report = migrate::migrate(&fake.client(), CRD, &resumed, &observer)
-        .await
-        .expect("runs");
-    assert!(report.succeeded(), "{}", report.summary());
-    assert_eq!(
-        fake.encodings(CRD),
-        [("v1".to_owned(), 30)].into(),
-        "nothing left in a trimmed version"
-    );
-    assert_eq!(stored_versions(&fake), json!(["v1"]));
-    let restarts = observer.restarts.lock().expect("lock").clone();
+    let restarts = resumed_to_the_end(&fake, resume).await;
     assert!(
         restarts[0]
             .contains("since the checkpoint's run started, the storage version was v1alpha1 instead of v1"),
@@ -2003,42 +2008,18 @@ async fn a_compacted_history_resumes_only_if_the_generation_did_not_move() {
     let resume = interrupted_after_two_pages(&fake).await;
     fake.lock().expire_watch_history();
     fake.clear_requests();
-    let observer = Recorder::default();
-    let resumed = Settings {
-        resume: Some(resume.clone()),
-        ..one_at_a_time()
-    };
-    let report = migrate::migrate(&fake.client(), CRD, &resumed, &observer)
-        .await
-        .expect("runs");
-    assert!(report.succeeded(), "{}", report.summary());
-    assert!(observer.restarts.lock().expect("lock").is_empty());
+    let restarts = resumed_to_the_end(&fake, resume).await;
+    assert!(restarts.is_empty(), "{restarts:?}");
     assert!(fake.metadata_lists()[0].query.contains("continue="), "resumed");
 
     let fake = cluster(30);
     let resume = interrupted_after_two_pages(&fake).await;
     {
         let mut state = fake.lock();
-        state.switch_storage(CRD, "v1alpha1");
-        state.write_objects(CRD, 10);
-        state.switch_storage(CRD, "v1");
+        flip_and_write(&mut state);
         state.expire_watch_history();
     }
-    let observer = Recorder::default();
-    let resumed = Settings {
-        resume: Some(resume),
-        ..one_at_a_time()
-    };
-    let report = migrate::migrate(&fake.client(), CRD, &resumed, &observer)
-        .await
-        .expect("runs");
-    assert!(report.succeeded(), "{}", report.summary());
-    assert_eq!(
-        fake.encodings(CRD),
-        [("v1".to_owned(), 30)].into(),
-        "nothing left in a trimmed version"
-    );
-    let restarts = observer.restarts.lock().expect("lock").clone();
+    let restarts = resumed_to_the_end(&fake, resume).await;
     assert!(
         restarts[0].contains("could not be watched (410 Expired: too old resource version")
             && restarts[0].contains("its generation moved from 1 to 3"),
