@@ -13,6 +13,7 @@ mod env;
 mod flags;
 mod least_privilege;
 mod scenarios;
+mod storage_flip;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -38,6 +39,15 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     }),
     ("builtin_migration", |env| {
         Box::pin(builtin_migration::builtin_migration(env))
+    }),
+    ("flip_during_a_migration", |env| {
+        Box::pin(storage_flip::flip_during_a_migration(env))
+    }),
+    ("flip_during_a_failover", |env| {
+        Box::pin(storage_flip::flip_during_a_failover(env))
+    }),
+    ("flip_after_a_builtin_migration", |env| {
+        Box::pin(storage_flip::flip_after_a_builtin_migration(env))
     }),
 ];
 
