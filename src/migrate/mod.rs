@@ -6,6 +6,10 @@
 //! objects are listed metadata-only, a page at a time, and processed by a bounded pool of
 //! requests while the next page is fetched. Progress is checkpointed per page (the continue
 //! token after the last page whose objects are all done), so a run can resume.
+//!
+//! A rewrite watches its CRD from start to trim (`StorageGuard`): `status.storedVersions` is
+//! trimmed only if every state of the CRD since the run started (since the interrupted run
+//! started, for a resumed one) had the run's storage version.
 
 mod apiserver_clock;
 pub mod builtin;
