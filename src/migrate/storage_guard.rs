@@ -95,6 +95,7 @@ struct Seen {
 
 /// What the watch has seen so far.
 struct Record {
+    crd: String,
     storage_version: String,
     /// The first reason the history forbids the trim.
     changed: Option<String>,
@@ -114,7 +115,7 @@ impl Record {
 
     fn forbid(&mut self, reason: String) {
         if self.changed.is_none() {
-            warn!("{reason}");
+            warn!(crd = self.crd, "no trim without a new run: {reason}");
             self.changed = Some(reason);
         }
     }
@@ -170,6 +171,7 @@ impl StorageGuard {
     /// deliver the state asked about before the generation rule decides.
     pub fn start(client: &Client, crd: &str, start: GuardStart, wait: Duration) -> StorageGuard {
         let record = Arc::new(Mutex::new(Record {
+            crd: crd.to_owned(),
             storage_version: start.storage_version.clone(),
             changed: None,
             recent: VecDeque::from([start.resource_version.clone()]),
@@ -373,6 +375,7 @@ mod tests {
 
     fn record() -> Record {
         Record {
+            crd: "widgets.example.com".into(),
             storage_version: "v2".into(),
             changed: None,
             recent: VecDeque::from(["10".to_owned()]),
