@@ -2118,30 +2118,33 @@ async fn a_skewed_local_clock_does_not_make_a_fresh_switch_look_settled() {
 /// refuses the trim; a deprecation since does not.
 #[tokio::test(start_paused = true)]
 async fn the_trim_after_a_built_in_migration_refuses_a_storage_change_since_its_creation() {
-    let fake = cluster(0);
-    let client = fake.client();
-    let created_for = |fake: &FakeApiserver| migrate::GuardStart {
-        resource_version: resource_version(fake).expect("resourceVersion"),
-        generation: Some(1),
-        storage_version: "v1".into(),
-    };
     let stored = ["v1alpha1".to_owned(), "v1".to_owned()];
-    let guard = migrate::StorageGuard::start(&client, CRD, created_for(&fake), Duration::from_secs(10));
-    {
+    // A migration created for the CRD as it is now; `change` happens; then the trim after it.
+    let trim_after = |change: fn(&FakeApiserver)| {
+        let stored = stored.clone();
+        async move {
+            let fake = cluster(0);
+            let client = fake.client();
+            let created_for = migrate::GuardStart {
+                resource_version: resource_version(&fake).expect("resourceVersion"),
+                generation: Some(1),
+                storage_version: "v1".into(),
+            };
+            let guard = migrate::StorageGuard::start(&client, CRD, created_for, Duration::from_secs(10));
+            change(&fake);
+            let conversion = conversion_now(&fake);
+            let outcome = migrate::trim_after(&client, CRD, &settings(10), &guard, &stored, &conversion)
+                .await
+                .expect("answers");
+            (outcome, stored_versions(&fake))
+        }
+    };
+    let (outcome, after) = trim_after(|fake| {
         let mut state = fake.lock();
         state.switch_storage(CRD, "v1alpha1");
         state.switch_storage(CRD, "v1");
-    }
-    let outcome = migrate::trim_after(
-        &client,
-        CRD,
-        &settings(10),
-        &guard,
-        &stored,
-        &conversion_now(&fake),
-    )
-    .await
-    .expect("answers");
+    })
+    .await;
     let Outcome::NotTrimmed { reason } = outcome else {
         panic!("{outcome:?}")
     };
@@ -2150,27 +2153,16 @@ async fn the_trim_after_a_built_in_migration_refuses_a_storage_change_since_its_
             && reason.ends_with("since the migration was created"),
         "{reason}"
     );
-    assert_eq!(stored_versions(&fake), json!(["v1alpha1", "v1"]));
+    assert_eq!(after, json!(["v1alpha1", "v1"]));
 
-    let fake = cluster(0);
-    let client = fake.client();
-    let guard = migrate::StorageGuard::start(&client, CRD, created_for(&fake), Duration::from_secs(10));
-    fake.edit_crd(CRD, |crd| crd["spec"]["versions"][0]["deprecated"] = json!(true));
-    let outcome = migrate::trim_after(
-        &client,
-        CRD,
-        &settings(10),
-        &guard,
-        &stored,
-        &conversion_now(&fake),
-    )
-    .await
-    .expect("answers");
+    let (outcome, after) =
+        trim_after(|fake| fake.edit_crd(CRD, |crd| crd["spec"]["versions"][0]["deprecated"] = json!(true)))
+            .await;
     assert_eq!(
         outcome,
         Outcome::Trimmed {
             previous: stored.to_vec()
         }
     );
-    assert_eq!(stored_versions(&fake), json!(["v1"]));
+    assert_eq!(after, json!(["v1"]));
 }
