@@ -238,6 +238,15 @@ async fn serve(objects: u64, compact_every: Option<Duration>, changed_ago: i64) 
             "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}/status",
             patch(trim),
         )
+        // The migrator's watch of the CRD: open, with no event (the CRD does not change).
+        .route(
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+            get(|| async {
+                axum::body::Body::from_stream(
+                    futures::stream::pending::<Result<bytes::Bytes, std::io::Error>>(),
+                )
+            }),
+        )
         .route("/apis/example.com/v1", get(discovery))
         .route(
             "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",

@@ -365,6 +365,13 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u32).range(1..=32))]
     pub parallel_migrations: u32,
 
+    /// With spec.migration.engine: StorageVersionMigration, how long a StorageVersionMigration
+    /// may stay Pending (the kube-controller-manager's svm controller not picking it up)
+    /// before the migration fails and the policy is Stalled (1m to 24h).
+    #[arg(long, value_name = "DURATION", env = "CRD_LIFECYCLE_SVM_PENDING_DEADLINE", default_value = "10m",
+          value_parser = parse_pending_deadline)]
+    pub svm_pending_deadline: Duration,
+
     /// How often the apiserver's /metrics is sampled for traffic gates (1s to 10m).
     #[arg(long, value_name = "DURATION", env = "CRD_LIFECYCLE_TRAFFIC_SAMPLE_INTERVAL", default_value = "30s",
           value_parser = parse_resync)]
@@ -615,6 +622,16 @@ fn whole_seconds(text: &str) -> Result<u64, String> {
     u64::try_from(duration.as_secs()).map_err(|_| format!("{text:?} is negative"))
 }
 
+/// Parses how long a StorageVersionMigration may stay Pending: a duration between 1m and 24h.
+pub fn parse_pending_deadline(text: &str) -> Result<Duration, String> {
+    let duration = crd_lifecycle::lifecycle::parse_duration(text)?;
+    let seconds = u64::try_from(duration.as_secs()).unwrap_or(0);
+    if !(60..=86_400).contains(&seconds) {
+        return Err(format!("{text:?} is outside 1m..24h"));
+    }
+    Ok(Duration::from_secs(seconds))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -673,7 +690,9 @@ mod tests {
         assert!(!args.leader_election);
         assert_eq!(args.resync, Duration::from_secs(30));
         assert_eq!(args.metrics_addr.port(), 8080);
+        assert_eq!(args.svm_pending_deadline, Duration::from_secs(600));
         assert!(Cli::try_parse_from(["crd-lifecycle", "run", "--resync", "1h"]).is_err());
+        assert!(Cli::try_parse_from(["crd-lifecycle", "run", "--svm-pending-deadline", "5s"]).is_err());
         assert_eq!(args.webhook.webhook_drain, Duration::from_secs(10));
         assert_eq!(args.webhook.webhook_max_connection_age, Duration::from_secs(300));
     }

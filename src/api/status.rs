@@ -306,16 +306,22 @@ impl MigrationStatus {
 }
 
 /// Where an interrupted migration resumes: valid only while the CRD still has the
-/// storage version and conversion it names, otherwise a fresh run starts.
+/// storage version and conversion it names and had that storage version all along since
+/// the run started (watched from `crdResourceVersion`), otherwise a fresh run starts.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MigrationCheckpoint {
     /// List continue token after the last page whose objects are all done (a page with a
     /// failed object holds it, so a resume processes that object again).
     pub continue_token: String,
-    /// The CRD generation the checkpoint was taken at.
+    /// The CRD generation the checkpointed run started at.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crd_generation: Option<i64>,
+    /// The CRD resourceVersion the checkpointed run started at: a resumed run replays the
+    /// CRD's history from it, so that a storage change while no leader watched is seen (if
+    /// that history is compacted away, a changed generation starts a fresh run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crd_resource_version: Option<String>,
     /// The storage version objects were rewritten into.
     pub storage_version: String,
     /// A fingerprint of the conversion the rewrites went through (a resume needs the same).

@@ -26,6 +26,7 @@ pub async fn run(args: RunArgs) -> Result<(), CommandError> {
         identity,
         parallel_migrations: usize::try_from(args.parallel_migrations).unwrap_or(2),
         traffic_sample_interval: args.traffic_sample_interval,
+        svm_pending_deadline: args.svm_pending_deadline,
         webhook: webhook_settings(&args)?,
     };
     controller::run(client, settings)

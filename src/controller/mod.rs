@@ -72,6 +72,8 @@ pub struct RunSettings {
     pub parallel_migrations: usize,
     /// How often the apiserver's `/metrics` is sampled for traffic gates.
     pub traffic_sample_interval: Duration,
+    /// How long a StorageVersionMigration may stay Pending before its run fails.
+    pub svm_pending_deadline: Duration,
     /// The conversion webhook to serve, if any.
     pub webhook: Option<WebhookSettings>,
 }
@@ -304,12 +306,15 @@ async fn controller(
         instance: Some(settings.identity.clone()),
     };
     let recorder = Recorder::new(client.clone(), reporter);
-    let migrations = Arc::new(Migrations::new(
-        client.clone(),
-        recorder.clone(),
-        metrics.clone(),
-        settings.parallel_migrations,
-    ));
+    let migrations = Arc::new(
+        Migrations::new(
+            client.clone(),
+            recorder.clone(),
+            metrics.clone(),
+            settings.parallel_migrations,
+        )
+        .with_svm_pending_deadline(settings.svm_pending_deadline),
+    );
     let traffic = TrafficMonitor::new(client.clone(), settings.traffic_sample_interval);
     let sampler = traffic.clone();
     let mut stop_writers = StopWriters {

@@ -149,9 +149,10 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
             });
             // Never two migrators at once: with the internal engine every unfinished
             // StorageVersionMigration counts (one this policy made under the other engine
-            // too), with the built-in one those of others.
+            // too), with the built-in one those of others. Unknown (the API's discovery or
+            // the list failed) holds ours too, until asked again.
             let foreign = match (ours_under_way, engine) {
-                (true, _) => None,
+                (true, _) => Ok(None),
                 (false, MigrationEngine::Internal) => {
                     ctx.migrations.unfinished_migration(policy, false).await
                 }
@@ -161,7 +162,15 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
             };
             if ours_under_way {
                 observation.migrating = true;
-            } else if let Some(foreign) = foreign {
+            } else if let Err(why) = foreign {
+                observation.blocked.push((
+                    ConditionReason::AwaitingMigration,
+                    format!(
+                        "not migrating {crd_name} while it cannot be told whether another migrator runs ({why}); checking again shortly"
+                    ),
+                ));
+                unavailable_recheck = true;
+            } else if let Ok(Some(foreign)) = foreign {
                 observation.blocked.push((
                     ConditionReason::AwaitingMigration,
                     format!(
@@ -178,10 +187,10 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
                         }
                     }
                     MigrationEngine::StorageVersionMigration => match ctx.migrations.builtin_api().await {
-                        Some(api) => {
+                        Ok(Some(api)) => {
                             observation.migrating = ctx.migrations.ensure_builtin(policy, storage, api)
                         }
-                        None => {
+                        Ok(None) => {
                             observation.blocked.insert(
                                 0,
                                 (
@@ -189,6 +198,13 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
                                     crate::controller::migrations::BUILTIN_MIGRATION_ENABLE_HINT.to_owned(),
                                 ),
                             );
+                            unavailable_recheck = true;
+                        }
+                        Err(why) => {
+                            observation.blocked.push((
+                                ConditionReason::AwaitingMigration,
+                                format!("not migrating {crd_name}: {why}; checking again shortly"),
+                            ));
                             unavailable_recheck = true;
                         }
                     },

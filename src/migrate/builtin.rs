@@ -4,11 +4,18 @@
 //! version); its conditions go `Running=True/MigrationRunning`, then
 //! `Running=False/MigrationCompleted` with `Succeeded=True`, or `Failed=True`; on success the
 //! CRD's `status.storedVersions` is trimmed to the storage version (apiserver-samples/35).
+//!
+//! A migration this operator creates records, in annotations, the state of the CRD it was
+//! created for (resourceVersion, generation, `storedVersions`, conversion fingerprint), so
+//! that whoever follows it later (another leader) can tell whether it belongs to the CRD as
+//! it is now, and what a trim after it may rely on.
 
 use jiff::Timestamp;
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use serde_json::{Value, json};
+
+use super::apiserver_clock;
 
 /// The API group.
 pub const GROUP: &str = "storagemigration.k8s.io";
@@ -18,6 +25,21 @@ pub const POLICY_LABEL: &str = "crdlifecycle.io/policy";
 
 /// Label on the migrations a policy creates: the storage version they migrate into.
 pub const STORAGE_VERSION_LABEL: &str = "crdlifecycle.io/storage-version";
+
+/// Annotation on the migrations a policy creates: the CRD's resourceVersion when it was
+/// created (where a storage guard for it starts watching).
+pub const CRD_RESOURCE_VERSION_ANNOTATION: &str = "crdlifecycle.io/crd-resource-version";
+
+/// Annotation on the migrations a policy creates: the CRD's generation when it was created.
+pub const CRD_GENERATION_ANNOTATION: &str = "crdlifecycle.io/crd-generation";
+
+/// Annotation on the migrations a policy creates: the CRD's `status.storedVersions` when it
+/// was created, comma-separated.
+pub const STORED_VERSIONS_ANNOTATION: &str = "crdlifecycle.io/stored-versions";
+
+/// Annotation on the migrations a policy creates: the fingerprint of the CRD's conversion
+/// when it was created (`migrate::conversion_fingerprint`).
+pub const CONVERSION_ANNOTATION: &str = "crdlifecycle.io/crd-conversion";
 
 /// Versions of the API this operator speaks, newest first (v1 has the v1beta1 shape).
 const KNOWN_VERSIONS: [&str; 2] = ["v1", "v1beta1"];
@@ -53,6 +75,56 @@ pub struct Migration {
     pub created: Option<Timestamp>,
     /// When its last condition changed.
     pub changed: Option<Timestamp>,
+    /// The state of the CRD it was created for (its annotations), if a policy created it
+    /// with them.
+    pub created_for: Option<CreatedFor>,
+}
+
+/// The state of the CRD a migration was created for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreatedFor {
+    pub resource_version: String,
+    pub generation: Option<i64>,
+    pub stored_versions: Vec<String>,
+    pub conversion: String,
+}
+
+impl CreatedFor {
+    fn annotations(&self) -> Value {
+        json!({
+            CRD_RESOURCE_VERSION_ANNOTATION: self.resource_version,
+            CRD_GENERATION_ANNOTATION: self.generation.map(|g| g.to_string()).unwrap_or_default(),
+            STORED_VERSIONS_ANNOTATION: self.stored_versions.join(","),
+            CONVERSION_ANNOTATION: self.conversion,
+        })
+    }
+
+    fn from_annotations(object: &Value) -> Option<CreatedFor> {
+        let annotation = |key: &str| {
+            object
+                .pointer(&format!("/metadata/annotations/{}", key.replace('/', "~1")))
+                .and_then(Value::as_str)
+        };
+        Some(CreatedFor {
+            resource_version: annotation(CRD_RESOURCE_VERSION_ANNOTATION)?.to_owned(),
+            generation: annotation(CRD_GENERATION_ANNOTATION).and_then(|g| g.parse().ok()),
+            stored_versions: annotation(STORED_VERSIONS_ANNOTATION)?
+                .split(',')
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            conversion: annotation(CONVERSION_ANNOTATION).unwrap_or_default().to_owned(),
+        })
+    }
+}
+
+/// Migrations as listed, and the apiserver's clock when they were.
+#[derive(Clone, Debug)]
+pub struct Listed {
+    /// Oldest first.
+    pub migrations: Vec<Migration>,
+    /// The list answer's `date`.
+    pub at: Option<Timestamp>,
 }
 
 impl Migration {
@@ -95,6 +167,7 @@ impl Migration {
             )),
             created: text("/metadata/creationTimestamp").and_then(|t| t.parse().ok()),
             changed,
+            created_for: CreatedFor::from_annotations(object),
         }
     }
 }
@@ -102,6 +175,7 @@ impl Migration {
 /// The API, at one served version.
 #[derive(Clone)]
 pub struct Migrations {
+    client: Client,
     api: Api<DynamicObject>,
     /// e.g. `v1beta1`.
     pub version: String,
@@ -136,27 +210,37 @@ impl Migrations {
             plural: "storageversionmigrations".to_owned(),
         };
         Ok(Some(Migrations {
+            client: client.clone(),
             api: Api::all_with(client.clone(), &resource),
             version: version.to_owned(),
         }))
     }
 
-    /// Every migration of `group`/`resource`, oldest first.
-    pub async fn of_resource(&self, group: &str, resource: &str) -> Result<Vec<Migration>, kube::Error> {
-        let list = self.api.list(&ListParams::default()).await?;
-        let mut found: Vec<Migration> = list
-            .items
-            .iter()
-            .filter_map(|object| serde_json::to_value(object).ok())
-            .map(|object| Migration::from_json(&object))
+    fn path(&self) -> String {
+        format!("/apis/{GROUP}/{}/storageversionmigrations", self.version)
+    }
+
+    /// Every migration of `group`/`resource`, oldest first, and the apiserver's clock.
+    pub async fn of_resource(&self, group: &str, resource: &str) -> Result<Listed, kube::Error> {
+        let listed = apiserver_clock::get::<Value>(&self.client, &self.path())
+            .await?
+            .ok_or_else(|| not_found(&self.path()))?;
+        let mut found: Vec<Migration> = listed.value["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(Migration::from_json)
             .filter(|m| m.group == group && m.resource == resource)
             .collect();
         found.sort_by_key(|m| (m.created, m.name.clone()));
-        Ok(found)
+        Ok(Listed {
+            migrations: found,
+            at: listed.date,
+        })
     }
 
     /// Creates a migration of `group`/`resource`, labelled with the policy and storage
-    /// version.
+    /// version, annotated with the state of the CRD it is created for.
     pub async fn create(
         &self,
         name: &str,
@@ -164,11 +248,13 @@ impl Migrations {
         resource: &str,
         policy: &str,
         storage_version: &str,
+        created_for: &CreatedFor,
     ) -> Result<Migration, kube::Error> {
         let object: DynamicObject = serde_json::from_value(json!({
             "apiVersion": format!("{GROUP}/{}", self.version),
             "kind": "StorageVersionMigration",
-            "metadata": {"name": name, "labels": {POLICY_LABEL: policy, STORAGE_VERSION_LABEL: storage_version}},
+            "metadata": {"name": name, "labels": {POLICY_LABEL: policy, STORAGE_VERSION_LABEL: storage_version},
+                         "annotations": created_for.annotations()},
             "spec": {"resource": {"group": group, "resource": resource}},
         }))
         .map_err(kube::Error::SerdeError)?;
@@ -178,12 +264,22 @@ impl Migrations {
         ))
     }
 
-    pub async fn get(&self, name: &str) -> Result<Migration, kube::Error> {
-        let object = self.api.get(name).await?;
-        Ok(Migration::from_json(
-            &serde_json::to_value(object).map_err(kube::Error::SerdeError)?,
-        ))
+    /// One migration, and the apiserver's clock when it was read.
+    pub async fn get(&self, name: &str) -> Result<(Migration, Option<Timestamp>), kube::Error> {
+        let path = format!("{}/{name}", self.path());
+        match apiserver_clock::get::<Value>(&self.client, &path).await? {
+            Some(read) => Ok((Migration::from_json(&read.value), read.date)),
+            None => Err(not_found(&path)),
+        }
     }
+}
+
+fn not_found(path: &str) -> kube::Error {
+    kube::Error::Api(
+        kube::core::Status::failure(&format!("{path} not found"), "NotFound")
+            .with_code(404)
+            .boxed(),
+    )
 }
 
 /// The name of a policy's `attempt`th migration into `storage_version`: deterministic, so
@@ -228,6 +324,23 @@ mod tests {
                 json!([{"type": "Running", "status": "False"}, {"type": "Failed", "status": "True", "message": "boom"}])
             ),
             State::Failed("boom".into())
+        );
+    }
+
+    #[test]
+    fn the_state_it_was_created_for_reads_back() {
+        let created_for = CreatedFor {
+            resource_version: "10042".into(),
+            generation: Some(7),
+            stored_versions: vec!["v1".into(), "v2".into()],
+            conversion: "0a1b".into(),
+        };
+        let object = json!({"metadata": {"name": "m", "annotations": created_for.annotations()}});
+        assert_eq!(Migration::from_json(&object).created_for, Some(created_for));
+        // Created before the annotations existed: nothing to tell.
+        assert_eq!(
+            Migration::from_json(&json!({"metadata": {"name": "m"}})).created_for,
+            None
         );
     }
 

@@ -7,9 +7,11 @@
 //! from the storage version (samples 25, 26). Behind a load balancer each request may reach a
 //! different apiserver, so the answer must hold several times in a row, over a few seconds.
 //!
-//! A CRD that has not changed for `SettleCheck::settled_after` (a minute) has had far longer
-//! than that span for every apiserver to act on it: one agreeing answer is enough there
-//! (ARCHITECTURE.md, "The settle check").
+//! A CRD that had not changed for `SettleCheck::settled_after` (a minute) when it was read,
+//! measured on the apiserver's clock alone, has had far longer than that span for every
+//! apiserver to act on it: one agreeing answer is enough there (ARCHITECTURE.md, "The
+//! settle check"). The check is always about the CRD as last read: the trim confirms the
+//! state it is about to act on, not the one the run started from.
 
 use std::time::Duration;
 use tokio::time::Instant;
@@ -30,10 +32,10 @@ pub struct SettleCheck {
     pub interval: Duration,
     /// Give up after this long.
     pub timeout: Duration,
-    /// A CRD whose newest managedFields time is at least this old needs one agreeing
-    /// answer, not `confirmations`: every apiserver has had this long to act on its last
-    /// change. Longer than the confirmations' span by any plausible clock skew between the
-    /// apiserver and this machine.
+    /// A CRD whose newest managedFields time is at least this much older than the `date`
+    /// of the answer it was read in (both the apiserver's clock) needs one agreeing answer,
+    /// not `confirmations`: every apiserver has had this long to act on its last change.
+    /// Fifteen times the confirmations' span, for clock skew between apiservers.
     pub settled_after: Duration,
 }
 
@@ -86,7 +88,7 @@ pub async fn wait(
         Expect::Unserved(i) => target.versions.get(i).unwrap_or(&target.version),
     };
     let started = Instant::now();
-    let needed = if target.unchanged_for(check.settled_after, jiff::Timestamp::now()) {
+    let needed = if target.unchanged_for(check.settled_after) {
         1
     } else {
         check.confirmations.max(1)

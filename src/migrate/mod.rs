@@ -6,7 +6,12 @@
 //! objects are listed metadata-only, a page at a time, and processed by a bounded pool of
 //! requests while the next page is fetched. Progress is checkpointed per page (the continue
 //! token after the last page whose objects are all done), so a run can resume.
+//!
+//! A rewrite watches its CRD from start to trim (`StorageGuard`): `status.storedVersions` is
+//! trimmed only if every state of the CRD since the run started (since the interrupted run
+//! started, for a resumed one) had the run's storage version.
 
+mod apiserver_clock;
 pub mod builtin;
 mod checked;
 pub mod command;
@@ -20,6 +25,7 @@ mod report;
 mod requests;
 mod run;
 mod settings;
+mod storage_guard;
 mod target;
 mod trim;
 
@@ -34,7 +40,6 @@ use backon::Retryable;
 use governor::{Quota, RateLimiter};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
-use kube::api::Api;
 use tracing::{info, warn};
 
 pub use checked::CheckedObjects;
@@ -45,6 +50,7 @@ pub use progress::{Checkpoint, Counts, ObjectResult, Observer, PageTracker, Quie
 pub use report::{Failure, Outcome, Report};
 pub use requests::{Answer, ObjectKey, Page};
 pub use settings::{ManagedFieldsCleanup, Mode, RetryPolicy, Settings};
+pub use storage_guard::{GuardStart, StorageGuard, Verdict};
 pub use target::{Target, conversion_fingerprint};
 
 use discovery::Expect;
@@ -136,7 +142,7 @@ pub async fn migrate(
             .through_version
             .as_deref()
             .filter(|_| settings.mode == Mode::Preflight);
-        let target = read_target(client, crd_name, through, settings).await?;
+        let mut target = read_target(client, crd_name, through, settings).await?;
         if settings.mode == Mode::Rewrite
             && target.stale_versions().is_empty()
             && !target.stored_versions.is_empty()
@@ -171,6 +177,24 @@ pub async fn migrate(
             );
             warn!(crd = crd_name, "{reason}");
             observer.restarted(&reason);
+        }
+        // A rewrite watches the CRD until its trim (`StorageGuard`), from the state the run
+        // it continues started at: a storage change while no one watched (a failover) is
+        // replayed, or, if its history is gone, the generation decides.
+        let mut guard = None;
+        if settings.mode == Mode::Rewrite {
+            let (started, why_fresh) = resumed_guard(client, &resume, &target, settings).await;
+            if let Some(reason) = why_fresh {
+                resume = None;
+                let reason = format!("{reason}; starting a fresh run");
+                warn!(crd = crd_name, "{reason}");
+                observer.restarted(&reason);
+            }
+            let started = started.unwrap_or_else(|| {
+                StorageGuard::start(client, crd_name, GuardStart::of(&target), settings.history_wait)
+            });
+            target.watched_from = Some(started.started_from().clone());
+            guard = Some(started);
         }
         // Only rewrite once the apiserver answering re-encodes into the storage version; a
         // preflight only reads through a version the apiserver already serves.
@@ -247,7 +271,23 @@ pub async fn migrate(
             Mode::CleanManagedFields => return Ok(report(Outcome::ManagedFieldsCleaned)),
             Mode::Rewrite => {}
         }
-        match trim(&requester, &target, settings, true).await? {
+        // Always there in this mode: a trim without the CRD's history is not made.
+        let Some(guard) = guard.as_ref() else {
+            return Err(Error::Unmigratable {
+                crd: crd_name.to_owned(),
+                reason: "a rewrite without a watch of its CRD cannot trim".to_owned(),
+            });
+        };
+        // The settle check before the writes confirmed the CRD at the resourceVersion read.
+        match trim(
+            &requester,
+            &target,
+            guard,
+            settings,
+            target.resource_version.clone(),
+        )
+        .await?
+        {
             TrimResult::Trimmed(previous) => return Ok(report(Outcome::Trimmed { previous })),
             TrimResult::NotTrimmed(reason) => return Ok(report(Outcome::NotTrimmed { reason })),
             TrimResult::StorageChanged(why) => {
@@ -263,6 +303,46 @@ pub async fn migrate(
                 observer.restarted(&reason);
             }
         }
+    }
+}
+
+/// The guard of a resumed rewrite, started from the state the interrupted run started at,
+/// or why the run must start afresh instead (the checkpoint's history shows a storage change
+/// or cannot be told: the objects before the checkpoint may have been written in another
+/// version meanwhile). `(None, None)`: not a resume.
+async fn resumed_guard(
+    client: &Client,
+    resume: &Option<Resume>,
+    target: &Target,
+    settings: &Settings,
+) -> (Option<StorageGuard>, Option<String>) {
+    let Some(resume) = resume else {
+        return (None, None);
+    };
+    let Some(resource_version) = resume.crd_resource_version.clone() else {
+        // A checkpoint from before the guard: only the generation can tell.
+        if resume.crd_generation.is_some() && resume.crd_generation == target.generation {
+            return (None, None);
+        }
+        let generation = |g: Option<i64>| g.map_or_else(|| "unknown".to_owned(), |g| g.to_string());
+        return (
+            None,
+            Some(format!(
+                "the checkpoint does not say which state of the CRD it belongs to, and the CRD's generation moved from {} to {} since",
+                generation(resume.crd_generation),
+                generation(target.generation)
+            )),
+        );
+    };
+    let start = GuardStart {
+        resource_version,
+        generation: resume.crd_generation,
+        storage_version: resume.storage_version.clone(),
+    };
+    let guard = StorageGuard::start(client, &target.crd, start, settings.history_wait);
+    match guard.check(target).await {
+        Verdict::Unchanged => (Some(guard), None),
+        Verdict::Changed(why) => (None, Some(format!("since the checkpoint's run started, {why}"))),
     }
 }
 
@@ -318,34 +398,60 @@ async fn check_permissions(client: &Client, crd_name: &str, settings: &Settings)
     )))
 }
 
+/// The CRD, and the apiserver's clock when it was read.
 async fn read_crd(
     client: &Client,
     crd_name: &str,
     settings: &Settings,
-) -> Result<CustomResourceDefinition, Error> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+) -> Result<apiserver_clock::Dated<CustomResourceDefinition>, Error> {
+    let path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd_name}");
     kube_request(
         settings,
         &format!("reading CustomResourceDefinition {crd_name}"),
-        || crds.get_opt(crd_name),
+        || apiserver_clock::get(client, &path),
     )
     .await?
     .ok_or_else(|| Error::CrdNotFound(crd_name.to_owned()))
 }
 
+/// The CRD as it is now, as a target through its storage version.
+async fn read_current(client: &Client, crd_name: &str, settings: &Settings) -> Result<Target, Error> {
+    let read = read_crd(client, crd_name, settings).await?;
+    let mut target = Target::from_crd(&read.value).map_err(|reason| Error::Unmigratable {
+        crd: crd_name.to_owned(),
+        reason,
+    })?;
+    target.read_at = read.date;
+    Ok(target)
+}
+
 /// After another migrator (Kubernetes' built-in one) rewrote every object: trims
-/// `status.storedVersions` to the storage version with the same guards as a run's last step
-/// (the storage version confirmed through discovery, the CRD unchanged meanwhile, a
-/// resourceVersion precondition). `Trimmed` (empty `previous` if it already was) or
-/// `NotTrimmed` with the reason.
-pub async fn trim_after(client: &Client, crd_name: &str, settings: &Settings) -> Result<Outcome, Error> {
+/// `status.storedVersions` to the storage version with the same guards as a run's last step.
+/// `guard` watches the CRD from the state the migration was created for (its storage version
+/// is the one the objects were migrated into); `stored_versions` and `conversion` are what
+/// the CRD had then. Nothing is trimmed if the storage version changed since (objects may
+/// have been written in another version), if the conversion changed, or unless the storage
+/// version is confirmed through discovery at the resourceVersion the trim is made at.
+/// `Trimmed` (empty `previous` if it already was) or `NotTrimmed` with the reason.
+pub async fn trim_after(
+    client: &Client,
+    crd_name: &str,
+    settings: &Settings,
+    guard: &StorageGuard,
+    stored_versions: &[String],
+    conversion: &str,
+) -> Result<Outcome, Error> {
     let requester = Requester::unthrottled(client, settings.request_timeout);
-    let target = read_target(client, crd_name, None, settings).await?;
-    Ok(match trim(&requester, &target, settings, false).await? {
+    let mut target = read_current(client, crd_name, settings).await?;
+    // What the migration was created for, not what the CRD says now.
+    target.storage_version = guard.started_from().storage_version.clone();
+    target.stored_versions = stored_versions.to_vec();
+    target.conversion = conversion.to_owned();
+    Ok(match trim(&requester, &target, guard, settings, None).await? {
         TrimResult::Trimmed(previous) => Outcome::Trimmed { previous },
         TrimResult::NotTrimmed(reason) => Outcome::NotTrimmed { reason },
         TrimResult::StorageChanged(why) => Outcome::NotTrimmed {
-            reason: format!("{why} meanwhile"),
+            reason: format!("{why} since the migration was created"),
         },
     })
 }
@@ -391,17 +497,19 @@ async fn read_target(
     through: Option<&str>,
     settings: &Settings,
 ) -> Result<Target, Error> {
-    let crd = read_crd(client, crd_name, settings).await?;
+    let read = read_crd(client, crd_name, settings).await?;
+    let crd = &read.value;
     let unmigratable = |reason| Error::Unmigratable {
         crd: crd_name.to_owned(),
         reason,
     };
-    let mut target = Target::from_crd(&crd).map_err(unmigratable)?;
+    let mut target = Target::from_crd(crd).map_err(unmigratable)?;
+    target.read_at = read.date;
     if settings.through_status && settings.mode == Mode::Rewrite {
-        target = target.through_status(&crd).map_err(unmigratable)?;
+        target = target.through_status(crd).map_err(unmigratable)?;
     }
     match through {
-        Some(version) => target.through(&crd, version).map_err(unmigratable),
+        Some(version) => target.through(crd, version).map_err(unmigratable),
         None => Ok(target),
     }
 }

@@ -45,10 +45,14 @@ pub fn resource_of(crd: &str) -> (&str, &str) {
     crd.split_once('.').unwrap_or((crd, ""))
 }
 
+/// The API group of CustomResourceDefinitions.
+const CRD_GROUP: &str = "apiextensions.k8s.io";
+
 /// What a run of `mode` over the CRD's objects needs: listing them, and reading
 /// (preflight, managedFields cleanup) or patching them (rewrite through the resource or,
 /// with `through_status`, its status subresource; cleanup of managedFields through the
-/// resource). A dry run writes nothing.
+/// resource). A dry run writes nothing. A rewrite also watches its CRD until the trim
+/// (`migrate::StorageGuard`).
 pub fn required(crd: &str, mode: Mode, through_status: bool, dry_run: bool) -> Vec<Permission> {
     let (resource, group) = resource_of(crd);
     let on = |verb: &'static str, subresource: Option<&str>| Permission {
@@ -68,6 +72,14 @@ pub fn required(crd: &str, mode: Mode, through_status: bool, dry_run: bool) -> V
                 needed.push(on("patch", None));
             }
         }
+    }
+    if mode == Mode::Rewrite {
+        needed.push(Permission {
+            verb: "watch",
+            group: CRD_GROUP.to_owned(),
+            resource: "customresourcedefinitions".to_owned(),
+            subresource: None,
+        });
     }
     needed
 }
@@ -99,16 +111,36 @@ pub fn cluster_role(crd: &str, through_status: bool) -> Value {
     })
 }
 
-/// Says what is missing and how to grant it, in one line: the ClusterRole to apply, as
-/// JSON that `kubectl apply -f -` takes.
+/// Says what is missing and how to grant it, in one line: on the CRD's objects, the
+/// ClusterRole to apply, as JSON that `kubectl apply -f -` takes; on CustomResourceDefinitions
+/// (not in that role: the operator's own role in deploy/rbac.yaml grants them), the verb.
 pub fn missing_message(crd: &str, missing: &[Permission], through_status: bool) -> String {
-    let missing: Vec<String> = missing.iter().map(ToString::to_string).collect();
-    format!(
-        "missing permission on the objects of {crd}: {}. Grant it with a ClusterRole labelled {AGGREGATE_LABEL}=true \
-         (`crd-lifecycle rbac {crd}` prints it): {}",
-        missing.join(", "),
-        cluster_role(crd, through_status)
-    )
+    let (on_crds, on_objects): (Vec<&Permission>, Vec<&Permission>) =
+        missing.iter().partition(|p| p.group == CRD_GROUP);
+    let list = |permissions: &[&Permission]| {
+        permissions
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut parts = Vec::new();
+    if !on_objects.is_empty() {
+        parts.push(format!(
+            "missing permission on the objects of {crd}: {}. Grant it with a ClusterRole labelled {AGGREGATE_LABEL}=true \
+             (`crd-lifecycle rbac {crd}` prints it): {}",
+            list(&on_objects),
+            cluster_role(crd, through_status)
+        ));
+    }
+    if !on_crds.is_empty() {
+        parts.push(format!(
+            "missing permission on CustomResourceDefinitions: {} (a migration watches {crd} until it trims \
+             status.storedVersions; deploy/rbac.yaml grants the operator get, list, watch and patch on them)",
+            list(&on_crds)
+        ));
+    }
+    parts.join("; ")
 }
 
 /// The permissions in `needed` that the caller does not have, asked one by one with a
@@ -154,7 +186,8 @@ mod tests {
             verbs(Mode::Rewrite, false, false),
             [
                 "list widgets in API group example.com",
-                "patch widgets in API group example.com"
+                "patch widgets in API group example.com",
+                "watch customresourcedefinitions in API group apiextensions.k8s.io"
             ]
         );
         assert_eq!(
@@ -167,6 +200,18 @@ mod tests {
         );
         assert_eq!(verbs(Mode::CleanManagedFields, false, false).len(), 3);
         assert_eq!(verbs(Mode::CleanManagedFields, false, true).len(), 2);
+    }
+
+    #[test]
+    fn a_missing_crd_watch_is_named_apart_from_the_objects_role() {
+        let needed = required("widgets.example.com", Mode::Rewrite, false, false);
+        let message = missing_message("widgets.example.com", &needed[2..], false);
+        assert!(
+            message.starts_with(
+                "missing permission on CustomResourceDefinitions: watch customresourcedefinitions in API group apiextensions.k8s.io"
+            ) && !message.contains("ClusterRole labelled"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -38,8 +38,9 @@ pub enum Checkpoint {
 }
 
 /// Where an interrupted run resumes, and what it belongs to: a resume is exact only while
-/// the CRD has the storage version and conversion the checkpoint was taken with (other CRD
-/// changes, a deprecation or a served flag, do not touch what was rewritten).
+/// the CRD has the storage version and conversion the checkpoint was taken with, and had
+/// that storage version all along since the checkpointed run started (other CRD changes, a
+/// deprecation or a served flag, do not touch what was rewritten).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resume {
     /// The continue token after the last page whose objects are all done.
@@ -47,8 +48,12 @@ pub struct Resume {
     /// The counts of exactly the objects before the token (never any failure: a page with
     /// a failed object holds the checkpoint, so a resume processes it again).
     pub counts: Counts,
-    /// The CRD's generation when the checkpoint was taken.
+    /// The CRD's generation when the checkpointed run started (`Target::watched_from`).
     pub crd_generation: Option<i64>,
+    /// The CRD's resourceVersion when the checkpointed run started: a resumed run watches
+    /// the CRD's history from it, so that a storage change during the failover is seen.
+    /// `None` in checkpoints from before it was recorded (then only the generation tells).
+    pub crd_resource_version: Option<String>,
     /// The storage version objects were rewritten into.
     pub storage_version: String,
     /// The conversion fingerprint (`Target::conversion`) when the checkpoint was taken;

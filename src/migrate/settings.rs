@@ -105,6 +105,10 @@ pub struct Settings {
     pub through_status: bool,
     /// With `Mode::CleanManagedFields`: which entries.
     pub managed_fields: ManagedFieldsCleanup,
+    /// With `Mode::Rewrite`: how long the trim waits for the watch of the CRD to deliver
+    /// the state it trims at; past it, the CRD's generation decides whether the storage
+    /// version may have changed in between (`StorageGuard`).
+    pub history_wait: Duration,
 }
 
 impl Default for Settings {
@@ -126,6 +130,7 @@ impl Default for Settings {
             preflight_checked: None,
             through_status: false,
             managed_fields: ManagedFieldsCleanup::default(),
+            history_wait: Duration::from_secs(10),
         }
     }
 }

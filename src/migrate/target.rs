@@ -38,6 +38,12 @@ pub struct Target {
     /// The newest `time` of the CRD's managedFields entries (the apiserver's clock, sample
     /// 02): no field of the CRD changed after it. `None` without entries.
     pub changed_at: Option<jiff::Timestamp>,
+    /// The apiserver's clock when the CRD was read (the answer's `date` header,
+    /// tests/fixtures/apiserver/crd-get-date-header.txt); `None` when unknown.
+    pub read_at: Option<jiff::Timestamp>,
+    /// With `Mode::Rewrite`: the state of the CRD the run's storage guard watches from (the
+    /// start of this run, or of the run it resumes); a checkpoint records it.
+    pub watched_from: Option<super::GuardStart>,
 }
 
 /// A fingerprint of what converting an object of the CRD goes through.
@@ -78,11 +84,14 @@ pub fn last_changed(crd: &CustomResourceDefinition) -> Option<jiff::Timestamp> {
 }
 
 impl Target {
-    /// Whether the CRD has not changed for `quiet` (by the apiserver's managedFields
-    /// timestamps, compared with this machine's clock at `now`).
-    pub fn unchanged_for(&self, quiet: std::time::Duration, now: jiff::Timestamp) -> bool {
-        self.changed_at
-            .is_some_and(|at| now.duration_since(at).as_secs_f64() >= quiet.as_secs_f64())
+    /// Whether the CRD had not changed for `quiet` when it was read, on the apiserver's
+    /// clock alone (its managedFields times against the `date` of the answer they came in):
+    /// this machine's clock may be skewed. Unknown (no entries, no `date`): `false`.
+    pub fn unchanged_for(&self, quiet: std::time::Duration) -> bool {
+        match (self.changed_at, self.read_at) {
+            (Some(changed), Some(read)) => read.duration_since(changed).as_secs_f64() >= quiet.as_secs_f64(),
+            _ => false,
+        }
     }
 
     /// Reads the target from a CRD, refusing CRDs the migrator cannot work on.
@@ -130,6 +139,8 @@ impl Target {
             schemas: crate::schema::schemas_of(crd),
             resource_version: crd.metadata.resource_version.clone(),
             changed_at: last_changed(crd),
+            read_at: None,
+            watched_from: None,
         })
     }
 

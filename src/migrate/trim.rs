@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::discovery::{self, Expect};
 use super::requests::Requester;
-use super::{Error, Settings, Target, kube_request, read_crd};
+use super::{Error, Settings, StorageGuard, Target, Verdict, kube_request, read_current};
 
 pub(super) enum TrimResult {
     Trimmed(Vec<String>),
@@ -16,46 +16,40 @@ pub(super) enum TrimResult {
     StorageChanged(String),
 }
 
-/// Sets `status.storedVersions` to the storage version alone, only if the CRD still has
-/// the storage version and conversion the run started with, with a resourceVersion
-/// precondition (the apiserver itself accepts any trim, apiserver-samples/14).
+/// Sets `status.storedVersions` to the storage version alone, only if every state of the
+/// CRD since the run started had that storage version (`guard`, which must have seen the
+/// very state the trim acts on), the conversion is the one the run went through, and
+/// discovery confirms the storage version at the resourceVersion the trim is made at,
+/// which the patch carries as a precondition (the apiserver itself accepts any trim,
+/// apiserver-samples/14).
 ///
-/// `confirmed_before`: the target was confirmed through discovery before the rewrites (at its
-/// resourceVersion). A CRD still at that resourceVersion has not changed since, so the
-/// confirmation holds and the trim needs no second one.
+/// `confirmed_at`: the resourceVersion the storage version was confirmed at before the
+/// rewrites. A CRD still at it has not changed since, so the trim needs no second
+/// confirmation; any other state (after a change, or after a 409 on the trim itself) is
+/// confirmed by the settle check on the CRD as just read.
 pub(super) async fn trim(
     requester: &Requester<'_>,
     target: &Target,
+    guard: &StorageGuard,
     settings: &Settings,
-    confirmed_before: bool,
+    confirmed_at: Option<String>,
 ) -> Result<TrimResult, Error> {
     let client = requester.client;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let confirmed_at = target.resource_version.clone().filter(|_| confirmed_before);
-    let mut confirmed = false;
+    let mut confirmed_at = confirmed_at;
     for _ in 0..5 {
-        let crd = read_crd(client, &target.crd, settings).await?;
-        let now = Target::from_crd(&crd).map_err(|reason| Error::Unmigratable {
-            crd: target.crd.clone(),
-            reason,
-        })?;
+        let now = read_current(client, &target.crd, settings).await?;
         if now.storage_version != target.storage_version {
             return Ok(TrimResult::StorageChanged(format!(
                 "the storage version changed from {} to {}",
                 target.storage_version, now.storage_version
             )));
         }
-        // The storage version changed and changed back during the run: objects written
-        // meanwhile are stored in a version the run did not start with (the apiserver added
-        // it to storedVersions), and trimming would lose it.
-        if let Some(appeared) = now
-            .stored_versions
-            .iter()
-            .find(|v| !target.stored_versions.contains(v) && **v != target.storage_version)
-        {
-            return Ok(TrimResult::StorageChanged(format!(
-                "objects were stored as {appeared} during the run (status.storedVersions gained it)"
-            )));
+        // The storage version changed and changed back (or more) during the run: objects
+        // written meanwhile are stored in a version the run did not rewrite them into,
+        // whether or not storedVersions gained it.
+        if let Verdict::Changed(why) = guard.check(&now).await {
+            return Ok(TrimResult::StorageChanged(why));
         }
         // Other changes (a deprecation, a served flag) leave every rewritten object in the
         // storage version: only a change of what the rewrite converted through asks for a
@@ -68,17 +62,14 @@ pub(super) async fn trim(
         if now.stored_versions == [target.storage_version.clone()] {
             return Ok(TrimResult::Trimmed(Vec::new()));
         }
-        // Trim only while the apiserver still stores in the version every object was
-        // rewritten into.
-        if confirmed_at.is_some() && crd.metadata.resource_version == confirmed_at {
-            confirmed = true;
-        }
-        if !confirmed {
-            discovery::wait(requester, target, Expect::Storage, &settings.settle).await?;
-            confirmed = true;
+        // Trim only while every apiserver answering stores in the version every object was
+        // rewritten into: confirmed for the state just read, by its own age.
+        if confirmed_at.is_none() || confirmed_at != now.resource_version {
+            discovery::wait(requester, &now, Expect::Storage, &settings.settle).await?;
+            confirmed_at = now.resource_version.clone();
         }
         let patch = json!({
-            "metadata": {"resourceVersion": crd.metadata.resource_version},
+            "metadata": {"resourceVersion": now.resource_version},
             "status": {"storedVersions": [target.storage_version]},
         });
         // Retried after a timeout too: the resourceVersion precondition makes a repeat of

@@ -1,9 +1,13 @@
 //! `spec.migration.engine: StorageVersionMigration` against the fake's built-in migrator
 //! (apiserver-samples/35), and the rule that never lets two migrators run at once.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use crd_lifecycle::controller::migrations::Migrations;
 use serde_json::{Value, json};
 
-use super::{CRD, Harness, wait_until};
+use super::{CRD, Harness, fast_settle_check, wait_until, yaml};
 
 fn migration(h: &Harness) -> Value {
     h.status("widgets")["migration"].clone()
@@ -218,6 +222,173 @@ async fn no_migration_starts_while_another_migrator_runs() {
             svm["status"]["conditions"] = json!([{"type": "Succeeded", "status": "True"}]);
         }
     }
+    h.reconcile("widgets").await;
+    wait_until("migrated", || h.stored_versions() == json!(["v1beta1"])).await;
+}
+
+/// Issue 29, finding 2 (scenario 2): the built-in migration into v1beta1 succeeded long ago.
+/// Then the storage version flips to v1alpha1 and back (a GitOps tool re-applies the old
+/// CRD), and objects written meanwhile are stored as v1alpha1. The old `-v1beta1-1` belongs
+/// to the CRD before the flip: it is not followed, a new attempt migrates those objects, and
+/// only then is `storedVersions` trimmed.
+#[tokio::test(start_paused = true)]
+async fn a_succeeded_migration_from_before_a_flip_is_not_followed() {
+    let mut h = Harness::with_example_and_objects(20);
+    h.fake.lock().svm_served = true;
+    builtin(&mut h);
+    h.at("2026-01-05T00:00:00Z");
+    h.reconcile_through_preflight("widgets").await;
+    wait_until("the first migration succeeds", || {
+        migration(&h)["phase"] == "Succeeded"
+    })
+    .await;
+    assert_eq!(h.stored_versions(), json!(["v1beta1"]));
+
+    {
+        let mut state = h.fake.lock();
+        state.switch_storage(CRD, "v1alpha1");
+        state.write_objects(CRD, 5);
+        state.switch_storage(CRD, "v1beta1");
+    }
+    assert_eq!(h.stored_versions(), json!(["v1beta1", "v1alpha1"]));
+    let flipped = h.fake.crd(CRD)["metadata"].clone();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    h.reconcile("widgets").await;
+    wait_until("storedVersions is trimmed", || {
+        h.stored_versions() == json!(["v1beta1"])
+    })
+    .await;
+    assert_eq!(
+        h.fake.encodings(CRD),
+        [("v1beta1".to_owned(), 20)].into(),
+        "nothing left in a trimmed version"
+    );
+    wait_until("the next migration succeeds", || {
+        migration(&h)["phase"] == "Succeeded"
+            && migration(&h)["storageVersionMigration"] == "crd-lifecycle.widgets.example.com-v1beta1-2"
+    })
+    .await;
+    assert_eq!(
+        svm_names(&h),
+        [
+            "crd-lifecycle.widgets.example.com-v1beta1-1",
+            "crd-lifecycle.widgets.example.com-v1beta1-2"
+        ]
+    );
+    // The new attempt records the CRD it was created for.
+    let second = h.fake.lock().svms["crd-lifecycle.widgets.example.com-v1beta1-2"].clone();
+    let annotations = &second["metadata"]["annotations"];
+    assert_eq!(
+        annotations["crdlifecycle.io/crd-resource-version"],
+        flipped["resourceVersion"]
+    );
+    assert_eq!(
+        annotations["crdlifecycle.io/crd-generation"],
+        flipped["generation"].to_string()
+    );
+    assert_eq!(annotations["crdlifecycle.io/stored-versions"], "v1beta1,v1alpha1");
+}
+
+/// A second CRD, `gadgets.example.com`, with its own policy (the internal migrator) and
+/// `objects` stored as v1alpha1.
+fn with_gadgets(h: &mut Harness, objects: usize) {
+    let mut crd = yaml(include_str!("../../examples/widgets/crd.yaml"));
+    crd["metadata"]["name"] = json!("gadgets.example.com");
+    crd["spec"]["names"] =
+        json!({"kind": "Gadget", "plural": "gadgets", "singular": "gadget", "listKind": "GadgetList"});
+    h.fake.create_crd(crd);
+    h.fake.add_objects("gadgets.example.com", objects, 2, "v1alpha1");
+    let mut policy = yaml(include_str!("../../examples/widgets/policy.yaml"));
+    policy["metadata"]["name"] = json!("gadgets");
+    policy["spec"]["crdName"] = json!("gadgets.example.com");
+    h.add_policy(policy, "2025-11-01T00:00:00Z");
+}
+
+/// Finding 3: the built-in migrator's API is served but its controller does not run, so the
+/// migration stays Pending. Following it holds no migration slot (the only one here): another
+/// policy's migration runs meanwhile. Past its deadline the run fails and the policy is
+/// Stalled, saying the svm controller does not seem to run.
+#[tokio::test(start_paused = true)]
+async fn a_migration_never_picked_up_holds_no_slot_and_fails_at_its_deadline() {
+    let mut h = Harness::with_example_and_objects(10);
+    {
+        let mut state = h.fake.lock();
+        state.svm_served = true;
+        state.svm_paused = true;
+    }
+    let ctx = h.ctx.clone();
+    let one_slot = Migrations::new(ctx.client.clone(), ctx.recorder.clone(), ctx.metrics.clone(), 1)
+        .with_progress_interval(Duration::from_secs(1))
+        .with_settle_check(fast_settle_check())
+        .with_clock(ctx.clock.clone())
+        .with_svm_pending_deadline(Duration::from_secs(600));
+    h.replace_context(Arc::new(one_slot), None);
+    builtin(&mut h);
+    with_gadgets(&mut h, 10);
+    h.at("2026-01-05T00:00:00Z");
+    h.reconcile_through_preflight("widgets").await;
+    wait_until("the built-in migration is followed", || {
+        migration(&h)["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("waiting for the kube-controller-manager's svm controller")
+    })
+    .await;
+
+    h.reconcile_through_preflight("gadgets").await;
+    let gadgets = h.fake.clone();
+    wait_until("the other policy's migration ran", || {
+        gadgets.crd("gadgets.example.com")["status"]["storedVersions"] == json!(["v1beta1"])
+    })
+    .await;
+    assert_eq!(migration(&h)["phase"], "Running", "still waiting");
+
+    tokio::time::sleep(Duration::from_secs(601)).await;
+    wait_until("the migration failed", || migration(&h)["phase"] == "Failed").await;
+    let message = migration(&h)["message"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        message.contains("crd-lifecycle.widgets.example.com-v1beta1-1 has been Pending for")
+            && message.contains("svm controller does not seem to run"),
+        "{message}"
+    );
+    h.reconcile("widgets").await;
+    let (stalled, reason, stalled_message) = h.condition("widgets", "Stalled");
+    assert_eq!((stalled.as_str(), reason.as_str()), ("True", "MigrationFailed"));
+    assert!(
+        stalled_message.contains("svm controller does not seem to run"),
+        "{stalled_message}"
+    );
+    assert_eq!(h.stored_versions(), json!(["v1alpha1", "v1beta1"]));
+}
+
+/// Finding 15: when the StorageVersionMigrations cannot be listed, whether another migrator
+/// runs is unknown: no migration of ours starts (Blocked, checked again soon) until it is
+/// known.
+#[tokio::test(start_paused = true)]
+async fn no_migration_starts_while_other_migrators_cannot_be_listed() {
+    let mut h = Harness::with_example_and_objects(20);
+    {
+        let mut state = h.fake.lock();
+        state.svm_served = true;
+        state.svm_list_fault = Some(503);
+    }
+    h.at("2026-01-05T00:00:00Z");
+    h.reconcile_through_preflight("widgets").await;
+    let (blocked, reason, message) = h.condition("widgets", "Blocked");
+    assert_eq!((blocked.as_str(), reason.as_str()), ("True", "AwaitingMigration"));
+    assert!(
+        message.contains("cannot be told whether another migrator runs")
+            && message.contains("cannot list StorageVersionMigrations"),
+        "{message}"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        h.fake.object_requests().iter().all(|r| r.method == "GET"),
+        "nothing rewritten"
+    );
+    assert_eq!(h.stored_versions(), json!(["v1alpha1", "v1beta1"]));
+    // Known again: the next reconcile migrates.
+    h.fake.lock().svm_list_fault = None;
     h.reconcile("widgets").await;
     wait_until("migrated", || h.stored_versions() == json!(["v1beta1"])).await;
 }

@@ -205,6 +205,7 @@ async fn run_ends_before_the_lease_expires_when_the_renewal_hangs() {
         identity: "replica-a".into(),
         parallel_migrations: 1,
         traffic_sample_interval: std::time::Duration::from_secs(60),
+        svm_pending_deadline: std::time::Duration::from_secs(600),
         webhook: None,
     };
     // The whole controller runs here: its policy and CRD watches are not served by the fake

@@ -41,7 +41,10 @@ pub async fn builtin_migration(env: &Env) -> Outcome {
         Duration::from_secs(60),
         || async {
             let ours = api.of_resource(group, plural).await.map_err(|e| e.to_string())?;
-            Ok(ours.iter().any(|m| m.policy.as_deref() == Some(name.as_str())))
+            Ok(ours
+                .migrations
+                .iter()
+                .any(|m| m.policy.as_deref() == Some(name.as_str())))
         },
     )
     .await?;
@@ -54,6 +57,7 @@ pub async fn builtin_migration(env: &Env) -> Outcome {
     .await?;
     let ours = api.of_resource(group, plural).await.map_err(|e| e.to_string())?;
     let svm = ours
+        .migrations
         .iter()
         .find(|m| m.policy.as_deref() == Some(name.as_str()))
         .ok_or("the policy's StorageVersionMigration is gone")?;

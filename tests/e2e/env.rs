@@ -326,7 +326,7 @@ impl Env {
         }
     }
 
-    fn policy_api(&self) -> Api<kube::core::DynamicObject> {
+    pub fn policy_api(&self) -> Api<kube::core::DynamicObject> {
         let resource = kube::discovery::ApiResource {
             group: "crdlifecycle.io".into(),
             version: "v1alpha1".into(),

@@ -26,6 +26,7 @@ mod proxy;
 mod replicas;
 mod scenarios;
 mod soak;
+mod storage_flip;
 #[path = "../support/webhook_client.rs"]
 mod webhook_client;
 mod webhook_rollout;
@@ -69,6 +70,15 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     }),
     ("check_least_privilege", |env| {
         Box::pin(check::least_privilege(env))
+    }),
+    ("flip_during_a_migration", |env| {
+        Box::pin(storage_flip::flip_during_a_migration(env))
+    }),
+    ("flip_during_a_failover", |env| {
+        Box::pin(storage_flip::flip_during_a_failover(env))
+    }),
+    ("flip_after_a_builtin_migration", |env| {
+        Box::pin(storage_flip::flip_after_a_builtin_migration(env))
     }),
     ("soak", |env| Box::pin(soak::soak(env))),
 ];

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use apiserver::{CheckedFake, FakeApiserver, ListFault, ObjectFault};
 use crd_lifecycle::migrate::{
-    self, Checkpoint, Counts, Mode, Observer, Outcome, Resume, RetryPolicy, Settings, SettleCheck,
+    self, Checkpoint, Counts, Mode, Observer, Outcome, Resume, RetryPolicy, Settings, SettleCheck, Target,
 };
 use over_http::{serve_over_http, tempfile_path};
 use serde_json::{Value, json};
@@ -61,9 +61,17 @@ fn stored_versions(fake: &FakeApiserver) -> Value {
     fake.crd(CRD)["status"]["storedVersions"].clone()
 }
 
-/// Records checkpoints, restarts, continuations and totals.
+/// The CRD's resourceVersion now (where a run starting now watches it from).
+fn resource_version(fake: &FakeApiserver) -> Option<String> {
+    fake.crd(CRD)["metadata"]["resourceVersion"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// Records checkpoints, restarts, continuations, totals and the targets passes started on.
 #[derive(Default)]
 struct Recorder {
+    started: Mutex<Vec<Target>>,
     checkpoints: Mutex<Vec<(Checkpoint, Counts)>>,
     restarts: Mutex<Vec<String>>,
     continued: Mutex<usize>,
@@ -71,6 +79,10 @@ struct Recorder {
 }
 
 impl Observer for Recorder {
+    fn started(&self, target: &Target, _counts: &Counts) {
+        self.started.lock().expect("lock").push(target.clone());
+    }
+
     fn progress(&self, _counts: &Counts, total: Option<u64>) {
         self.totals.lock().expect("lock").push(total);
     }
@@ -588,6 +600,7 @@ async fn checkpoint_of(fake: &FakeApiserver) -> (String, Counts) {
 async fn a_resume_survives_a_deprecation_but_not_a_conversion_change() {
     let fake = cluster(50);
     let conversion = conversion_now(&fake);
+    let started_at = resource_version(&fake);
     let (token, counts) = checkpoint_of(&fake).await;
     fake.edit_crd(CRD, |crd| crd["spec"]["versions"][0]["deprecated"] = json!(true));
     fake.lock().requests.clear();
@@ -596,6 +609,7 @@ async fn a_resume_survives_a_deprecation_but_not_a_conversion_change() {
             continue_token: token,
             counts,
             crd_generation: Some(1),
+            crd_resource_version: started_at.clone(),
             storage_version: "v1".into(),
             conversion,
         }),
@@ -617,6 +631,7 @@ async fn a_resume_survives_a_deprecation_but_not_a_conversion_change() {
 
     // A conversion change between the checkpoint and the resume: a fresh run.
     let fake = cluster(50);
+    let started_at = resource_version(&fake);
     let (token, counts) = checkpoint_of(&fake).await;
     let before = conversion_now(&fake);
     fake.edit_crd(CRD, |crd| {
@@ -630,6 +645,7 @@ async fn a_resume_survives_a_deprecation_but_not_a_conversion_change() {
             continue_token: token,
             counts,
             crd_generation: Some(1),
+            crd_resource_version: started_at,
             storage_version: "v1".into(),
             conversion: before,
         }),
@@ -665,6 +681,7 @@ async fn a_resumed_run_after_failures_retries_them_and_succeeds() {
         "w00013",
         ObjectFault::ConversionFails("webhook down".into()),
     );
+    let started_at = resource_version(&fake);
     let first = Recorder::default();
     let report = migrate::migrate(&fake.client(), CRD, &settings(10), &first)
         .await
@@ -691,6 +708,7 @@ async fn a_resumed_run_after_failures_retries_them_and_succeeds() {
             continue_token: token,
             counts,
             crd_generation: Some(1),
+            crd_resource_version: started_at,
             storage_version: "v1".into(),
             conversion: String::new(),
         }),
@@ -800,6 +818,7 @@ async fn a_storage_switch_mid_run_starts_over() {
 #[tokio::test(start_paused = true)]
 async fn a_run_resumes_from_its_checkpoint() {
     let fake = cluster(50);
+    let started_at = resource_version(&fake);
     // A first run's checkpoint after two pages of ten (what the controller saved).
     let first = Recorder::default();
     let _ = migrate::migrate(
@@ -828,6 +847,7 @@ async fn a_run_resumes_from_its_checkpoint() {
                 failed: 0,
             },
             crd_generation: Some(1),
+            crd_resource_version: started_at,
             storage_version: "v1".into(),
             conversion: String::new(),
         }),
@@ -1440,7 +1460,7 @@ async fn a_missing_permission_stops_the_run_before_any_object_is_touched() {
         .iter()
         .map(|(verb, ..)| verb.clone())
         .collect();
-    assert_eq!(asked, ["list", "patch"]);
+    assert_eq!(asked, ["list", "patch", "watch"]);
 
     // Through the status subresource, the status is what must be patchable.
     fake.allow_all();
@@ -1721,7 +1741,7 @@ async fn the_controller_without_its_crd_says_so_is_not_ready_and_stops_on_sigter
 /// Gives the CRD a managedFields entry last changed `ago` (as the apiserver records every
 /// change, sample 02).
 fn last_changed(fake: &FakeApiserver, ago: jiff::SignedDuration) {
-    let time = (jiff::Timestamp::now() - ago)
+    let time = (fake.lock().now() - ago)
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string();
     fake.lock()
@@ -1800,23 +1820,204 @@ async fn a_fresh_switch_is_confirmed_while_the_first_page_is_listed() {
     );
 }
 
-/// The storage version changed and changed back during the run: objects written in between
-/// are stored in a version the run did not start with (the apiserver added it to
-/// `storedVersions`, samples 02 and 06). The trim would lose it: the run starts over.
+/// Issue 29, finding 1: during a migration from v1alpha1 to v1, the storage version flips to
+/// v1alpha1 (already in `storedVersions`) and back to v1, and objects the run had already
+/// rewritten are written meanwhile, so stored as v1alpha1. `storedVersions` gains nothing,
+/// yet trimming it would lose them: the CRD watch saw the flip, so the run starts over and
+/// rewrites them before it trims.
 #[tokio::test(start_paused = true)]
-async fn a_storage_version_stored_meanwhile_is_never_trimmed_away() {
+async fn a_flip_away_and_back_during_a_run_is_rewritten_before_the_trim() {
+    let fake = flip_on_the_third_page();
+    let observer = Recorder::default();
+    let report = migrate::migrate(&fake.client(), CRD, &one_at_a_time(), &observer)
+        .await
+        .expect("runs");
+    assert!(
+        matches!(report.outcome, Outcome::Trimmed { .. }),
+        "{}",
+        report.summary()
+    );
+    assert_eq!(
+        fake.encodings(CRD),
+        [("v1".to_owned(), 30)].into(),
+        "nothing left in a trimmed version"
+    );
+    assert_eq!(stored_versions(&fake), json!(["v1"]));
+    assert_eq!(report.restarts, 1, "{}", report.summary());
+    let restarts = observer.restarts.lock().expect("lock").clone();
+    assert!(
+        restarts[0].contains("the storage version was v1alpha1 instead of v1 at resourceVersion"),
+        "{restarts:?}"
+    );
+}
+
+/// One object at a time, ten per page: when the third page is listed, every object of the
+/// first page has been rewritten.
+fn one_at_a_time() -> Settings {
+    Settings {
+        concurrency: 1,
+        ..settings(10)
+    }
+}
+
+/// The storage version flips to v1alpha1, the first page's objects are written (so stored
+/// as v1alpha1), and it flips back to v1.
+fn flip_and_write(state: &mut apiserver::State) {
+    state.switch_storage(CRD, "v1alpha1");
+    state.write_objects(CRD, 10);
+    state.switch_storage(CRD, "v1");
+}
+
+/// 30 objects; when the third page is listed (every object of the first rewritten), the
+/// storage version flips away and back while the first page's objects are written.
+fn flip_on_the_third_page() -> CheckedFake {
     let fake = cluster(30);
+    fake.after_next_list_page(|_| {});
+    fake.after_next_list_page(|_| {});
+    fake.after_next_list_page(flip_and_write);
+    fake
+}
+
+/// Resumes from `resume` to a trim that leaves nothing in a trimmed version; the restarts
+/// the run reported.
+async fn resumed_to_the_end(fake: &FakeApiserver, resume: Resume) -> Vec<String> {
+    let observer = Recorder::default();
+    let resumed = Settings {
+        resume: Some(resume),
+        ..one_at_a_time()
+    };
+    let report = migrate::migrate(&fake.client(), CRD, &resumed, &observer)
+        .await
+        .expect("runs");
+    assert!(report.succeeded(), "{}", report.summary());
+    assert_eq!(
+        fake.encodings(CRD),
+        [("v1".to_owned(), 30)].into(),
+        "nothing left in a trimmed version"
+    );
+    assert_eq!(stored_versions(fake), json!(["v1"]));
+    observer.restarts.lock().expect("lock").clone()
+}
+
+/// A run that stops with a checkpoint after its second page (the third page's first
+/// object fails), the target it started on, and the checkpoint as the controller resumes it.
+async fn interrupted_after_two_pages(fake: &FakeApiserver) -> Resume {
+    fake.set_fault(
+        "ns2",
+        "w00002",
+        ObjectFault::ConversionFails("webhook down".into()),
+    );
+    let first = Recorder::default();
+    let report = migrate::migrate(&fake.client(), CRD, &one_at_a_time(), &first)
+        .await
+        .expect("runs");
+    assert_eq!(report.outcome, Outcome::Failed);
+    fake.lock().faults.clear();
+    let (Checkpoint::Continue(token), counts) = first.checkpoints.lock().expect("lock")[1].clone() else {
+        panic!("a continue token")
+    };
+    assert_eq!(counts.rewritten, 20);
+    let started = first.started.lock().expect("lock")[0].clone();
+    let from = started.watched_from.expect("a rewrite watches the CRD");
+    Resume {
+        continue_token: token,
+        counts,
+        crd_generation: from.generation,
+        crd_resource_version: Some(from.resource_version),
+        storage_version: "v1".into(),
+        conversion: started.conversion,
+    }
+}
+
+/// Finding 1 across a failover: the checkpoint was taken before the flip, and the run that
+/// resumes from it replays the CRD's history from where the interrupted run started. It
+/// sees the flip and starts afresh, so the objects before the checkpoint are rewritten too.
+#[tokio::test(start_paused = true)]
+async fn a_flip_during_a_failover_starts_the_resumed_run_afresh() {
+    let fake = cluster(30);
+    let resume = interrupted_after_two_pages(&fake).await;
+    flip_and_write(&mut fake.lock());
+    fake.clear_requests();
+    let restarts = resumed_to_the_end(&fake, resume).await;
+    assert!(
+        restarts[0]
+            .contains("since the checkpoint's run started, the storage version was v1alpha1 instead of v1"),
+        "{restarts:?}"
+    );
+    assert!(
+        !fake.metadata_lists()[0].query.contains("continue="),
+        "listed from the start"
+    );
+}
+
+/// The history since the checkpoint is compacted away (the apiserver restarted after an
+/// etcd compaction, tests/fixtures/apiserver/crd-watch-expired.txt): Kubernetes' own rule
+/// decides. A CRD whose generation did not move since is resumed; one whose generation
+/// moved (a flip, or any spec change: nothing tells them apart) is migrated afresh.
+#[tokio::test(start_paused = true)]
+async fn a_compacted_history_resumes_only_if_the_generation_did_not_move() {
+    let fake = cluster(30);
+    let resume = interrupted_after_two_pages(&fake).await;
+    fake.lock().expire_watch_history();
+    fake.clear_requests();
+    let restarts = resumed_to_the_end(&fake, resume).await;
+    assert!(restarts.is_empty(), "{restarts:?}");
+    assert!(fake.metadata_lists()[0].query.contains("continue="), "resumed");
+
+    let fake = cluster(30);
+    let resume = interrupted_after_two_pages(&fake).await;
+    {
+        let mut state = fake.lock();
+        flip_and_write(&mut state);
+        state.expire_watch_history();
+    }
+    let restarts = resumed_to_the_end(&fake, resume).await;
+    assert!(
+        restarts[0].contains("could not be watched (410 Expired: too old resource version")
+            && restarts[0].contains("its generation moved from 1 to 3"),
+        "{restarts:?}"
+    );
+}
+
+/// Finding 4: the run started on a CRD unchanged for ten minutes (one discovery answer),
+/// and the CRD changed a moment before the trim. The trim confirms the state it acts on
+/// by that state's own age: the full check (three answers in a row in these settings).
+#[tokio::test(start_paused = true)]
+async fn a_crd_changed_just_before_the_trim_gets_the_full_check_there() {
+    let fake = cluster(30);
+    last_changed(&fake, jiff::SignedDuration::from_mins(10));
+    fake.after_next_list_page(|_| {});
     fake.after_next_list_page(|_| {});
     fake.after_next_list_page(|state| {
         let mut crd = state.crds[CRD].clone();
-        let versions = crd["spec"]["versions"].as_array_mut().expect("versions");
-        let mut v2 = versions[1].clone();
-        v2["name"] = json!("v2");
-        v2["storage"] = json!(false);
-        versions.push(v2);
-        // v2 was the storage version for a moment; the apiserver recorded it, then v1
-        // became the storage version again.
-        crd["status"]["storedVersions"] = json!(["v1alpha1", "v1", "v2"]);
+        crd["spec"]["versions"][0]["deprecated"] = json!(true);
+        state.store_crd(crd, true);
+    });
+    let report = migrate::migrate(&fake.client(), CRD, &one_at_a_time(), &migrate::Quiet)
+        .await
+        .expect("runs");
+    assert!(
+        matches!(report.outcome, Outcome::Trimmed { .. }),
+        "{}",
+        report.summary()
+    );
+    assert_eq!(
+        fake.discovery_requests().len(),
+        1 + 3,
+        "one answer before the writes, three at the trim"
+    );
+}
+
+/// Finding 4, the 409: the trim's precondition fails because the CRD changed between the
+/// read and the patch. The trim reads it again and confirms the new state, whatever it
+/// confirmed before.
+#[tokio::test(start_paused = true)]
+async fn a_conflict_at_the_trim_confirms_the_new_state_again() {
+    let fake = cluster(30);
+    last_changed(&fake, jiff::SignedDuration::from_mins(10));
+    fake.before_next_crd_status_patch(|state| {
+        let mut crd = state.crds[CRD].clone();
+        crd["spec"]["versions"][0]["deprecated"] = json!(true);
         state.store_crd(crd, true);
     });
     let report = migrate::migrate(&fake.client(), CRD, &settings(10), &migrate::Quiet)
@@ -1827,6 +2028,93 @@ async fn a_storage_version_stored_meanwhile_is_never_trimmed_away() {
         "{}",
         report.summary()
     );
-    assert_eq!(report.restarts, 1, "{}", report.summary());
-    assert_eq!(stored_versions(&fake), json!(["v1"]));
+    let trims: Vec<_> = fake
+        .crd_writes()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/status"))
+        .collect();
+    assert_eq!(trims.len(), 2, "a conflict, then the trim");
+    let requests = fake.requests();
+    let conflict = requests
+        .iter()
+        .position(|r| r.method == "PATCH" && r.path.ends_with("/status"))
+        .expect("the first trim");
+    let after_conflict = requests[conflict..]
+        .iter()
+        .filter(|r| r.path == "/apis/example.com/v1")
+        .count();
+    assert_eq!(after_conflict, 3, "the changed CRD confirmed again, in full");
+}
+
+/// Finding 7: this machine's clock is a minute ahead of the apiserver's, and the CRD
+/// changed two seconds ago. Measured on one clock (the managedFields time against the
+/// `date` of the answer), it is fresh: the full check, not one answer.
+#[tokio::test(start_paused = true)]
+async fn a_skewed_local_clock_does_not_make_a_fresh_switch_look_settled() {
+    let fake = cluster(30);
+    fake.lock().clock_offset = -jiff::SignedDuration::from_secs(60);
+    last_changed(&fake, jiff::SignedDuration::from_secs(2));
+    let report = migrate::migrate(&fake.client(), CRD, &settings(10), &migrate::Quiet)
+        .await
+        .expect("runs");
+    assert!(
+        matches!(report.outcome, Outcome::Trimmed { .. }),
+        "{}",
+        report.summary()
+    );
+    assert_eq!(fake.discovery_requests().len(), 3, "three answers in a row");
+}
+
+/// Finding 2, the trim after the built-in migrator: it relies on the CRD as it was when the
+/// migration was created (watched from then on), not as it is at the trim. A flip since
+/// refuses the trim; a deprecation since does not.
+#[tokio::test(start_paused = true)]
+async fn the_trim_after_a_built_in_migration_refuses_a_storage_change_since_its_creation() {
+    let stored = ["v1alpha1".to_owned(), "v1".to_owned()];
+    // A migration created for the CRD as it is now; `change` happens; then the trim after it.
+    let trim_after = |change: fn(&FakeApiserver)| {
+        let stored = stored.clone();
+        async move {
+            let fake = cluster(0);
+            let client = fake.client();
+            let created_for = migrate::GuardStart {
+                resource_version: resource_version(&fake).expect("resourceVersion"),
+                generation: Some(1),
+                storage_version: "v1".into(),
+            };
+            let guard = migrate::StorageGuard::start(&client, CRD, created_for, Duration::from_secs(10));
+            change(&fake);
+            let conversion = conversion_now(&fake);
+            let outcome = migrate::trim_after(&client, CRD, &settings(10), &guard, &stored, &conversion)
+                .await
+                .expect("answers");
+            (outcome, stored_versions(&fake))
+        }
+    };
+    let (outcome, after) = trim_after(|fake| {
+        let mut state = fake.lock();
+        state.switch_storage(CRD, "v1alpha1");
+        state.switch_storage(CRD, "v1");
+    })
+    .await;
+    let Outcome::NotTrimmed { reason } = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert!(
+        reason.contains("the storage version was v1alpha1 instead of v1 at resourceVersion")
+            && reason.ends_with("since the migration was created"),
+        "{reason}"
+    );
+    assert_eq!(after, json!(["v1alpha1", "v1"]));
+
+    let (outcome, after) =
+        trim_after(|fake| fake.edit_crd(CRD, |crd| crd["spec"]["versions"][0]["deprecated"] = json!(true)))
+            .await;
+    assert_eq!(
+        outcome,
+        Outcome::Trimmed {
+            previous: stored.to_vec()
+        }
+    );
+    assert_eq!(after, json!(["v1"]));
 }

@@ -18,8 +18,8 @@ pub async fn serve_over_http(fake: FakeApiserver) -> (tempfile_path::Path, tokio
                 ))
                 .await;
             let (parts, body) = response.into_parts();
-            let bytes = body.collect_bytes().await.unwrap_or_default();
-            http::Response::from_parts(parts, AxumBody::from(bytes))
+            // Streamed: a watch answers as the CRD changes.
+            http::Response::from_parts(parts, AxumBody::new(body))
         }
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");

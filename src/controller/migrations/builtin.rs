@@ -3,23 +3,34 @@
 //! run, follows its conditions into `status.migration`, Events and metrics, and trims
 //! `status.storedVersions` itself only if the built-in controller did not
 //! (apiserver-samples/35). Whatever the engine, no run starts while another migrator's
-//! StorageVersionMigration of the same resource is unfinished.
+//! StorageVersionMigration of the same resource is unfinished, or while that cannot be told.
+//!
+//! A migration is followed only if it was created for the CRD as it is now: its recorded
+//! generation is the current one, or a storage guard watching the CRD from the state it was
+//! created for saw the storage version unchanged since (the controller's own deprecation
+//! moves the generation without making the migration stale). Anything else (a storage flip
+//! since, a conversion change, a migration without the record) gets the next attempt. The
+//! trim after it relies on what the CRD was when the migration was created, never on what
+//! it is at the trim. Following holds no migration slot: polling costs the apiserver
+//! nothing, and a migration the svm controller never picks up must not block other runs.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Resource;
+use kube::api::Api;
 use kube::runtime::events::EventType;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::job::Job;
-use super::{Migrations, RunEnd};
+use super::{MAX_RERUNS, Migrations, RunEnd};
 use crate::api::{MigrationStatus, VersionPolicy};
-use crate::migrate::builtin::{self, Migration, State};
-use crate::migrate::{self, Outcome};
+use crate::migrate::builtin::{self, CreatedFor, Migration, State};
+use crate::migrate::{self, GuardStart, Outcome, StorageGuard, Target, Verdict};
 use crate::sync::lock;
 
 /// How long the answer to "is the built-in migrator's API served?" stands.
@@ -36,41 +47,64 @@ fn group_resource(crd: &str) -> (&str, &str) {
         .map_or((crd, ""), |(plural, group)| (group, plural))
 }
 
+/// The apiserver's clock between two of its timestamps, in whole seconds (`None` if either
+/// is unknown).
+fn between(from: Option<Timestamp>, to: Option<Timestamp>) -> Option<Duration> {
+    let seconds = to?.duration_since(from?).as_secs();
+    Some(Duration::from_secs(u64::try_from(seconds).unwrap_or(0)))
+}
+
+/// How following one migration ended.
+enum Followed {
+    Succeeded,
+    /// Failed, or never picked up (the reason is in the status message).
+    Failed,
+}
+
 impl Migrations {
     /// The built-in migrator's API at its newest served version, `None` when it is not
-    /// served (asked at most once a minute).
-    pub async fn builtin_api(&self) -> Option<builtin::Migrations> {
+    /// served (asked at most once a minute); `Err` when that cannot be told (asked again at
+    /// the next call).
+    pub async fn builtin_api(&self) -> Result<Option<builtin::Migrations>, String> {
         if let Some((at, api)) = lock(&self.builtin_api).as_ref()
             && at.elapsed() < API_ANSWER_STANDS_FOR
         {
-            return api.clone();
+            return Ok(api.clone());
         }
-        let api = match builtin::Migrations::discover(&self.client).await {
-            Ok(api) => api,
-            Err(error) => {
+        let api = builtin::Migrations::discover(&self.client)
+            .await
+            .map_err(|error| {
                 warn!(error = %error, "cannot tell whether storagemigration.k8s.io is served");
-                None
-            }
-        };
+                format!("cannot tell whether storagemigration.k8s.io is served: {error}")
+            })?;
         *lock(&self.builtin_api) = Some((Instant::now(), api.clone()));
-        api
+        Ok(api)
     }
 
     /// An unfinished StorageVersionMigration of the policy's CRD (not counting this
-    /// policy's own when `except_ours`): while one runs, no migration of ours starts.
-    pub async fn unfinished_migration(&self, policy: &VersionPolicy, except_ours: bool) -> Option<String> {
-        let api = self.builtin_api().await?;
+    /// policy's own when `except_ours`): while one runs, no migration of ours starts. `Err`
+    /// when that cannot be told (the API's discovery or the list failed): no migration of
+    /// ours starts either, since two migrators could run at once.
+    pub async fn unfinished_migration(
+        &self,
+        policy: &VersionPolicy,
+        except_ours: bool,
+    ) -> Result<Option<String>, String> {
+        let Some(api) = self.builtin_api().await? else {
+            return Ok(None);
+        };
         let (group, resource) = group_resource(&policy.spec.crd_name);
         let name = policy.metadata.name.as_deref();
         match api.of_resource(group, resource).await {
-            Ok(migrations) => migrations
+            Ok(listed) => Ok(listed
+                .migrations
                 .into_iter()
                 .filter(|m| !(except_ours && m.policy.as_deref() == name))
                 .find(|m| !m.state.is_finished())
-                .map(|m| m.name),
+                .map(|m| m.name)),
             Err(error) => {
                 warn!(crd = policy.spec.crd_name, error = %error, "cannot list StorageVersionMigrations");
-                None
+                Err(format!("cannot list StorageVersionMigrations: {error}"))
             }
         }
     }
@@ -96,15 +130,14 @@ impl Migrations {
         })
     }
 
+    /// Follows the built-in migration without a migration slot: the built-in controller
+    /// does the work, and its own queue paces it.
     async fn run_builtin(
         self: Arc<Self>,
         policy: VersionPolicy,
         storage_version: String,
         api: builtin::Migrations,
     ) {
-        let Ok(_slot) = self.slots.clone().acquire_owned().await else {
-            return;
-        };
         let crd = policy.spec.crd_name.clone();
         let name = policy.metadata.name.clone().unwrap_or_default();
         let reference = policy.object_ref(&());
@@ -125,8 +158,10 @@ impl Migrations {
         self.conclude(&name, &reference, &job, &crd, status, end).await;
     }
 
-    /// Creates or finds the policy's migration, follows it to its end, and trims
-    /// `storedVersions` if the built-in controller did not.
+    /// Creates or finds the policy's migration for the CRD as it is now, follows it to its
+    /// end, and trims `storedVersions` if the built-in controller did not. A trim refused
+    /// because the CRD's storage (or conversion) changed since the migration was created
+    /// gets a new attempt, a bounded number of times.
     async fn follow(
         &self,
         policy: &VersionPolicy,
@@ -136,54 +171,195 @@ impl Migrations {
     ) -> Result<RunEnd, String> {
         let crd = &policy.spec.crd_name;
         let policy_name = policy.metadata.name.clone().unwrap_or_default();
-        let reference = policy.object_ref(&());
+        let settings = migrate::Settings {
+            retry: self.retry.clone(),
+            settle: self.settle.clone(),
+            ..migrate::Settings::default()
+        };
+        for _ in 0..=MAX_RERUNS {
+            let (migration, created_for, guard) = self
+                .migration_for_now(policy, storage_version, api, &settings)
+                .await?;
+            status.storage_version_migration = Some(migration.name.clone());
+            if let Some(created) = migration.created {
+                status.started_at = Some(Time(created));
+            }
+            if let Followed::Failed = self.until_finished(&policy_name, &migration, api, status).await? {
+                return Ok(RunEnd::Failed);
+            }
+            // The built-in controller trims storedVersions on success; trim only if it did
+            // not, relying on the CRD as the migration was created for it.
+            let outcome = migrate::trim_after(
+                &self.client,
+                crd,
+                &settings,
+                &guard,
+                &created_for.stored_versions,
+                &created_for.conversion,
+            )
+            .await
+            .map_err(|e| format!("StorageVersionMigration {} succeeded, but: {e}", migration.name))?;
+            match outcome {
+                Outcome::Trimmed { previous } if previous.is_empty() => {
+                    status.message = Some(format!(
+                        "StorageVersionMigration {} succeeded; status.storedVersions is [{storage_version}] (trimmed by the built-in migrator)",
+                        migration.name
+                    ));
+                    return Ok(RunEnd::Succeeded);
+                }
+                Outcome::Trimmed { previous } => {
+                    status.message = Some(format!(
+                        "StorageVersionMigration {} succeeded; status.storedVersions trimmed from [{}] to [{storage_version}]",
+                        migration.name,
+                        previous.join(", ")
+                    ));
+                    return Ok(RunEnd::Succeeded);
+                }
+                Outcome::NotTrimmed { reason } => {
+                    let message = format!(
+                        "StorageVersionMigration {} succeeded, but status.storedVersions was not trimmed: {reason}",
+                        migration.name
+                    );
+                    warn!(crd, "{message}; migrating again");
+                    status.message = Some(message);
+                }
+                other => {
+                    status.message = Some(format!("unexpected outcome of the trim: {other:?}"));
+                    return Ok(RunEnd::Error);
+                }
+            }
+        }
+        Ok(RunEnd::Failed)
+    }
+
+    /// The policy's migration into `storage_version` that belongs to the CRD as it is now
+    /// (with a storage guard from the state it was created for), or a new one.
+    async fn migration_for_now(
+        &self,
+        policy: &VersionPolicy,
+        storage_version: &str,
+        api: &builtin::Migrations,
+        settings: &migrate::Settings,
+    ) -> Result<(Migration, CreatedFor, StorageGuard), String> {
+        let crd = &policy.spec.crd_name;
+        let policy_name = policy.metadata.name.clone().unwrap_or_default();
         let (group, resource) = group_resource(crd);
-        let ours: Vec<Migration> = api
+        let current: CustomResourceDefinition = Api::all(self.client.clone())
+            .get(crd)
+            .await
+            .map_err(|e| format!("cannot read CustomResourceDefinition {crd}: {e}"))?;
+        let now = Target::from_crd(&current)?;
+        if now.storage_version != storage_version {
+            return Err(format!(
+                "the storage version of {crd} is {}, not {storage_version}",
+                now.storage_version
+            ));
+        }
+        let listed = api
             .of_resource(group, resource)
             .await
-            .map_err(|e| format!("cannot list StorageVersionMigrations: {e}"))?
+            .map_err(|e| format!("cannot list StorageVersionMigrations: {e}"))?;
+        let ours: Vec<Migration> = listed
+            .migrations
             .into_iter()
             .filter(|m| {
                 m.policy.as_deref() == Some(policy_name.as_str())
                     && m.storage_version.as_deref() == Some(storage_version)
             })
             .collect();
-        let last = ours.last().cloned();
-        let migration = match last {
-            // A failure not older than the retry wait stands (after a restart too).
-            Some(m)
-                if matches!(m.state, State::Failed(_))
-                    && m.changed.is_some_and(|at| {
-                        Timestamp::now().duration_since(at).as_secs()
-                            < i64::try_from(self.retry_after_failure.as_secs()).unwrap_or(i64::MAX)
-                    }) =>
-            {
-                m
-            }
-            Some(m) if !matches!(m.state, State::Failed(_)) => m,
-            _ => {
-                let attempt = u32::try_from(ours.len()).unwrap_or(u32::MAX).saturating_add(1);
-                let name = builtin::migration_name(crd, storage_version, attempt);
-                let created = api
-                    .create(&name, group, resource, &policy_name, storage_version)
-                    .await
-                    .map_err(|e| format!("cannot create StorageVersionMigration {name}: {e}"))?;
-                let note = format!(
-                    "created StorageVersionMigration {name} ({}/{}) for {resource}.{group} into {storage_version}",
-                    builtin::GROUP,
-                    api.version
-                );
-                info!(crd, "{note}");
-                self.event(&reference, EventType::Normal, "MigrationStarted", note)
-                    .await;
-                created
-            }
+        let guard_from = |created_for: &CreatedFor| {
+            let start = GuardStart {
+                resource_version: created_for.resource_version.clone(),
+                generation: created_for.generation,
+                storage_version: storage_version.to_owned(),
+            };
+            StorageGuard::start(&self.client, crd, start, settings.history_wait)
         };
-        status.storage_version_migration = Some(migration.name.clone());
-        if let Some(created) = migration.created {
-            status.started_at = Some(Time(created));
+        if let Some(last) = ours.last() {
+            match (&last.state, &last.created_for) {
+                // A failure not older than the retry wait stands (after a restart too), on
+                // the apiserver's clock.
+                (State::Failed(_), Some(created_for))
+                    if between(last.changed, listed.at).is_some_and(|ago| ago < self.retry_after_failure) =>
+                {
+                    return Ok((last.clone(), created_for.clone(), guard_from(created_for)));
+                }
+                (State::Failed(_), _) => {}
+                (_, Some(created_for)) if created_for.conversion == now.conversion => {
+                    let guard = guard_from(created_for);
+                    if created_for.generation.is_some() && created_for.generation == now.generation {
+                        return Ok((last.clone(), created_for.clone(), guard));
+                    }
+                    match guard.check(&now).await {
+                        Verdict::Unchanged => return Ok((last.clone(), created_for.clone(), guard)),
+                        Verdict::Changed(why) => info!(
+                            crd,
+                            "StorageVersionMigration {} belongs to an earlier state of the CRD ({why}); creating the next attempt",
+                            last.name
+                        ),
+                    }
+                }
+                (_, Some(_)) => info!(
+                    crd,
+                    "StorageVersionMigration {} was created for another conversion of the CRD; creating the next attempt",
+                    last.name
+                ),
+                (_, None) => info!(
+                    crd,
+                    "StorageVersionMigration {} does not record the state of the CRD it was created for; creating the next attempt",
+                    last.name
+                ),
+            }
         }
+        let created_for = CreatedFor {
+            resource_version: now.resource_version.clone().unwrap_or_default(),
+            generation: now.generation,
+            stored_versions: now.stored_versions.clone(),
+            conversion: now.conversion.clone(),
+        };
+        let attempt = u32::try_from(ours.len()).unwrap_or(u32::MAX).saturating_add(1);
+        let name = builtin::migration_name(crd, storage_version, attempt);
+        let created = api
+            .create(
+                &name,
+                group,
+                resource,
+                &policy_name,
+                storage_version,
+                &created_for,
+            )
+            .await
+            .map_err(|e| format!("cannot create StorageVersionMigration {name}: {e}"))?;
+        let note = format!(
+            "created StorageVersionMigration {name} ({}/{}) for {resource}.{group} into {storage_version}",
+            builtin::GROUP,
+            api.version
+        );
+        info!(crd, "{note}");
+        self.event(
+            &policy.object_ref(&()),
+            EventType::Normal,
+            "MigrationStarted",
+            note,
+        )
+        .await;
+        let guard = guard_from(&created_for);
+        Ok((created, created_for, guard))
+    }
+
+    /// Polls the migration until it ends, reporting each state in `status.migration`. A
+    /// migration still Pending (no condition: the svm controller has not picked it up)
+    /// `svm_pending_deadline` after its creation, on the apiserver's clock, fails.
+    async fn until_finished(
+        &self,
+        policy_name: &str,
+        migration: &Migration,
+        api: &builtin::Migrations,
+        status: &mut MigrationStatus,
+    ) -> Result<Followed, String> {
+        let following_since = Instant::now();
         let mut state = migration.state.clone();
+        let mut pending_for = None;
         let mut reported: Option<State> = None;
         loop {
             if reported.as_ref() != Some(&state) {
@@ -198,63 +374,41 @@ impl Migrations {
                         State::Failed(message) => format!("failed: {message}"),
                     }
                 ));
-                self.write(&policy_name, &Job::Migrate, status).await;
+                self.write(policy_name, &Job::Migrate, status).await;
                 reported = Some(state.clone());
             }
             match &state {
-                State::Succeeded => break,
+                State::Succeeded => return Ok(Followed::Succeeded),
                 State::Failed(message) => {
                     status.message = Some(format!(
                         "StorageVersionMigration {} failed: {message}",
                         migration.name
                     ));
-                    return Ok(RunEnd::Failed);
+                    return Ok(Followed::Failed);
                 }
-                State::Pending | State::Running => {}
+                State::Pending => {
+                    let waited = pending_for.unwrap_or_else(|| following_since.elapsed());
+                    if waited >= self.svm_pending_deadline {
+                        status.message = Some(format!(
+                            "StorageVersionMigration {} has been Pending for {}s (deadline {}s): the kube-controller-manager's svm controller \
+                             does not seem to run (it needs --controllers=*,svm and the StorageVersionMigrator feature gate); \
+                             it is followed again once it runs",
+                            migration.name,
+                            waited.as_secs(),
+                            self.svm_pending_deadline.as_secs()
+                        ));
+                        return Ok(Followed::Failed);
+                    }
+                }
+                State::Running => {}
             }
             tokio::time::sleep(self.progress_interval).await;
-            state = api
+            let (read, date) = api
                 .get(&migration.name)
                 .await
-                .map_err(|e| format!("cannot read StorageVersionMigration {}: {e}", migration.name))?
-                .state;
+                .map_err(|e| format!("cannot read StorageVersionMigration {}: {e}", migration.name))?;
+            state = read.state;
+            pending_for = between(read.created, date);
         }
-        // The built-in controller trims storedVersions on success; trim only if it did not.
-        let settings = migrate::Settings {
-            retry: self.retry.clone(),
-            settle: self.settle.clone(),
-            ..migrate::Settings::default()
-        };
-        let outcome = migrate::trim_after(&self.client, crd, &settings)
-            .await
-            .map_err(|e| format!("StorageVersionMigration {} succeeded, but: {e}", migration.name))?;
-        Ok(match outcome {
-            Outcome::Trimmed { previous } if previous.is_empty() => {
-                status.message = Some(format!(
-                    "StorageVersionMigration {} succeeded; status.storedVersions is [{storage_version}] (trimmed by the built-in migrator)",
-                    migration.name
-                ));
-                RunEnd::Succeeded
-            }
-            Outcome::Trimmed { previous } => {
-                status.message = Some(format!(
-                    "StorageVersionMigration {} succeeded; status.storedVersions trimmed from [{}] to [{storage_version}]",
-                    migration.name,
-                    previous.join(", ")
-                ));
-                RunEnd::Succeeded
-            }
-            Outcome::NotTrimmed { reason } => {
-                status.message = Some(format!(
-                    "StorageVersionMigration {} succeeded, but status.storedVersions was not trimmed: {reason}",
-                    migration.name
-                ));
-                RunEnd::Failed
-            }
-            other => {
-                status.message = Some(format!("unexpected outcome of the trim: {other:?}"));
-                RunEnd::Error
-            }
-        })
     }
 }

@@ -94,6 +94,7 @@ impl Job {
                     failed: 0,
                 },
                 crd_generation: c.crd_generation,
+                crd_resource_version: c.crd_resource_version,
                 storage_version: c.storage_version,
                 conversion: c.conversion,
             })

@@ -55,6 +55,10 @@ const OBJECT_COUNT_FOR: Duration = Duration::from_secs(600);
 /// once.
 const MAX_RERUNS: usize = 5;
 
+/// How long a StorageVersionMigration may stay Pending (not picked up by the svm
+/// controller) before its run fails.
+pub const SVM_PENDING_DEADLINE: Duration = Duration::from_secs(600);
+
 /// How a run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum RunEnd {
@@ -135,6 +139,8 @@ pub struct Migrations {
     pub(super) missing_checks: Mutex<HashMap<String, u32>>,
     /// Cache: whether the built-in migrator's API is served, and when that was asked.
     pub(super) builtin_api: Mutex<Option<(Instant, Option<migrate::builtin::Migrations>)>>,
+    /// How long a StorageVersionMigration may stay Pending before its run fails.
+    pub(super) svm_pending_deadline: Duration,
     /// Cache: each CRD's object count (for a preflight's lead), and when it was counted.
     pub(super) object_counts: Mutex<HashMap<String, (Instant, Option<u64>)>>,
     /// Cache of what status cannot hold (bounded as it is not): the objects each passed
@@ -162,6 +168,7 @@ impl Migrations {
             settle: migrate::SettleCheck::default(),
             retry_after_failure: RETRY_AFTER_FAILURE,
             builtin_api: Mutex::new(None),
+            svm_pending_deadline: SVM_PENDING_DEADLINE,
             object_counts: Mutex::new(HashMap::new()),
             checked_objects: Mutex::new(HashMap::new()),
             clock: Arc::new(Timestamp::now),
@@ -196,6 +203,13 @@ impl Migrations {
 
     pub fn with_settle_check(mut self, settle: migrate::SettleCheck) -> Self {
         self.settle = settle;
+        self
+    }
+
+    /// How long a StorageVersionMigration may stay Pending (the svm controller not picking
+    /// it up) before its run fails and the policy is Stalled (default 10 minutes).
+    pub fn with_svm_pending_deadline(mut self, deadline: Duration) -> Self {
+        self.svm_pending_deadline = deadline;
         self
     }
 

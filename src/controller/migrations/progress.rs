@@ -33,13 +33,22 @@ impl Migrations {
                     status.crd_generation = target.generation;
                     status.storage_version = target.storage_version.clone();
                 }
+                // The state the run's storage guard watches from: a resumed run replays the
+                // CRD's history since.
+                let watched_from = target.as_ref().map(|t| {
+                    t.watched_from.as_ref().map_or((t.generation, None), |from| {
+                        (from.generation, Some(from.resource_version.clone()))
+                    })
+                });
                 apply_counts(&mut status, &live, total);
                 match (committed, &target) {
                     (Some((Checkpoint::Continue(token), counts)), Some(target)) => {
+                        let (crd_generation, crd_resource_version) = watched_from.unwrap_or_default();
                         status.checkpoint = Some(checkpoint_status(&Resume {
                             continue_token: token,
                             counts,
-                            crd_generation: target.generation,
+                            crd_generation,
+                            crd_resource_version,
                             storage_version: target.storage_version.clone(),
                             conversion: target.conversion.clone(),
                         }));
@@ -146,6 +155,7 @@ pub(super) fn checkpoint_status(resume: &Resume) -> MigrationCheckpoint {
     MigrationCheckpoint {
         continue_token: resume.continue_token.clone(),
         crd_generation: resume.crd_generation,
+        crd_resource_version: resume.crd_resource_version.clone(),
         storage_version: resume.storage_version.clone(),
         conversion: resume.conversion.clone(),
         listed: resume.counts.listed,

@@ -89,9 +89,34 @@ pub(super) fn deprecation_warning_problem(warning: &str) -> Option<String> {
     })
 }
 
+impl State {
+    /// Another writer (a GitOps tool re-applying an older CRD, or the controller restoring
+    /// the newer one) makes `version` the storage version: the apiserver appends it to
+    /// `status.storedVersions` if missing (samples 02, 06), and the generation moves.
+    pub fn switch_storage(&mut self, name: &str, version: &str) {
+        let Some(mut crd) = self.crds.get(name).cloned() else {
+            return;
+        };
+        for v in crd["spec"]["versions"].as_array_mut().into_iter().flatten() {
+            v["storage"] = Value::Bool(v["name"] == version);
+        }
+        let stored = crd["status"]["storedVersions"]
+            .as_array_mut()
+            .expect("storedVersions");
+        if !stored.iter().any(|v| v == version) {
+            stored.push(Value::String(version.to_owned()));
+        }
+        self.store_crd(crd, true);
+    }
+}
+
 /// Merge patch on the CRD status subresource: accepted whatever the objects are stored
-/// as (apiserver-samples/14).
+/// as (apiserver-samples/14); a stale `metadata.resourceVersion` answers 409 Conflict, as
+/// any write with a stale precondition (sample 12).
 pub(super) fn patch_crd_status(state: &mut State, name: &str, body: Value) -> (u16, Value) {
+    if let Some(hook) = state.before_crd_status_patch.pop_front() {
+        hook(state);
+    }
     let Some(mut crd) = state.crds.get(name).cloned() else {
         return not_found("customresourcedefinitions.apiextensions.k8s.io", name);
     };

@@ -43,7 +43,7 @@ pub(super) fn create(state: &mut State, mut body: Value) -> (u16, Value) {
     }
     body["metadata"]["resourceVersion"] = state.next_resource_version().into();
     body["metadata"]["uid"] = json!(format!("svm-{name}"));
-    body["metadata"]["creationTimestamp"] = json!(jiff::Timestamp::now().to_string());
+    body["metadata"]["creationTimestamp"] = json!(state.now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
     body["status"] = json!({});
     state.svms.insert(name, body.clone());
     (201, body)
@@ -68,8 +68,8 @@ pub(super) fn get(state: &mut State, name: &str) -> (u16, Value) {
     (200, advanced)
 }
 
-fn condition(kind: &str, status: &str, reason: &str, message: &str) -> Value {
-    json!({"type": kind, "status": status, "lastTransitionTime": jiff::Timestamp::now().to_string(),
+fn condition(at: jiff::Timestamp, kind: &str, status: &str, reason: &str, message: &str) -> Value {
+    json!({"type": kind, "status": status, "lastTransitionTime": at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
            "reason": reason, "message": message})
 }
 
@@ -87,14 +87,15 @@ fn advance(state: &mut State, mut object: Value) -> Value {
     if state.svm_paused || finished {
         return object;
     }
+    let now = state.now();
     if !running {
-        object["status"]["conditions"] = json!([condition("Running", "True", "MigrationRunning", "")]);
+        object["status"]["conditions"] = json!([condition(now, "Running", "True", "MigrationRunning", "")]);
         return object;
     }
     if let Some(message) = state.svm_fail.clone() {
         object["status"]["conditions"] = json!([
-            condition("Running", "False", "MigrationFailed", ""),
-            condition("Failed", "True", "StorageVersionMigrationFailed", &message),
+            condition(now, "Running", "False", "MigrationFailed", ""),
+            condition(now, "Failed", "True", "StorageVersionMigrationFailed", &message),
         ]);
         return object;
     }
@@ -121,15 +122,23 @@ fn advance(state: &mut State, mut object: Value) -> Value {
                 stored.encoded_as = storage.clone();
             }
         }
+        // A status write of the CRD, as any (finishCRDMigration applies it).
         if !state.svm_leaves_stored_versions
-            && let Some(crd) = state.crds.get_mut(&crd_name)
+            && let Some(mut crd) = state.crds.get(&crd_name).cloned()
         {
             crd["status"]["storedVersions"] = json!([storage]);
+            state.store_crd(crd, false);
         }
     }
     object["status"]["conditions"] = json!([
-        condition("Running", "False", "MigrationCompleted", "Migration completed"),
-        condition("Succeeded", "True", "StorageVersionMigrationSucceeded", ""),
+        condition(
+            now,
+            "Running",
+            "False",
+            "MigrationCompleted",
+            "Migration completed"
+        ),
+        condition(now, "Succeeded", "True", "StorageVersionMigrationSucceeded", ""),
     ]);
     object["status"]["resourceVersion"] = json!(state.next_resource_version());
     object

@@ -10,6 +10,7 @@ mod leases;
 mod migrations;
 mod objects;
 mod policies;
+mod watch;
 
 pub use access::Denied;
 use access::review_access;
@@ -18,6 +19,8 @@ use leases::{create_lease, replace_lease};
 use objects::{CustomRequest, custom_resource, discovery, is_discovery, serve_custom};
 pub use objects::{ListFault, ObjectFault, StoredObject};
 use policies::{apply_policy_status, delete_policy, patch_policy};
+pub use watch::FakeBody;
+use watch::{CrdWatcher, CrdWrite, http_date, is_crd_watch, watch_crd};
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
@@ -118,6 +121,8 @@ pub struct State {
     resource_version: u64,
     /// Run just before the next CRD patch is applied: another writer racing us.
     before_crd_patch: VecDeque<Hook>,
+    /// Run just before the next patch of a CRD's status is applied.
+    before_crd_status_patch: VecDeque<Hook>,
     /// Canned failures for the next CRD patches: (status code, message).
     crd_patch_failures: VecDeque<(u16, String)>,
     /// VersionPolicies are not served (their CRD is not installed): their paths answer the
@@ -134,6 +139,20 @@ pub struct State {
     /// The built-in migrator succeeds without trimming `storedVersions` (so that the
     /// operator's own trim shows).
     pub svm_leaves_stored_versions: bool,
+    /// Lists of StorageVersionMigrations answer this status (a transient server error, as
+    /// `ObjectFault::Transient` answers for objects).
+    pub svm_list_fault: Option<u16>,
+    /// The apiserver's clock minus this machine's (a skewed node: negative when this machine
+    /// is ahead). Dates every response and every time the fake records.
+    pub clock_offset: jiff::SignedDuration,
+    /// This machine's clock and tokio's when the fake's clock was first read.
+    clock_base: Option<(jiff::Timestamp, tokio::time::Instant)>,
+    /// Every write of every CRD, for watches to replay.
+    crd_history: Vec<CrdWrite>,
+    /// Open watches of CRDs.
+    crd_watchers: Vec<CrdWatcher>,
+    /// Watches from a resourceVersion before this one answer 410 Expired.
+    watch_history_from: u64,
 }
 
 impl State {
@@ -176,6 +195,8 @@ impl State {
     pub fn store_crd(&mut self, mut crd: Value, spec_changed: bool) {
         let rv = self.next_resource_version();
         let name = crd["metadata"]["name"].as_str().expect("CRD name").to_owned();
+        let created = !self.crds.contains_key(&name);
+        let now = self.now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
         if self.switch_lag > 0
             && let Some(previous) = self.crds.get(&name)
             && previous["spec"]["versions"] != crd["spec"]["versions"]
@@ -190,7 +211,6 @@ impl State {
         // the test gave the CRD entries: the others carry none, as a CRD whose entries were
         // cleared.
         if spec_changed && let Some(entries) = meta.get_mut("managedFields").and_then(Value::as_array_mut) {
-            let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
             entries.retain(|e| e["manager"] != "writer");
             entries.push(json!({
                 "manager": "writer", "operation": "Update", "apiVersion": "apiextensions.k8s.io/v1",
@@ -207,7 +227,8 @@ impl State {
             })
             .into(),
         );
-        self.crds.insert(name, crd);
+        self.crds.insert(name.clone(), crd);
+        self.crd_written(&name, created);
     }
 }
 
@@ -331,6 +352,11 @@ impl FakeApiserver {
         self.lock().before_crd_patch.push_back(Box::new(hook));
     }
 
+    /// Runs `hook` just before the next patch of a CRD's status (the trim) is applied.
+    pub fn before_next_crd_status_patch(&self, hook: impl FnOnce(&mut State) + Send + 'static) {
+        self.lock().before_crd_status_patch.push_back(Box::new(hook));
+    }
+
     /// Creates `count` objects of the CRD spread over `namespaces` namespaces, encoded as
     /// `encoded_as` (names `w00000`, ... so that they list in creation order).
     pub fn add_objects(&self, crd: &str, count: usize, namespaces: usize, encoded_as: &str) {
@@ -449,7 +475,32 @@ impl FakeApiserver {
             .push_back((code, message.to_owned()));
     }
 
-    pub async fn handle(&self, request: Request<Body>) -> Response<Body> {
+    /// Answers one request: a watch of a CRD streams (see `watch`), anything else is
+    /// answered at once; every answer is dated by the fake's clock.
+    pub async fn handle(&self, request: Request<Body>) -> Response<FakeBody> {
+        use http_body_util::BodyExt as _;
+        let watch = Recorded {
+            method: request.method().to_string(),
+            path: request.uri().path().to_owned(),
+            query: request.uri().query().unwrap_or_default().to_owned(),
+            content_type: String::new(),
+            accept: String::new(),
+            body: Value::Null,
+            at: tokio::time::Instant::now(),
+        };
+        if is_crd_watch(&watch) {
+            self.lock().requests.push(watch.clone());
+            return watch_crd(self, &watch);
+        }
+        let mut response = self.answer(request).await;
+        let date = http_date(self.lock().now());
+        if let Ok(value) = date.parse() {
+            response.headers_mut().insert(http::header::DATE, value);
+        }
+        response.map(|body| body.map_err(Into::into).boxed_unsync())
+    }
+
+    async fn answer(&self, request: Request<Body>) -> Response<Body> {
         let (parts, body) = request.into_parts();
         let bytes = body.collect_bytes().await.unwrap_or_default();
         let body: Value = if bytes.is_empty() {
@@ -595,12 +646,19 @@ pub(super) fn plain_not_found() -> Response<Body> {
 fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) -> (u16, Value) {
     match (request.method.as_str(), segments) {
         ("GET", ["version"]) => (200, json!({"major": "1", "minor": "21", "gitVersion": "v1.21.0"})),
-        ("GET", ["apis", "apiextensions.k8s.io", "v1", "customresourcedefinitions"]) => (
-            200,
-            json!({"kind": "CustomResourceDefinitionList", "apiVersion": "apiextensions.k8s.io/v1",
-                   "metadata": {"resourceVersion": state.resource_version.to_string()},
-                   "items": state.crds.values().cloned().collect::<Vec<_>>()}),
-        ),
+        // The list's resourceVersion is the store's; `fieldSelector=metadata.name=` keeps one
+        // (tests/fixtures/apiserver/crd-list-by-name-after-compaction.txt).
+        ("GET", ["apis", "apiextensions.k8s.io", "v1", "customresourcedefinitions"]) => {
+            let selector = request.query_param("fieldSelector").replace("%3D", "=");
+            let name = selector.strip_prefix("metadata.name=");
+            (
+                200,
+                json!({"kind": "CustomResourceDefinitionList", "apiVersion": "apiextensions.k8s.io/v1",
+                       "metadata": {"resourceVersion": (10_000 + state.resource_version).to_string()},
+                       "items": state.crds.iter().filter(|(n, _)| name.is_none_or(|name| name == n.as_str()))
+                                   .map(|(_, crd)| crd.clone()).collect::<Vec<_>>()}),
+            )
+        }
         (
             "GET",
             [
@@ -738,7 +796,13 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
             migrations::create(state, body)
         }
         ("GET", ["apis", migrations::GROUP, "v1beta1", "storageversionmigrations"]) if state.svm_served => {
-            migrations::list(state)
+            match state.svm_list_fault {
+                Some(code) => (
+                    code,
+                    status_body(code, "ServiceUnavailable", "please try again later"),
+                ),
+                None => migrations::list(state),
+            }
         }
         (
             "GET",

@@ -47,6 +47,37 @@ pub enum ListFault {
     Stall,
 }
 
+impl State {
+    /// A client writes the first `count` objects of the CRD (in key order): each is stored
+    /// in the storage version of the moment with a new resourceVersion, as every write
+    /// (sample 11).
+    pub fn write_objects(&mut self, crd: &str, count: usize) {
+        let storage = self
+            .crds
+            .get(crd)
+            .and_then(|c| c["spec"]["versions"].as_array().cloned())
+            .into_iter()
+            .flatten()
+            .find(|v| v["storage"] == true)
+            .and_then(|v| v["name"].as_str().map(str::to_owned))
+            .expect("a storage version");
+        let keys: Vec<_> = self
+            .objects
+            .keys()
+            .filter(|(c, _, _)| c == crd)
+            .take(count)
+            .cloned()
+            .collect();
+        for key in keys {
+            let resource_version = self.next_resource_version();
+            if let Some(object) = self.objects.get_mut(&key) {
+                object.encoded_as = storage.clone();
+                object.resource_version = resource_version;
+            }
+        }
+    }
+}
+
 /// `/apis/<group>/<version>`: a discovery document, not a custom-object path.
 pub(super) fn is_discovery(path: &str) -> bool {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
