@@ -47,16 +47,20 @@ pub struct Decision {
     pub conversion_restored: bool,
 }
 
-/// Decides, for `policy` and its `crd` at `now`.
+/// Decides, for `policy` and its `crd` at `now`. `unfinished_migration`: another migrator's
+/// migration of the CRD's objects still under way (its name, or why that is unknown), which
+/// holds every removal (`CrdState::unfinished_migration`).
 pub fn decide(
     policy: &VersionPolicy,
     crd: &CustomResourceDefinition,
     gates: &GateInputs,
     webhook: &WebhookConversion,
     now: Timestamp,
+    unfinished_migration: Option<String>,
 ) -> Decision {
     let mut state = CrdState::from_crd(crd);
     state.managed_fields_pending = managed_fields_pending(policy, &state);
+    state.unfinished_migration = unfinished_migration;
     let mut decision = Decision {
         state,
         evaluation: None,

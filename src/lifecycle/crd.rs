@@ -24,6 +24,10 @@ pub struct CrdState {
     /// rewritten them since they were unserved): removing one would break server-side apply
     /// of those objects (apiserver-samples/29), so its removal waits.
     pub managed_fields_pending: Vec<String>,
+    /// What every removal waits for while another migrator's migration of the CRD's objects
+    /// is unfinished ("StorageVersionMigration X has finished", or why that cannot be told):
+    /// Kubernetes' migrator can trim `storedVersions` before it has rewritten every object.
+    pub unfinished_migration: Option<String>,
     /// Each version's `schema.openAPIV3Schema` (JSON), where it has one: declarative
     /// conversion must cover every field that differs between adjacent versions.
     pub schemas: BTreeMap<String, serde_json::Value>,
@@ -52,6 +56,7 @@ impl CrdState {
                 .and_then(|s| s.stored_versions.clone())
                 .unwrap_or_default(),
             managed_fields_pending: Vec::new(),
+            unfinished_migration: None,
             schemas: crate::schema::schemas_of(crd),
         }
     }

@@ -218,6 +218,19 @@ impl Schedule {
                         storage.as_deref().unwrap_or("the storage version")
                     ),
                 });
+            } else if let Some(migration) = &crd.unfinished_migration {
+                desired.present = true;
+                desired.phase = VersionPhase::Unserved;
+                blocked.push(Blocked {
+                    reason: BlockReason::AwaitingMigration,
+                    version: desired.name.clone(),
+                    milestone: Some(MilestoneKind::Remove),
+                    message: format!(
+                        "removal of {} waits until {migration}: Kubernetes' storage version migrator \
+                         can trim status.storedVersions when a migration starts, before every object is rewritten",
+                        desired.name
+                    ),
+                });
             }
         }
 

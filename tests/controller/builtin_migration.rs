@@ -392,3 +392,57 @@ async fn no_migration_starts_while_other_migrators_cannot_be_listed() {
     h.reconcile("widgets").await;
     wait_until("migrated", || h.stored_versions() == json!(["v1beta1"])).await;
 }
+
+/// Kubernetes' migrator can trim `storedVersions` as a migration starts, before it has
+/// rewritten the objects (seen on v1.36.2: `[v2]` 0.4 s after the second migration was
+/// created, with 100 objects still stored as v1). So a due removal waits while any
+/// StorageVersionMigration of the resource is unfinished, whoever made it.
+#[tokio::test(start_paused = true)]
+async fn no_removal_lands_while_a_storage_version_migration_is_unfinished() {
+    let mut h = Harness::with_example();
+    h.edit_policy("widgets", |p| {
+        p["spec"]["migration"]["enabled"] = json!(false);
+    });
+    for instant in [
+        "2026-01-05T00:00:00Z",
+        "2026-01-15T00:00:00Z",
+        "2026-02-01T00:00:00Z",
+        "2026-03-01T00:00:00Z",
+        "2026-04-01T00:00:00Z",
+        "2026-05-30T00:00:00Z",
+    ] {
+        h.at(instant);
+        h.reconcile("widgets").await;
+    }
+    assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS");
+    {
+        let mut state = h.fake.lock();
+        state.svm_served = true;
+        state.svm_paused = true;
+        state.svms.insert(
+            "someone-elses".into(),
+            json!({"apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
+                   "metadata": {"name": "someone-elses", "creationTimestamp": "2026-06-28T00:00:00Z"},
+                   "spec": {"resource": {"group": "example.com", "resource": "widgets"}},
+                   "status": {"conditions": [{"type": "Running", "status": "True", "reason": "MigrationRunning"}]}}),
+        );
+    }
+    // It trimmed storedVersions as it started.
+    h.trim_stored_versions(&["v1"]);
+    h.at("2026-06-29T00:00:00Z");
+    h.reconcile_through_cleanup("widgets").await;
+    assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS", "v1alpha1 is not removed");
+    let (status, reason, message) = h.condition("widgets", "Blocked");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "AwaitingMigration"));
+    assert!(
+        message.contains("removal of v1alpha1 waits until StorageVersionMigration someone-elses has finished"),
+        "{message}"
+    );
+
+    // It finishes: the removal lands.
+    if let Some(svm) = h.fake.lock().svms.get_mut("someone-elses") {
+        svm["status"]["conditions"] = json!([{"type": "Running", "status": "False"}, {"type": "Succeeded", "status": "True"}]);
+    }
+    h.reconcile_through_cleanup("widgets").await;
+    assert_eq!(h.flags(), "v1beta1:sd v1:sS");
+}

@@ -38,6 +38,7 @@ fn a_due_store_waits_for_its_preflight() {
         &GateInputs::default(),
         &WebhookConversion::NotWanted,
         at("2026-01-05T00:00:00Z"),
+        None,
     );
     assert_eq!(reasons(&decision.blocked), ["AwaitingPreflight"]);
     assert!(decision.ops.is_empty(), "{:?}", decision.ops);
@@ -53,6 +54,7 @@ fn a_due_store_is_one_guarded_patch() {
         &GateInputs::default(),
         &WebhookConversion::NotWanted,
         at("2026-01-05T00:00:00Z"),
+        None,
     );
     assert!(decision.blocked.is_empty(), "{:?}", decision.blocked);
     assert_eq!(
@@ -82,6 +84,7 @@ fn an_invalid_policy_decides_nothing() {
         &GateInputs::default(),
         &WebhookConversion::NotWanted,
         at("2026-03-01T00:00:00Z"),
+        None,
     );
     assert_eq!(reasons(&decision.blocked), ["InvalidPolicy"]);
     assert!(decision.evaluation.is_none() && decision.ops.is_empty());
@@ -102,6 +105,7 @@ fn a_type_change_that_does_not_compile_is_an_invalid_policy() {
         &GateInputs::default(),
         &WebhookConversion::NotWanted,
         at("2026-03-01T00:00:00Z"),
+        None,
     );
     assert_eq!(reasons(&decision.blocked), ["InvalidPolicy"]);
     let (_, message) = &decision.blocked[0];
@@ -123,6 +127,7 @@ fn a_wanted_webhook_without_one_is_reported() {
         &GateInputs::default(),
         &WebhookConversion::NoWebhook,
         at("2025-12-01T00:00:00Z"),
+        None,
     );
     assert_eq!(reasons(&decision.blocked), ["WebhookNotConfigured"]);
     let decision = decide(
@@ -131,6 +136,7 @@ fn a_wanted_webhook_without_one_is_reported() {
         &GateInputs::default(),
         &WebhookConversion::Desired(json!({"strategy": "Webhook"})),
         at("2025-12-01T00:00:00Z"),
+        None,
     );
     assert!(decision.conversion_changed);
     assert!(decision.ops.iter().any(|op| op["path"] == "/spec/conversion"));
@@ -158,6 +164,7 @@ fn a_removal_waits_for_the_managed_fields_cleanup() {
         &GateInputs::default(),
         &WebhookConversion::NotWanted,
         at("2026-06-29T00:00:00Z"),
+        None,
     );
     assert_eq!(
         reasons(&held.blocked),
@@ -176,6 +183,7 @@ fn a_removal_waits_for_the_managed_fields_cleanup() {
         &GateInputs::default(),
         &WebhookConversion::NotWanted,
         at("2026-06-29T00:00:00Z"),
+        None,
     );
     assert!(removal.blocked.is_empty(), "{:?}", removal.blocked);
     assert!(
@@ -212,6 +220,7 @@ fn removals_are_one_patch_highest_index_first() {
         &GateInputs::default(),
         &WebhookConversion::NotWanted,
         at("2026-08-29T00:00:00Z"),
+        None,
     );
     assert!(decision.blocked.is_empty(), "{:?}", decision.blocked);
     assert_eq!(
@@ -249,6 +258,7 @@ fn a_conversion_that_leaves_a_field_of_the_live_crd_uncovered_is_an_invalid_poli
         &GateInputs::default(),
         &WebhookConversion::NotWanted,
         at("2026-03-01T00:00:00Z"),
+        None,
     );
     assert_eq!(reasons(&decision.blocked), ["InvalidPolicy"]);
     let (_, message) = &decision.blocked[0];
@@ -275,6 +285,7 @@ fn a_conversion_that_leaves_a_field_of_the_live_crd_uncovered_is_an_invalid_poli
         &GateInputs::default(),
         &WebhookConversion::NotWanted,
         at("2026-03-01T00:00:00Z"),
+        None,
     );
     assert!(
         !reasons(&decision.blocked).contains(&"InvalidPolicy"),
@@ -303,7 +314,7 @@ fn a_passed_preflight_stands_at_the_instant_only_if_checked_just_before() {
             preflight: gate_inputs::preflight_results(&status, &crd),
             ..GateInputs::default()
         };
-        let decision = decide(&policy, &crd, &gates, &WebhookConversion::NotWanted, at(now));
+        let decision = decide(&policy, &crd, &gates, &WebhookConversion::NotWanted, at(now), None);
         reasons(&decision.blocked).join(",")
     };
     let store = "2026-01-05T00:00:00Z";

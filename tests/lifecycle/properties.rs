@@ -127,6 +127,7 @@ fn build(choices: &[VersionChoice]) -> Case {
             .collect(),
         stored_versions: vec![names[0].clone()],
         managed_fields_pending: Vec::new(),
+        unfinished_migration: None,
         schemas: Default::default(),
     };
     let spec = VersionPolicySpec {
@@ -268,6 +269,28 @@ proptest! {
             // A removal held for it says so.
             for blocked in evaluation.blocked.iter().filter(|b| b.reason == BlockReason::AwaitingManagedFieldsCleanup) {
                 prop_assert!(named.contains(&blocked.version));
+            }
+        }
+    }
+
+    /// Never remove a version while another migrator's migration of the objects runs
+    /// (Kubernetes' migrator may have trimmed storedVersions before rewriting them).
+    #[test]
+    fn no_version_is_removed_while_another_migration_runs((case, instants, pick) in case_with_instants()) {
+        let schedule = Schedule::new(&case.spec, &case.crd, Timestamp::MIN).expect("valid by construction");
+        for at in instants {
+            let probe = evaluate(&schedule, &case.crd, at);
+            let crd = CrdState {
+                stored_versions: stored_versions(&case, probe.storage_version(), &pick),
+                unfinished_migration: Some("StorageVersionMigration m has finished".into()),
+                ..case.crd.clone()
+            };
+            let evaluation = evaluate(&schedule, &crd, at);
+            for version in &crd.versions {
+                prop_assert!(
+                    evaluation.version(&version.name).is_some_and(|v| v.present),
+                    "{} removed at {} while a migration runs", version.name, at
+                );
             }
         }
     }
