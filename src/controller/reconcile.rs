@@ -366,10 +366,16 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
         // A removal about to land waits while another migrator's StorageVersionMigration of
         // the CRD runs (or while that cannot be told): Kubernetes' migrator can trim
         // storedVersions as it starts, before it has rewritten the objects.
-        if decision.pending.iter().any(|t| t.milestone == MilestoneKind::Remove) {
+        if decision
+            .pending
+            .iter()
+            .any(|t| t.milestone == MilestoneKind::Remove)
+        {
             let unfinished = match ctx.migrations.unfinished_migration(policy, false).await {
                 Ok(found) => found.map(|name| format!("StorageVersionMigration {name} has finished")),
-                Err(reason) => Some(format!("it is known whether a StorageVersionMigration of it runs ({reason})")),
+                Err(reason) => Some(format!(
+                    "it is known whether a StorageVersionMigration of it runs ({reason})"
+                )),
             };
             if unfinished.is_some() {
                 decision = decide(policy, &crd, &gates.inputs, &webhook, now, unfinished);

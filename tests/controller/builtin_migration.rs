@@ -431,17 +431,23 @@ async fn no_removal_lands_while_a_storage_version_migration_is_unfinished() {
     h.trim_stored_versions(&["v1"]);
     h.at("2026-06-29T00:00:00Z");
     h.reconcile_through_cleanup("widgets").await;
-    assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS", "v1alpha1 is not removed");
+    assert_eq!(
+        h.flags(),
+        "v1alpha1:d v1beta1:sd v1:sS",
+        "v1alpha1 is not removed"
+    );
     let (status, reason, message) = h.condition("widgets", "Blocked");
     assert_eq!((status.as_str(), reason.as_str()), ("True", "AwaitingMigration"));
     assert!(
-        message.contains("removal of v1alpha1 waits until StorageVersionMigration someone-elses has finished"),
+        message
+            .contains("removal of v1alpha1 waits until StorageVersionMigration someone-elses has finished"),
         "{message}"
     );
 
     // It finishes: the removal lands.
     if let Some(svm) = h.fake.lock().svms.get_mut("someone-elses") {
-        svm["status"]["conditions"] = json!([{"type": "Running", "status": "False"}, {"type": "Succeeded", "status": "True"}]);
+        svm["status"]["conditions"] =
+            json!([{"type": "Running", "status": "False"}, {"type": "Succeeded", "status": "True"}]);
     }
     h.reconcile_through_cleanup("widgets").await;
     assert_eq!(h.flags(), "v1beta1:sd v1:sS");

@@ -314,7 +314,14 @@ fn a_passed_preflight_stands_at_the_instant_only_if_checked_just_before() {
             preflight: gate_inputs::preflight_results(&status, &crd),
             ..GateInputs::default()
         };
-        let decision = decide(&policy, &crd, &gates, &WebhookConversion::NotWanted, at(now), None);
+        let decision = decide(
+            &policy,
+            &crd,
+            &gates,
+            &WebhookConversion::NotWanted,
+            at(now),
+            None,
+        );
         reasons(&decision.blocked).join(",")
     };
     let store = "2026-01-05T00:00:00Z";

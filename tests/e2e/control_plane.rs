@@ -229,6 +229,20 @@ impl ControlPlane {
         Ok(plane)
     }
 
+    /// Starts kube-controller-manager again if it exited (as the kubelet restarts a static
+    /// pod); returns how it had exited. v1.36.2 panics, for one, when a
+    /// StorageVersionMigration's resource is unknown to it.
+    pub async fn revive_controller_manager(&self) -> Option<String> {
+        let exited = lock(&self.controller_manager)
+            .as_mut()
+            .and_then(|child| child.try_wait().ok().flatten())?;
+        lock(&self.controller_manager).take();
+        match self.start_controller_manager().await {
+            Ok(()) => Some(exited.to_string()),
+            Err(error) => Some(format!("{exited}; restarting it failed: {error}")),
+        }
+    }
+
     /// Whether a kube-controller-manager runs beside the apiserver.
     pub fn has_controller_manager(&self) -> bool {
         lock(&self.controller_manager).is_some()

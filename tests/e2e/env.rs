@@ -297,6 +297,9 @@ impl Env {
 
     /// Deletes what the last scenario created (on success and on failure).
     pub async fn cleanup_scenario(&self) {
+        // StorageVersionMigrations of this run's CRDs go first: kube-controller-manager
+        // v1.36.2 panics when a migration's resource disappears under it.
+        self.delete_storage_version_migrations().await;
         let items: Vec<Cleanup> = self.cleanup.lock().expect("lock").drain(..).collect();
         for item in items.into_iter().rev() {
             let result = match &item {
@@ -322,6 +325,33 @@ impl Env {
                 && status.code != 404
             {
                 println!("e2e: cleanup failed: {}", status.message);
+            }
+        }
+    }
+
+    /// Deletes the StorageVersionMigrations of this run's CRDs, where the API is served.
+    async fn delete_storage_version_migrations(&self) {
+        let Ok(Some(api)) = crd_lifecycle::migrate::builtin::Migrations::discover(&self.client).await else {
+            return;
+        };
+        let path = format!(
+            "/apis/{}/{}/storageversionmigrations",
+            crd_lifecycle::migrate::builtin::GROUP,
+            api.version
+        );
+        let Ok(request) = http::Request::get(&path).body(Vec::new()) else {
+            return;
+        };
+        let Ok(list) = self.client.request::<Value>(request).await else {
+            return;
+        };
+        for item in list["items"].as_array().into_iter().flatten() {
+            let group = item["spec"]["resource"]["group"].as_str().unwrap_or_default();
+            let name = item["metadata"]["name"].as_str().unwrap_or_default();
+            if group.starts_with(&self.run_id)
+                && let Ok(request) = http::Request::delete(format!("{path}/{name}")).body(Vec::new())
+            {
+                let _ = self.client.request_text(request).await;
             }
         }
     }

@@ -163,6 +163,13 @@ async fn run(filters: Vec<String>) -> ExitCode {
         if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
             continue;
         }
+        if let Some(plane) = env.control_plane()
+            && let Some(exited) = plane.revive_controller_manager().await
+        {
+            println!(
+                "e2e: kube-controller-manager had exited ({exited}); started again (its log: kube-controller-manager.log)"
+            );
+        }
         let started = Instant::now();
         let limit = scenario_limit(name);
         let outcome = match tokio::time::timeout(limit, scenario(&env)).await {
