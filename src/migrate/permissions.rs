@@ -20,13 +20,15 @@ use super::Mode;
 /// The label that aggregates a ClusterRole into the operator's migrator role.
 pub const AGGREGATE_LABEL: &str = "crdlifecycle.io/aggregate-to-migrator";
 
-/// One verb on one resource (or subresource) of an API group.
+/// One verb on one resource (or subresource) of an API group, on every object or on one
+/// by name (which a ClusterRole's `resourceNames` can grant).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Permission {
     pub verb: &'static str,
     pub group: String,
     pub resource: String,
     pub subresource: Option<String>,
+    pub name: Option<String>,
 }
 
 impl fmt::Display for Permission {
@@ -34,6 +36,9 @@ impl fmt::Display for Permission {
         write!(f, "{} {}", self.verb, self.resource)?;
         if let Some(subresource) = &self.subresource {
             write!(f, "/{subresource}")?;
+        }
+        if let Some(name) = &self.name {
+            write!(f, " named {name}")?;
         }
         write!(f, " in API group {}", self.group)
     }
@@ -52,7 +57,7 @@ const CRD_GROUP: &str = "apiextensions.k8s.io";
 /// (preflight, managedFields cleanup) or patching them (rewrite through the resource or,
 /// with `through_status`, its status subresource; cleanup of managedFields through the
 /// resource). A dry run writes nothing. A rewrite also watches its CRD until the trim
-/// (`migrate::StorageGuard`).
+/// (`migrate::StorageGuard`), and lists it by name after a gap in that watch.
 pub fn required(crd: &str, mode: Mode, through_status: bool, dry_run: bool) -> Vec<Permission> {
     let (resource, group) = resource_of(crd);
     let on = |verb: &'static str, subresource: Option<&str>| Permission {
@@ -60,6 +65,7 @@ pub fn required(crd: &str, mode: Mode, through_status: bool, dry_run: bool) -> V
         group: group.to_owned(),
         resource: resource.to_owned(),
         subresource: subresource.map(str::to_owned),
+        name: None,
     };
     let mut needed = vec![on("list", None)];
     match mode {
@@ -74,12 +80,17 @@ pub fn required(crd: &str, mode: Mode, through_status: bool, dry_run: bool) -> V
         }
     }
     if mode == Mode::Rewrite {
-        needed.push(Permission {
-            verb: "watch",
-            group: CRD_GROUP.to_owned(),
-            resource: "customresourcedefinitions".to_owned(),
-            subresource: None,
-        });
+        // The storage guard watches this one CRD (a field selector on its name, which
+        // `resourceNames` can grant), and lists it by name after a gap in the watch.
+        for verb in ["watch", "list"] {
+            needed.push(Permission {
+                verb,
+                group: CRD_GROUP.to_owned(),
+                resource: "customresourcedefinitions".to_owned(),
+                subresource: None,
+                name: Some(crd.to_owned()),
+            });
+        }
     }
     needed
 }
@@ -136,7 +147,9 @@ pub fn missing_message(crd: &str, missing: &[Permission], through_status: bool) 
     if !on_crds.is_empty() {
         parts.push(format!(
             "missing permission on CustomResourceDefinitions: {} (a migration watches {crd} until it trims \
-             status.storedVersions; deploy/rbac.yaml grants the operator get, list, watch and patch on them)",
+             status.storedVersions, and lists it by name after a gap in that watch; a ClusterRole rule may \
+             restrict both to it with resourceNames; deploy/rbac.yaml grants the operator get, list, watch and \
+             patch on them)",
             list(&on_crds)
         ));
     }
@@ -156,6 +169,7 @@ pub async fn missing(client: &Client, needed: &[Permission]) -> Result<Vec<Permi
                     group: Some(permission.group.clone()),
                     resource: Some(permission.resource.clone()),
                     subresource: permission.subresource.clone(),
+                    name: permission.name.clone(),
                     ..ResourceAttributes::default()
                 }),
                 ..SelfSubjectAccessReviewSpec::default()
@@ -187,7 +201,8 @@ mod tests {
             [
                 "list widgets in API group example.com",
                 "patch widgets in API group example.com",
-                "watch customresourcedefinitions in API group apiextensions.k8s.io"
+                "watch customresourcedefinitions named widgets.example.com in API group apiextensions.k8s.io",
+                "list customresourcedefinitions named widgets.example.com in API group apiextensions.k8s.io"
             ]
         );
         assert_eq!(
@@ -200,6 +215,12 @@ mod tests {
         );
         assert_eq!(verbs(Mode::CleanManagedFields, false, false).len(), 3);
         assert_eq!(verbs(Mode::CleanManagedFields, false, true).len(), 2);
+        assert!(
+            verbs(Mode::Preflight, false, false)
+                .iter()
+                .all(|verb| !verb.contains("customresourcedefinitions")),
+            "only a rewrite watches its CRD"
+        );
     }
 
     #[test]
@@ -208,7 +229,7 @@ mod tests {
         let message = missing_message("widgets.example.com", &needed[2..], false);
         assert!(
             message.starts_with(
-                "missing permission on CustomResourceDefinitions: watch customresourcedefinitions in API group apiextensions.k8s.io"
+                "missing permission on CustomResourceDefinitions: watch customresourcedefinitions named widgets.example.com in API group apiextensions.k8s.io, list customresourcedefinitions named widgets.example.com"
             ) && !message.contains("ClusterRole labelled"),
             "{message}"
         );
