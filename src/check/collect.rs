@@ -99,6 +99,24 @@ pub async fn observe(
         }
     };
     let Some(live) = live else { return observed };
+    // Kubernetes' migrations of its resource (an unfinished or failed one may have trimmed
+    // storedVersions early).
+    match migrate::builtin::Migrations::discover(client).await {
+        Ok(None) => {}
+        Ok(Some(api)) => {
+            let (plural, group) = name.split_once('.').unwrap_or((name.as_str(), ""));
+            match api.of_resource(group, plural).await {
+                Ok(listed) => observed.migrations = listed.migrations,
+                Err(error) => observed.unchecked.push(describe(
+                    "list storageversionmigrations.storagemigration.k8s.io",
+                    &error,
+                )),
+            }
+        }
+        Err(error) => observed
+            .unchecked
+            .push(describe("discover storagemigration.k8s.io", &error)),
+    }
     match policies {
         Ok(policies) => observed.governed_by = governing(policies, &name),
         Err(reason) => observed.unchecked.push(format!(

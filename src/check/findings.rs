@@ -151,6 +151,8 @@ pub struct Observed {
     pub managed_fields: Option<crate::audit::Writes>,
     /// The objects checked against the incoming schema, when they were.
     pub validated: Option<Validated>,
+    /// The StorageVersionMigrations of its resource (none where the API is not served).
+    pub migrations: Vec<crate::migrate::builtin::Migration>,
     /// What could not be read, and why (the check of this CRD is incomplete: exit 2).
     pub unchecked: Vec<String>,
 }
@@ -409,6 +411,46 @@ pub fn check(
         );
         finding.fix = fix;
         findings.push(finding);
+    }
+
+    // Breaking: a version disappears while a StorageVersionMigration could have trimmed
+    // storedVersions before every object was rewritten (as it starts, or as it fails:
+    // tests/fixtures/svm-failed-trims-stored-versions.txt). The stored-versions rule above
+    // then passes though objects are still stored in the version.
+    let removed: Vec<&str> = live_versions
+        .iter()
+        .filter(|v| find(incoming_versions, &v.name).is_none())
+        .map(|v| v.name.as_str())
+        .collect();
+    if !removed.is_empty() {
+        for migration in observed.migrations.iter().filter(|m| m.holds_removals()) {
+            let why = match &migration.state {
+                crate::migrate::builtin::State::Failed(message) => format!(
+                    "it failed ({message}), and Kubernetes trims status.storedVersions as a failed migration ends"
+                ),
+                _ => "it is unfinished, and Kubernetes can trim status.storedVersions as a migration starts"
+                    .to_owned(),
+            };
+            findings.push(Finding::new(
+                Severity::Breaking,
+                "StorageVersionMigrationHoldsRemoval",
+                Some(removed[0]),
+                format!(
+                    "{} disappears while StorageVersionMigration {} may have trimmed status.storedVersions before every object \
+                     was rewritten: {why}; objects may still be stored in a version the CRD loses. List every version in \
+                     status.storedVersions again (`kubectl patch crd {name} --subresource=status --type=merge -p \
+                     '{{\"status\":{{\"storedVersions\":[{}]}}}}'`), rewrite every object (`crd-lifecycle migrate {name}` \
+                     rewrites them and trims status.storedVersions), delete the migration, and check again",
+                    removed.join(", "),
+                    migration.name,
+                    live_versions
+                        .iter()
+                        .map(|v| format!("\"{}\"", v.name))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+            ));
+        }
     }
 
     // Breaking: writers through versions that stop being served or disappear.
@@ -709,6 +751,10 @@ pub fn plan_fix(check: &CrdCheck, observed: &Observed) -> FixPlan {
                 "a writer is active within --writers-window: {}; stop it (or point it at a version this CRD serves) and run again",
                 writers_text(&finding.managers)
             )),
+            (None, "StorageVersionMigrationHoldsRemoval") => plan.refusals.push(format!(
+                "{}; `check --fix` does not trim what Kubernetes' migrator may have trimmed early",
+                finding.message
+            )),
             (None, "ObjectsInvalid") => plan.refusals.push(format!(
                 "objects are invalid under the incoming schema ({}); fix them first: no rewrite makes them valid",
                 finding.message
@@ -738,6 +784,22 @@ pub fn plan_fix(check: &CrdCheck, observed: &Observed) -> FixPlan {
                 governing.name, check.name
             ));
         }
+    }
+    // Never two migrators at once: a StorageVersionMigration of the resource that is not
+    // done (nor its end processed) rewrites objects and may trim storedVersions meanwhile.
+    if let Some(unfinished) = observed
+        .migrations
+        .iter()
+        .find(|m| !m.state.is_finished() || m.running)
+        && plan
+            .steps
+            .iter()
+            .any(|s| !matches!(s, FixStep::CleanManagedFields { .. }))
+    {
+        plan.refusals.push(format!(
+            "StorageVersionMigration {} of {} is unfinished: wait for it to finish (never two migrators at once)",
+            unfinished.name, check.name
+        ));
     }
     // A stored version that must be rewritten into another without a conversion loses what
     // the target lacks: that drop needs a conversion the cluster does not have.

@@ -108,6 +108,9 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         crd_after = outcome.crd_after;
         evaluation = outcome.evaluation;
         writers_recheck = outcome.writers_recheck;
+        // A removal held by a StorageVersionMigration waits on a change nothing watched
+        // here announces.
+        unavailable_recheck |= outcome.removal_held;
         observation.blocked = outcome.blocked;
         observation.applied = outcome.applied;
         observation.dry_run_patch = outcome.dry_run_patch;
@@ -325,6 +328,8 @@ struct Applied {
     fingerprints: std::collections::BTreeMap<String, String>,
     /// When to look again at a writers gate whose read is under way (or failed).
     writers_recheck: Option<Timestamp>,
+    /// Whether a removal waits for a StorageVersionMigration (`Migrations::removal_hold`).
+    removal_held: bool,
 }
 
 /// Reads the CRD, evaluates the policy and applies the guarded patch, recomputing it when
@@ -363,21 +368,22 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             },
         };
         let mut decision = decide(policy, &crd, &gates.inputs, &webhook, now, None);
-        // A removal about to land waits while another migrator's StorageVersionMigration of
-        // the CRD runs (or while that cannot be told): Kubernetes' migrator can trim
-        // storedVersions as it starts, before it has rewritten the objects.
+        // A removal about to land waits while a StorageVersionMigration of the CRD holds it
+        // (or while that cannot be told): Kubernetes' migrator can trim storedVersions
+        // before it has rewritten the objects, as a migration starts and as a failed one ends.
         if decision
             .pending
             .iter()
             .any(|t| t.milestone == MilestoneKind::Remove)
         {
-            let unfinished = match ctx.migrations.unfinished_migration(policy, false).await {
-                Ok(found) => found.map(|name| format!("StorageVersionMigration {name} has finished")),
+            let unfinished = match ctx.migrations.removal_hold(policy).await {
+                Ok(hold) => hold,
                 Err(reason) => Some(format!(
                     "it is known whether a StorageVersionMigration of it runs ({reason})"
                 )),
             };
             if unfinished.is_some() {
+                outcome.removal_held = true;
                 decision = decide(policy, &crd, &gates.inputs, &webhook, now, unfinished);
             }
         }

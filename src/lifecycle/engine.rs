@@ -227,7 +227,8 @@ impl Schedule {
                     milestone: Some(MilestoneKind::Remove),
                     message: format!(
                         "removal of {} waits until {migration}: Kubernetes' storage version migrator \
-                         can trim status.storedVersions when a migration starts, before every object is rewritten",
+                         can trim status.storedVersions before every object is rewritten (as a migration starts, \
+                         and as a failed one ends)",
                         desired.name
                     ),
                 });

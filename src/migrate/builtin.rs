@@ -41,6 +41,14 @@ pub const STORED_VERSIONS_ANNOTATION: &str = "crdlifecycle.io/stored-versions";
 /// when it was created (`migrate::conversion_fingerprint`).
 pub const CONVERSION_ANNOTATION: &str = "crdlifecycle.io/crd-conversion";
 
+/// Annotation this operator puts on a failed migration of its own once the CRD's
+/// `status.storedVersions` lists again every version the migration was created for:
+/// Kubernetes ends a failed migration by trimming `storedVersions` to the storage version
+/// when the CRD's generation did not move (`finishCRDMigration` in
+/// pkg/controller/storageversionmigrator/migrationrunner.go does not look at the outcome),
+/// though objects may still be stored in the versions it removed.
+pub const RESTORED_ANNOTATION: &str = "crdlifecycle.io/stored-versions-restored";
+
 /// Versions of the API this operator speaks, newest first (v1 has the v1beta1 shape).
 const KNOWN_VERSIONS: [&str; 2] = ["v1", "v1beta1"];
 
@@ -61,6 +69,22 @@ impl State {
     }
 }
 
+impl Migration {
+    /// Whether removing a version of the resource must wait for this migration. Kubernetes
+    /// can trim `status.storedVersions` before every object is rewritten: as a migration
+    /// starts, and as a failed one ends. So: while it is pending or running; while its end
+    /// is still to be processed (`Running=True` next to `Succeeded` or `Failed`: the trim is
+    /// yet to come); and once failed, until `storedVersions` lists again what it listed
+    /// when the migration was created (`RESTORED_ANNOTATION`).
+    pub fn holds_removals(&self) -> bool {
+        match self.state {
+            State::Pending | State::Running => true,
+            State::Succeeded => self.running,
+            State::Failed(_) => self.running || !self.restored,
+        }
+    }
+}
+
 /// One StorageVersionMigration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Migration {
@@ -78,6 +102,11 @@ pub struct Migration {
     /// The state of the CRD it was created for (its annotations), if a policy created it
     /// with them.
     pub created_for: Option<CreatedFor>,
+    /// `Running=True`: Kubernetes has not yet processed its end (nor, for a CRD, trimmed
+    /// `storedVersions` after it), whatever its other conditions say.
+    pub running: bool,
+    /// Carries `RESTORED_ANNOTATION`.
+    pub restored: bool,
 }
 
 /// The state of the CRD a migration was created for.
@@ -168,6 +197,13 @@ impl Migration {
             created: text("/metadata/creationTimestamp").and_then(|t| t.parse().ok()),
             changed,
             created_for: CreatedFor::from_annotations(object),
+            running: is_true("Running").is_some(),
+            restored: object
+                .pointer(&format!(
+                    "/metadata/annotations/{}",
+                    RESTORED_ANNOTATION.replace('/', "~1")
+                ))
+                .is_some(),
         }
     }
 }
@@ -262,6 +298,19 @@ impl Migrations {
         Ok(Migration::from_json(
             &serde_json::to_value(created).map_err(kube::Error::SerdeError)?,
         ))
+    }
+
+    /// Marks a failed migration whose `storedVersions` were restored (`RESTORED_ANNOTATION`).
+    pub async fn mark_restored(&self, name: &str) -> Result<(), kube::Error> {
+        let patch = json!({"metadata": {"annotations": {RESTORED_ANNOTATION: "true"}}});
+        self.api
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .map(|_| ())
     }
 
     /// One migration, and the apiserver's clock when it was read.

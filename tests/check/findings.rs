@@ -459,3 +459,101 @@ fn lost_fields_respect_open_subtrees() {
     assert_eq!(check::human_duration(4000.0), "1h 06m");
     assert_eq!(check::human_duration(75.0), "1m 15s");
 }
+
+/// A StorageVersionMigration as `kubectl get -o json` shows it.
+fn migration(name: &str, conditions: Value) -> crd_lifecycle::migrate::builtin::Migration {
+    crd_lifecycle::migrate::builtin::Migration::from_json(&json!({
+        "metadata": {"name": name, "creationTimestamp": "2026-11-25T10:00:00Z"},
+        "spec": {"resource": {"group": "example.com", "resource": "widgets"}},
+        "status": {"conditions": conditions},
+    }))
+}
+
+/// Kubernetes trims storedVersions as a failed migration ends, with objects still stored
+/// in the trimmed version (tests/fixtures/svm-failed-trims-stored-versions.txt): the
+/// stored-versions rule passes, but dropping the version loses them.
+#[test]
+fn a_removal_after_a_failed_or_unfinished_storage_version_migration_breaks_and_is_not_fixed() {
+    let live = crd(
+        &[
+            ("v1beta1", true, false, open_schema()),
+            ("v1", true, true, open_schema()),
+        ],
+        &["v1"],
+    );
+    let incoming = crd(&[("v1", true, true, open_schema())], &[]);
+    let failed = migration(
+        "widgets-to-v1",
+        json!([{"type": "Running", "status": "False", "reason": "MigrationCompleted"},
+               {"type": "Failed", "status": "True", "message": "migration encountered unhandled error: denied"}]),
+    );
+    let observed = Observed {
+        live: Some(live.clone()),
+        objects: Some(3),
+        migrations: vec![failed],
+        ..Observed::default()
+    };
+    let result = check::check(&incoming, "chart.yaml#0", &observed, &judgement());
+    let finding = result
+        .findings
+        .iter()
+        .find(|f| f.kind == "StorageVersionMigrationHoldsRemoval")
+        .unwrap_or_else(|| panic!("{:#?}", result.findings));
+    assert_eq!(finding.severity, Severity::Breaking);
+    assert!(
+        finding
+            .message
+            .contains("v1beta1 disappears while StorageVersionMigration widgets-to-v1")
+            && finding
+                .message
+                .contains("it failed (migration encountered unhandled error: denied)")
+            && finding
+                .message
+                .contains(r#"'{"status":{"storedVersions":["v1beta1","v1"]}}'"#),
+        "{}",
+        finding.message
+    );
+    assert!(result.blocking());
+    let plan = check::plan_fix(&result, &observed);
+    assert!(plan.steps.is_empty(), "{plan:?}");
+    assert!(
+        plan.refusals
+            .iter()
+            .any(|r| r.contains("does not trim what Kubernetes' migrator may have trimmed early")),
+        "{plan:?}"
+    );
+
+    // Succeeded, its end processed: nothing held.
+    let observed = Observed {
+        migrations: vec![migration(
+            "widgets-to-v1",
+            json!([{"type": "Running", "status": "False"}, {"type": "Succeeded", "status": "True"}]),
+        )],
+        ..observed
+    };
+    let result = check::check(&incoming, "chart.yaml#0", &observed, &judgement());
+    assert!(!result.blocking(), "{:#?}", result.findings);
+}
+
+/// `check --fix` never migrates while a StorageVersionMigration of the resource runs.
+#[test]
+fn the_fix_waits_for_an_unfinished_storage_version_migration() {
+    let (live, incoming) = flux_like();
+    let observed = Observed {
+        live: Some(live),
+        objects: Some(3),
+        managed_fields: Some(writes(&[])),
+        migrations: vec![migration(
+            "someone-elses",
+            json!([{"type": "Running", "status": "True", "reason": "MigrationRunning"}]),
+        )],
+        ..Observed::default()
+    };
+    let result = check::check(&incoming, "chart.yaml#3", &observed, &judgement());
+    let plan = check::plan_fix(&result, &observed);
+    assert!(
+        plan.refusals.iter().any(|r| r
+            .contains("StorageVersionMigration someone-elses of widgets.example.com is unfinished")),
+        "{plan:?}"
+    );
+}

@@ -127,9 +127,19 @@ async fn a_failed_built_in_migration_is_stalled_and_the_next_attempt_is_a_new_ob
         migration(&h)["message"]
             .as_str()
             .unwrap_or_default()
-            .contains("crd-lifecycle.widgets.example.com-v1beta1-1 failed: failed to migrate 3 objects"),
+            .contains(
+                "crd-lifecycle.widgets.example.com-v1beta1-1 failed: migration encountered unhandled error: failed to migrate 3 objects"
+            ),
         "{}",
         migration(&h)
+    );
+    // Kubernetes trimmed storedVersions to [v1beta1] as the failed migration ended, with
+    // every object still stored as v1alpha1 (tests/fixtures/svm-failed-trims-stored-versions.txt):
+    // they list again what they listed when the migration was created, and it is marked.
+    assert_eq!(h.stored_versions(), json!(["v1beta1", "v1alpha1"]));
+    assert_eq!(
+        h.fake.lock().svms["crd-lifecycle.widgets.example.com-v1beta1-1"]["metadata"]["annotations"]["crdlifecycle.io/stored-versions-restored"],
+        "true"
     );
     h.reconcile("widgets").await;
     assert_eq!(
@@ -449,6 +459,101 @@ async fn no_removal_lands_while_a_storage_version_migration_is_unfinished() {
         svm["status"]["conditions"] =
             json!([{"type": "Running", "status": "False"}, {"type": "Succeeded", "status": "True"}]);
     }
+    h.reconcile_through_cleanup("widgets").await;
+    assert_eq!(h.flags(), "v1beta1:sd v1:sS");
+}
+
+/// Kubernetes trims `storedVersions` as a failed migration ends too, with objects still
+/// stored in the versions it removed (tests/fixtures/svm-failed-trims-stored-versions.txt).
+/// A failed migration of the policy's own gets them back before any removal; one of
+/// someone else's holds every removal until a migration started after it succeeded.
+#[tokio::test(start_paused = true)]
+async fn a_failed_storage_version_migration_holds_removals_until_what_it_trimmed_is_safe() {
+    let mut h = Harness::with_example();
+    h.edit_policy("widgets", |p| {
+        p["spec"]["migration"]["enabled"] = json!(false);
+    });
+    for instant in [
+        "2026-01-05T00:00:00Z",
+        "2026-01-15T00:00:00Z",
+        "2026-02-01T00:00:00Z",
+        "2026-03-01T00:00:00Z",
+        "2026-04-01T00:00:00Z",
+        "2026-05-30T00:00:00Z",
+    ] {
+        h.at(instant);
+        h.reconcile("widgets").await;
+    }
+    assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS");
+    let failed = |name: &str, labels: Value, annotations: Value| {
+        json!({"apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
+               "metadata": {"name": name, "creationTimestamp": "2026-06-27T00:00:00Z",
+                            "labels": labels, "annotations": annotations},
+               "spec": {"resource": {"group": "example.com", "resource": "widgets"}},
+               "status": {"conditions": [
+                   {"type": "Running", "status": "False", "reason": "MigrationCompleted",
+                    "lastTransitionTime": "2026-06-27T00:10:00Z"},
+                   {"type": "Failed", "status": "True", "reason": "StorageVersionMigrationFailed",
+                    "lastTransitionTime": "2026-06-27T00:10:00Z",
+                    "message": "migration encountered unhandled error: denied"}]}})
+    };
+    {
+        let mut state = h.fake.lock();
+        state.svm_served = true;
+        state.svm_paused = true;
+        state.svms.insert(
+            "ours".into(),
+            failed(
+                "ours",
+                json!({"crdlifecycle.io/policy": "widgets", "crdlifecycle.io/storage-version": "v1"}),
+                json!({"crdlifecycle.io/crd-resource-version": "1", "crdlifecycle.io/crd-generation": "1",
+                       "crdlifecycle.io/stored-versions": "v1alpha1,v1beta1,v1"}),
+            ),
+        );
+    }
+    // Kubernetes trimmed storedVersions as ours failed.
+    h.trim_stored_versions(&["v1"]);
+    h.at("2026-06-29T00:00:00Z");
+    h.reconcile_through_cleanup("widgets").await;
+    assert_eq!(
+        h.flags(),
+        "v1alpha1:d v1beta1:sd v1:sS",
+        "v1alpha1 is not removed"
+    );
+    assert_eq!(h.stored_versions(), json!(["v1", "v1alpha1", "v1beta1"]));
+    assert_eq!(
+        h.fake.lock().svms["ours"]["metadata"]["annotations"]["crdlifecycle.io/stored-versions-restored"],
+        "true"
+    );
+
+    // Someone else's failed migration, its storedVersions unknown: held until a migration
+    // started after it succeeds.
+    h.fake.lock().svms.insert(
+        "someone-elses".into(),
+        failed("someone-elses", json!({}), json!({})),
+    );
+    h.trim_stored_versions(&["v1"]);
+    h.reconcile_through_cleanup("widgets").await;
+    assert_eq!(
+        h.flags(),
+        "v1alpha1:d v1beta1:sd v1:sS",
+        "v1alpha1 is not removed"
+    );
+    let (status, reason, message) = h.condition("widgets", "Blocked");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "AwaitingMigration"));
+    assert!(
+        message.contains(
+            "StorageVersionMigration someone-elses, which failed, is followed by a migration that succeeds"
+        ),
+        "{message}"
+    );
+    h.fake.lock().svms.insert(
+        "later".into(),
+        json!({"apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
+               "metadata": {"name": "later", "creationTimestamp": "2026-06-28T00:00:00Z"},
+               "spec": {"resource": {"group": "example.com", "resource": "widgets"}},
+               "status": {"conditions": [{"type": "Running", "status": "False"}, {"type": "Succeeded", "status": "True"}]}}),
+    );
     h.reconcile_through_cleanup("widgets").await;
     assert_eq!(h.flags(), "v1beta1:sd v1:sS");
 }

@@ -264,8 +264,10 @@ struct Soak {
     /// Problems found: wrong reads, lost objects, refused requests (capped when reported).
     problems: Mutex<Vec<String>>,
     excuses: Excuses,
-    /// When `storedVersions` became `[v1]` (the migration's trim).
-    trimmed_at: Mutex<Option<Instant>>,
+    /// The CRD's resourceVersion (an etcd revision) whose state first had `storedVersions`
+    /// `[v1]`: the migration's trim, as the CRD's watch delivered it (or, after a gap in that
+    /// watch, the first state read after it).
+    trimmed_at_revision: Mutex<Option<u64>>,
     stop: AtomicBool,
 }
 
@@ -646,7 +648,8 @@ impl Soak {
 
     async fn list(&self, version: &str) {
         let mut token = String::new();
-        let mut first_page_at: Option<Instant> = None;
+        // The revision the first page was read at: every continued page reads etcd there.
+        let mut snapshot: Option<u64> = None;
         loop {
             let mut path = format!("{}?limit=50", self.path(version, None));
             if !token.is_empty() {
@@ -655,7 +658,11 @@ impl Soak {
             let exchange = self.send(http::Method::GET, &path, None).await;
             match &exchange.answer {
                 Answer::Ok(list) => {
-                    first_page_at.get_or_insert(exchange.answered);
+                    if snapshot.is_none() {
+                        snapshot = list["metadata"]["resourceVersion"]
+                            .as_str()
+                            .and_then(|rv| rv.parse().ok());
+                    }
                     for item in list["items"].as_array().into_iter().flatten() {
                         self.counts.reads.fetch_add(1, Ordering::Relaxed);
                         self.check(item, version, "list", None);
@@ -674,15 +681,16 @@ impl Soak {
                     self.counts.expired_lists.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
-                // A continued list reads etcd at the revision of its first page. Begun before
+                // A continued list reads etcd at the revision of its first page. Read before
                 // the migration rewrote every object (the trim) and continued after the old
                 // version was removed, it meets objects as they were then, in a version the
                 // CRD no longer has: the apiserver answers 500 until etcd compacts that
-                // revision (tests/fixtures/continue-after-version-removal.txt).
+                // revision (tests/fixtures/continue-after-version-removal.txt). Compared as
+                // revisions, not as times: a page sent before the trim may arrive after it.
                 Answer::Failed(message)
                     if message.contains("from an invalid group/version")
-                        && first_page_at.is_some_and(|first| {
-                            lock(&self.trimmed_at).is_none_or(|trimmed| first < trimmed)
+                        && snapshot.is_some_and(|first| {
+                            lock(&self.trimmed_at_revision).is_none_or(|trimmed| first < trimmed)
                         }) =>
                 {
                     self.counts.stale_snapshot_pages.fetch_add(1, Ordering::Relaxed);
@@ -1105,7 +1113,7 @@ async fn run(env: &Env) -> Outcome {
             counts: Counts::default(),
             problems: Mutex::new(Vec::new()),
             excuses: Excuses::default(),
-            trimmed_at: Mutex::new(None),
+            trimmed_at_revision: Mutex::new(None),
             stop: AtomicBool::new(false),
         })
     };
@@ -1202,32 +1210,69 @@ async fn run(env: &Env) -> Outcome {
     clients.tasks.push({
         let (client, name, soak) = (env.clone_client(), crd.name.clone(), soak.clone());
         tokio::spawn(async move {
-            let api: kube::Api<
-                k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-            > = kube::Api::all(client);
+            type Crd =
+                k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+            let api: kube::Api<Crd> = kube::Api::all(client);
             let mut last = String::new();
-            loop {
-                if let Ok(crd) = api.get(&name).await {
-                    let flags: Vec<String> = crd
-                        .spec
-                        .versions
-                        .iter()
-                        .map(|v| {
-                            format!(
-                                "{}:{}",
-                                v.name,
-                                crate::flags::letters(v.served, v.storage, v.deprecated == Some(true))
-                            )
-                        })
-                        .collect();
-                    let stored = crd.status.and_then(|s| s.stored_versions).unwrap_or_default();
-                    if stored == ["v1"] {
-                        lock(&soak.trimmed_at).get_or_insert_with(Instant::now);
+            // Every state of the CRD, in order: prints each change and notes the revision
+            // of the trim.
+            let mut note = |crd: &Crd| {
+                let flags: Vec<String> = crd
+                    .spec
+                    .versions
+                    .iter()
+                    .map(|v| {
+                        format!(
+                            "{}:{}",
+                            v.name,
+                            crate::flags::letters(v.served, v.storage, v.deprecated == Some(true))
+                        )
+                    })
+                    .collect();
+                let stored = crd
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.stored_versions.clone())
+                    .unwrap_or_default();
+                if stored == ["v1"] {
+                    let revision = crd
+                        .metadata
+                        .resource_version
+                        .as_deref()
+                        .and_then(|rv| rv.parse().ok());
+                    if let Some(revision) = revision {
+                        lock(&soak.trimmed_at_revision).get_or_insert(revision);
                     }
-                    let now = format!("{} stored {}", flags.join(" "), stored.join(","));
-                    if now != last {
-                        println!("e2e: soak: {} CRD {now}", Timestamp::now());
-                        last = now;
+                }
+                let now = format!("{} stored {}", flags.join(" "), stored.join(","));
+                if now != last {
+                    println!("e2e: soak: {} CRD {now}", Timestamp::now());
+                    last = now;
+                }
+            };
+            // A read, then a watch from it (every state, so the trim's own revision); when
+            // the watch ends or fails (an apiserver restart, a compaction), read again: a
+            // trim in that gap is noted at the first state read after it.
+            loop {
+                let Ok(crd) = api.get(&name).await else {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    continue;
+                };
+                note(&crd);
+                let from = crd.metadata.resource_version.clone().unwrap_or_default();
+                let params = kube::api::WatchParams::default()
+                    .fields(&format!("metadata.name={name}"))
+                    .timeout(290);
+                if let Ok(stream) = api.watch(&params, &from).await {
+                    let mut stream = stream.boxed();
+                    while let Some(Ok(event)) = stream.next().await {
+                        match event {
+                            kube::api::WatchEvent::Added(crd) | kube::api::WatchEvent::Modified(crd) => {
+                                note(&crd)
+                            }
+                            kube::api::WatchEvent::Error(_) => break,
+                            _ => {}
+                        }
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;

@@ -1460,7 +1460,11 @@ async fn a_missing_permission_stops_the_run_before_any_object_is_touched() {
         .iter()
         .map(|(verb, ..)| verb.clone())
         .collect();
-    assert_eq!(asked, ["list", "patch", "watch"]);
+    assert_eq!(
+        asked,
+        ["list", "patch", "watch", "list"],
+        "the objects, then the CRD by name"
+    );
 
     // Through the status subresource, the status is what must be patchable.
     fake.allow_all();

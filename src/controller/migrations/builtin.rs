@@ -21,17 +21,21 @@ use jiff::Timestamp;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Resource;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::job::Job;
 use super::{MAX_RERUNS, Migrations, RunEnd};
-use crate::api::{MigrationStatus, VersionPolicy};
+use crate::api::{MigrationPhase, MigrationStatus, VersionPolicy};
 use crate::migrate::builtin::{self, CreatedFor, Migration, State};
 use crate::migrate::{self, GuardStart, Outcome, StorageGuard, Target, Verdict};
 use crate::sync::lock;
+
+/// How long a failed migration is followed until Kubernetes has processed its end (and
+/// trimmed storedVersions), so that they can be restored at once.
+const FAILED_END_WAIT: Duration = Duration::from_secs(60);
 
 /// How long the answer to "is the built-in migrator's API served?" stands.
 const API_ANSWER_STANDS_FOR: Duration = Duration::from_secs(60);
@@ -107,6 +111,124 @@ impl Migrations {
                 Err(format!("cannot list StorageVersionMigrations: {error}"))
             }
         }
+    }
+
+    /// What every removal of a version of the policy's CRD waits for among the resource's
+    /// StorageVersionMigrations (`Migration::holds_removals`): "StorageVersionMigration X has
+    /// finished", or what else must happen. `Err` when that cannot be told. A failed
+    /// migration holds no more once a migration started after its failure succeeded (every
+    /// object is rewritten then), or, for one of this policy's own, once the
+    /// `storedVersions` it was created for are restored, which this does: Kubernetes trims
+    /// them as a failed migration ends (tests/fixtures/svm-failed-trims-stored-versions.txt).
+    pub async fn removal_hold(&self, policy: &VersionPolicy) -> Result<Option<String>, String> {
+        let Some(api) = self.builtin_api().await? else {
+            return Ok(None);
+        };
+        let crd = &policy.spec.crd_name;
+        let (group, resource) = group_resource(crd);
+        let listed = api.of_resource(group, resource).await.map_err(|error| {
+            warn!(crd, error = %error, "cannot list StorageVersionMigrations");
+            format!("cannot list StorageVersionMigrations: {error}")
+        })?;
+        let last_run = Job::Migrate
+            .previous(policy)
+            .filter(|run| run.phase == MigrationPhase::Succeeded)
+            .and_then(|run| run.started_at.map(|at| at.0));
+        let rewritten_since = |failed: &Migration| {
+            failed.changed.is_some_and(|at| {
+                last_run.is_some_and(|started| started > at)
+                    || listed.migrations.iter().any(|m| {
+                        m.state == State::Succeeded && !m.running && m.created.is_some_and(|c| c > at)
+                    })
+            })
+        };
+        for migration in listed.migrations.iter().filter(|m| m.holds_removals()) {
+            if !matches!(migration.state, State::Failed(_)) || migration.running {
+                return Ok(Some(format!(
+                    "StorageVersionMigration {} has finished",
+                    migration.name
+                )));
+            }
+            if rewritten_since(migration) {
+                continue;
+            }
+            let ours = migration.policy.as_deref() == policy.metadata.name.as_deref();
+            match (&migration.created_for, ours) {
+                (Some(created_for), true) => {
+                    match self
+                        .restore_stored_versions(crd, migration, created_for, &api)
+                        .await
+                    {
+                        Ok(()) => continue,
+                        Err(error) => {
+                            return Ok(Some(format!(
+                                "status.storedVersions lists again what it listed when StorageVersionMigration {} \
+                                 was created ({error})",
+                                migration.name
+                            )));
+                        }
+                    }
+                }
+                _ => {
+                    return Ok(Some(format!(
+                        "StorageVersionMigration {}, which failed, is followed by a migration that succeeds, or is \
+                         deleted once every object of {crd} is rewritten (Kubernetes trims status.storedVersions as a \
+                         failed migration ends too: list every version of {crd} in status.storedVersions again, and the \
+                         next migration rewrites every object)",
+                        migration.name
+                    )));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Adds back to the CRD's `status.storedVersions` every version it listed when
+    /// `migration` was created and still has, guarded by the resourceVersion just read, then
+    /// marks the migration (`builtin::RESTORED_ANNOTATION`). Adding a version the CRD has is
+    /// always safe: at worst it asks for a migration that finds nothing to rewrite.
+    async fn restore_stored_versions(
+        &self,
+        crd: &str,
+        migration: &Migration,
+        created_for: &CreatedFor,
+        api: &builtin::Migrations,
+    ) -> Result<(), String> {
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let current = crds
+            .get(crd)
+            .await
+            .map_err(|e| format!("cannot read CustomResourceDefinition {crd}: {e}"))?;
+        let mut stored = current
+            .status
+            .as_ref()
+            .and_then(|s| s.stored_versions.clone())
+            .unwrap_or_default();
+        let lost: Vec<String> = created_for
+            .stored_versions
+            .iter()
+            .filter(|v| !stored.contains(v) && current.spec.versions.iter().any(|w| &w.name == *v))
+            .cloned()
+            .collect();
+        if !lost.is_empty() {
+            stored.extend(lost.iter().cloned());
+            let patch = serde_json::json!({
+                "metadata": {"resourceVersion": current.metadata.resource_version},
+                "status": {"storedVersions": stored},
+            });
+            crds.patch_status(crd, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| format!("cannot restore status.storedVersions of {crd}: {e}"))?;
+            warn!(
+                crd,
+                migration = migration.name,
+                restored = lost.join(", "),
+                "StorageVersionMigration failed and Kubernetes trimmed status.storedVersions; restored what it listed"
+            );
+        }
+        api.mark_restored(&migration.name)
+            .await
+            .map_err(|e| format!("cannot annotate StorageVersionMigration {}: {e}", migration.name))
     }
 
     /// Starts (or follows) the built-in migration of the policy's CRD into
@@ -185,6 +307,19 @@ impl Migrations {
                 status.started_at = Some(Time(created));
             }
             if let Followed::Failed = self.until_finished(&policy_name, &migration, api, status).await? {
+                // Kubernetes trims storedVersions as a failed migration ends: list again what
+                // it listed when the migration was created. (Not yet ended, or not restored
+                // now: every removal waits until it is, `removal_hold`.)
+                if let Ok((read, _)) = api.get(&migration.name).await
+                    && matches!(read.state, State::Failed(_))
+                    && !read.running
+                    && let Err(error) = self.restore_stored_versions(crd, &read, &created_for, api).await
+                {
+                    warn!(
+                        crd,
+                        error, "cannot restore status.storedVersions after a failed StorageVersionMigration"
+                    );
+                }
                 return Ok(RunEnd::Failed);
             }
             // The built-in controller trims storedVersions on success; trim only if it did
@@ -359,6 +494,8 @@ impl Migrations {
     ) -> Result<Followed, String> {
         let following_since = Instant::now();
         let mut state = migration.state.clone();
+        let mut running = migration.running;
+        let mut failed_since: Option<Instant> = None;
         let mut pending_for = None;
         let mut reported: Option<State> = None;
         loop {
@@ -384,7 +521,12 @@ impl Migrations {
                         "StorageVersionMigration {} failed: {message}",
                         migration.name
                     ));
-                    return Ok(Followed::Failed);
+                    // Kubernetes trims storedVersions as it processes the end (`Running`
+                    // turns False): wait a while for that, so that they can be restored.
+                    let since = *failed_since.get_or_insert_with(Instant::now);
+                    if !running || since.elapsed() >= FAILED_END_WAIT {
+                        return Ok(Followed::Failed);
+                    }
                 }
                 State::Pending => {
                     let waited = pending_for.unwrap_or_else(|| following_since.elapsed());
@@ -408,6 +550,7 @@ impl Migrations {
                 .await
                 .map_err(|e| format!("cannot read StorageVersionMigration {}: {e}", migration.name))?;
             state = read.state;
+            running = read.running;
             pending_for = between(read.created, date);
         }
     }

@@ -8,8 +8,12 @@
 //!   `status.storedVersions` is trimmed to it.
 //!
 //! The controller's progress is modelled as one step per GET of the migration (the sample
-//! polled and saw each stage in turn). A failure (`Failed=True` with a message) is a knob:
-//! sample 35 shows none, so its exact shape is the API's documented one.
+//! polled and saw each stage in turn). A failure (the `svm_fail` knob) is as
+//! tests/fixtures/svm-failed-trims-stored-versions.txt recorded it on v1.36.2: `Failed=True`
+//! is added next to `Running=True` (`setStatusConditions` appends), then, as the end is
+//! processed, the CRD's `storedVersions` is trimmed to the storage version though no object
+//! was rewritten, and `Running` turns False/MigrationCompleted.
+//! - `PATCH` (merge) of a migration's annotations answers 200 with the object (same fixture).
 //! Where the API is not served (v1.24, or 1.35+ without the feature), `GET
 //! /apis/storagemigration.k8s.io` answers the plain-text 404 of a path nobody serves (as
 //! sample 15 for an unserved version).
@@ -81,22 +85,19 @@ fn advance(state: &mut State, mut object: Value) -> Value {
     let running = conditions
         .iter()
         .any(|c| c["type"] == "Running" && c["status"] == "True");
-    let finished = conditions
+    let failed = conditions
         .iter()
-        .any(|c| (c["type"] == "Succeeded" || c["type"] == "Failed") && c["status"] == "True");
-    if state.svm_paused || finished {
+        .any(|c| c["type"] == "Failed" && c["status"] == "True");
+    let finished = failed
+        || conditions
+            .iter()
+            .any(|c| c["type"] == "Succeeded" && c["status"] == "True");
+    if state.svm_paused || (finished && !(failed && running)) {
         return object;
     }
     let now = state.now();
     if !running {
         object["status"]["conditions"] = json!([condition(now, "Running", "True", "MigrationRunning", "")]);
-        return object;
-    }
-    if let Some(message) = state.svm_fail.clone() {
-        object["status"]["conditions"] = json!([
-            condition(now, "Running", "False", "MigrationFailed", ""),
-            condition(now, "Failed", "True", "StorageVersionMigrationFailed", &message),
-        ]);
         return object;
     }
     let group = object["spec"]["resource"]["group"]
@@ -108,27 +109,50 @@ fn advance(state: &mut State, mut object: Value) -> Value {
         .unwrap_or_default()
         .to_owned();
     let crd_name = format!("{resource}.{group}");
-    let storage = state.crds.get(&crd_name).and_then(|crd| {
-        crd["spec"]["versions"]
-            .as_array()?
-            .iter()
-            .find(|v| v["storage"] == true)
-            .and_then(|v| v["name"].as_str())
-            .map(str::to_owned)
-    });
-    if let Some(storage) = storage {
+    // The end of a failed migration processed: storedVersions trimmed, nothing rewritten.
+    if failed {
+        trim_stored_versions(state, &crd_name);
+        let mut conditions = conditions;
+        conditions.retain(|c| c["type"] != "Running");
+        conditions.insert(
+            0,
+            condition(
+                now,
+                "Running",
+                "False",
+                "MigrationCompleted",
+                "Migration completed",
+            ),
+        );
+        object["status"]["conditions"] = json!(conditions);
+        return object;
+    }
+    if let Some(message) = state.svm_fail.clone() {
+        object["status"]["conditions"] = json!([
+            condition(
+                now,
+                "Running",
+                "True",
+                "MigrationRunning",
+                "The migration is running"
+            ),
+            condition(
+                now,
+                "Failed",
+                "True",
+                "StorageVersionMigrationFailed",
+                &format!("migration encountered unhandled error: {message}")
+            ),
+        ]);
+        return object;
+    }
+    if let Some(storage) = storage_version(state, &crd_name) {
         for ((crd, _, _), stored) in state.objects.iter_mut() {
             if *crd == crd_name {
                 stored.encoded_as = storage.clone();
             }
         }
-        // A status write of the CRD, as any (finishCRDMigration applies it).
-        if !state.svm_leaves_stored_versions
-            && let Some(mut crd) = state.crds.get(&crd_name).cloned()
-        {
-            crd["status"]["storedVersions"] = json!([storage]);
-            state.store_crd(crd, false);
-        }
+        trim_stored_versions(state, &crd_name);
     }
     object["status"]["conditions"] = json!([
         condition(
@@ -142,4 +166,44 @@ fn advance(state: &mut State, mut object: Value) -> Value {
     ]);
     object["status"]["resourceVersion"] = json!(state.next_resource_version());
     object
+}
+
+fn storage_version(state: &State, crd_name: &str) -> Option<String> {
+    state.crds.get(crd_name).and_then(|crd| {
+        crd["spec"]["versions"]
+            .as_array()?
+            .iter()
+            .find(|v| v["storage"] == true)
+            .and_then(|v| v["name"].as_str())
+            .map(str::to_owned)
+    })
+}
+
+/// `finishCRDMigration`: a status write of the CRD, as any, trimming `storedVersions` to
+/// the storage version, whether the migration succeeded or failed.
+fn trim_stored_versions(state: &mut State, crd_name: &str) {
+    if state.svm_leaves_stored_versions {
+        return;
+    }
+    if let (Some(storage), Some(mut crd)) = (
+        storage_version(state, crd_name),
+        state.crds.get(crd_name).cloned(),
+    ) {
+        crd["status"]["storedVersions"] = json!([storage]);
+        state.store_crd(crd, false);
+    }
+}
+
+/// `PATCH` (merge) of a migration: its annotations.
+pub(super) fn patch(state: &mut State, name: &str, body: &Value) -> (u16, Value) {
+    let Some(object) = state.svms.get_mut(name) else {
+        return not_found("storageversionmigrations.storagemigration.k8s.io", name);
+    };
+    if let Some(annotations) = body["metadata"]["annotations"].as_object() {
+        for (key, value) in annotations {
+            object["metadata"]["annotations"][key] = value.clone();
+        }
+    }
+    let object = object.clone();
+    (200, object)
 }

@@ -447,6 +447,7 @@ impl FakeApiserver {
             .filter(|r| {
                 r.path.starts_with("/apis/")
                     && !r.path.contains(".k8s.io/")
+                    && !r.path.ends_with(".k8s.io")
                     && !r.path.contains("crdlifecycle.io")
                     && !is_discovery(&r.path)
             })
@@ -814,6 +815,16 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
                 name,
             ],
         ) if state.svm_served => migrations::get(state, name),
+        (
+            "PATCH",
+            [
+                "apis",
+                migrations::GROUP,
+                "v1beta1",
+                "storageversionmigrations",
+                name,
+            ],
+        ) if state.svm_served => migrations::patch(state, name, &body),
         // Not 404: that would read as "does not exist" and let a wrong path pass a test.
         _ => {
             state
