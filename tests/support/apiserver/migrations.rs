@@ -14,6 +14,7 @@
 //! processed, the CRD's `storedVersions` is trimmed to the storage version though no object
 //! was rewritten, and `Running` turns False/MigrationCompleted.
 //! - `PATCH` (merge) of a migration's annotations answers 200 with the object (same fixture).
+//!
 //! Where the API is not served (v1.24, or 1.35+ without the feature), `GET
 //! /apis/storagemigration.k8s.io` answers the plain-text 404 of a path nobody serves (as
 //! sample 15 for an unserved version).
