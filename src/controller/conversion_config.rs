@@ -125,7 +125,7 @@ impl WebhookEndpoint {
     }
 
     /// Whether a CRD's webhook client config points at this webhook.
-    fn is_ours(
+    pub fn is_ours(
         &self,
         config: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::WebhookClientConfig,
     ) -> bool {

@@ -1,6 +1,7 @@
 //! The controller: applies VersionPolicies to live CRDs on schedule, with status, events,
 //! metrics, leader election and graceful shutdown.
 
+pub mod ca_bundles;
 mod clock;
 pub mod conditions;
 mod context;
@@ -262,6 +263,7 @@ async fn lead(
 struct StopWriters {
     migrations: Arc<Migrations>,
     sampler: Option<Essential>,
+    ca_bundles: Option<Essential>,
 }
 
 impl Drop for StopWriters {
@@ -269,6 +271,7 @@ impl Drop for StopWriters {
         // Interrupted migrations resume from their checkpoints under the next leader.
         self.migrations.shutdown();
         drop(self.sampler.take());
+        drop(self.ca_bundles.take());
     }
 }
 
@@ -323,6 +326,14 @@ async fn controller(
             sampler.run().await;
             Err("it returned".to_owned())
         })),
+        // Every CRD pointed at the webhook trusts its CAs, governed or not.
+        ca_bundles: webhook.clone().map(|endpoint| {
+            let client = client.clone();
+            Essential::spawn("the CA bundle keeper", async move {
+                ca_bundles::keep_ca_bundles(client, endpoint).await;
+                Err("it returned".to_owned())
+            })
+        }),
     };
     let context = Arc::new(Context {
         writers: Arc::new(WriterReads::new(client.clone())),

@@ -439,3 +439,43 @@ async fn readyz_reports_the_webhook_when_the_replica_serves_it() {
     webhook.begin_drain();
     assert_eq!(readyz().await.0, 503);
 }
+
+/// A CRD pointed at the webhook whose policy reconciles nothing (here suspended) still gets
+/// the new CA: the leader's keeper writes `caBundle` alone, and the rotation completes.
+#[tokio::test]
+async fn a_crd_whose_policy_is_suspended_still_gets_the_new_ca() {
+    let Rotating {
+        mut h,
+        files,
+        ca1,
+        ca2,
+        mut a,
+        ..
+    } = rotating("rotation-suspended").await;
+    h.edit_policy("gadgets", |p| p["spec"]["suspend"] = true.into());
+    files.write(&ca2);
+    a.refresh(&h).await;
+    assert_eq!(a.bundle(), format!("{}{}", ca1.ca_pem, ca2.ca_pem));
+    lead(&mut h, &a).await;
+    assert_eq!(crd_bundle(&h), ca1.ca_pem, "a suspended policy changes nothing");
+    a.refresh(&h).await;
+    assert!(a.certs.serves(&ca1.cert_pem), "the CRD does not trust CA2 yet");
+
+    let written = crd_lifecycle::controller::ca_bundles::sync_ca_bundles(&h.ctx.client, &a.endpoint)
+        .await
+        .expect("synced");
+    assert_eq!(written, [CRD]);
+    assert_eq!(crd_bundle(&h), format!("{}{}", ca1.ca_pem, ca2.ca_pem));
+    a.refresh(&h).await;
+    assert!(a.certs.serves(&ca2.cert_pem), "trusted: served");
+    // Once the old CA leaves the bundle, it leaves the CRD too; then nothing to write.
+    a.refresh(&h).await;
+    crd_lifecycle::controller::ca_bundles::sync_ca_bundles(&h.ctx.client, &a.endpoint)
+        .await
+        .expect("synced");
+    assert_eq!(crd_bundle(&h), ca2.ca_pem);
+    let again = crd_lifecycle::controller::ca_bundles::sync_ca_bundles(&h.ctx.client, &a.endpoint)
+        .await
+        .expect("synced");
+    assert!(again.is_empty(), "{again:?}");
+}

@@ -86,3 +86,115 @@ pub async fn builtin_migration(env: &Env) -> Outcome {
     .await?;
     Ok(())
 }
+
+/// A StorageVersionMigration that fails: Kubernetes trims `storedVersions` as it ends
+/// (tests/fixtures/svm-failed-trims-stored-versions.txt), with every object still stored in
+/// the old version. The controller lists that version again and marks the migration; a
+/// removal due afterwards does not land, and etcd still holds every object, readable.
+pub async fn builtin_migration_fails(env: &Env) -> Outcome {
+    let Some(api) = builtin::Migrations::discover(&env.client)
+        .await
+        .map_err(|e| format!("cannot discover storagemigration.k8s.io: {e}"))?
+    else {
+        println!("e2e: builtin_migration_fails: SKIPPED: the server does not serve storagemigration.k8s.io");
+        return Ok(());
+    };
+    let crd = env
+        .create_crd("svmfail", &[("v1alpha1", true, true), ("v1", true, false)])
+        .await?;
+    let count = 20;
+    env.create_objects(&crd, "v1alpha1", count).await?;
+    // Every update of the objects is refused (422): the svm controller's first patch fails
+    // the migration.
+    let vap = format!("{}-freeze", env.run_id);
+    env.create_raw(
+        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+        json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+               "metadata": {"name": vap},
+               "spec": {"failurePolicy": "Fail",
+                        "matchConstraints": {"resourceRules": [{"apiGroups": [crd.group], "apiVersions": ["*"],
+                                                                "operations": ["UPDATE"], "resources": ["widgets"]}]},
+                        "validations": [{"expression": "false", "message": "frozen by the e2e suite"}]}}),
+    )
+    .await?;
+    env.create_raw(
+        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+        json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+               "metadata": {"name": vap},
+               "spec": {"policyName": vap, "validationActions": ["Deny"]}}),
+    )
+    .await?;
+    let (store, _) = in_seconds(5);
+    let name = format!("{}-svmfail", env.run_id);
+    env.create_policy(
+        json!({"apiVersion": "crdlifecycle.io/v1alpha1", "kind": "VersionPolicy",
+        "metadata": {"name": name},
+        "spec": {"crdName": crd.name,
+                 "versions": [{"name": "v1alpha1"}, {"name": "v1", "store": {"at": store}}],
+                 "migration": {"enabled": true, "engine": "StorageVersionMigration"}}}),
+    )
+    .await?;
+    let (plural, group) = crd.name.split_once('.').unwrap_or_default();
+    let first = builtin::migration_name(&crd.name, "v1", 1);
+    wait_for(
+        "the StorageVersionMigration fails and its end is processed",
+        Duration::from_secs(300),
+        || async {
+            let listed = api.of_resource(group, plural).await.map_err(|e| e.to_string())?;
+            Ok(listed
+                .migrations
+                .iter()
+                .any(|m| m.name == first && matches!(m.state, State::Failed(_)) && !m.running))
+        },
+    )
+    .await?;
+    // Kubernetes processed the end (and trimmed storedVersions, the generation unmoved).
+    let live = env.crd(&crd.name).await?;
+    let migrating = live
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "StorageMigrating").cloned())
+        .ok_or("the CRD has no StorageMigrating condition")?;
+    println!(
+        "e2e: builtin_migration_fails: the CRD's StorageMigrating condition: {} {:?} {:?}",
+        migrating.status, migrating.reason, migrating.message
+    );
+    wait_for(
+        "storedVersions list v1alpha1 again and the migration is marked",
+        Duration::from_secs(60),
+        || async {
+            let listed = api.of_resource(group, plural).await.map_err(|e| e.to_string())?;
+            let marked = listed.migrations.iter().any(|m| m.name == first && m.restored);
+            Ok(marked && env.stored_versions(&crd.name).await?.contains(&"v1alpha1".to_owned()))
+        },
+    )
+    .await?;
+    // A removal now due does not land.
+    let (deprecate, _) = in_seconds(2);
+    env.patch_policy(
+        &name,
+        json!({"spec": {"versions": [
+            {"name": "v1alpha1", "deprecate": {"at": deprecate}, "unserve": {"after": "1s"}, "remove": {"after": "1s"}},
+            {"name": "v1", "store": {"at": store}}]}}),
+    )
+    .await?;
+    wait_for("v1alpha1 is unserved", Duration::from_secs(30), || async {
+        Ok(env.flags(&crd.name).await?.starts_with("v1alpha1:d "))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let flags = env.flags(&crd.name).await?;
+    ensure!(flags.starts_with("v1alpha1:"), "v1alpha1 was removed: {flags}");
+    if let Some(counts) = crate::storage_flip::stored_as(env, &crd).await? {
+        let old = format!("{}/v1alpha1", crd.group);
+        ensure!(
+            counts.get(&old).map(|(n, _)| *n) == Some(count),
+            "etcd: {counts:?}"
+        );
+        println!("e2e: builtin_migration_fails: in etcd: {counts:?}");
+    }
+    let (_, _, message) = env.condition(&name, "Blocked").await?;
+    println!("e2e: builtin_migration_fails: Blocked: {message}");
+    Ok(())
+}

@@ -56,6 +56,8 @@ enum Cleanup {
     ClusterRole(String),
     ClusterRoleBinding(String),
     ServiceAccount(String),
+    /// Any object, by its path (DELETE).
+    Path(String),
 }
 
 impl Env {
@@ -320,6 +322,10 @@ impl Env {
                     let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), "default");
                     api.delete(name, &DeleteParams::default()).await.map(|_| ())
                 }
+                Cleanup::Path(path) => match http::Request::delete(path.as_str()).body(Vec::new()) {
+                    Ok(request) => self.client.request_text(request).await.map(|_| ()),
+                    Err(error) => Err(kube::Error::HttpError(error)),
+                },
             };
             if let Err(kube::Error::Api(status)) = &result
                 && status.code != 404
@@ -576,6 +582,26 @@ impl Env {
             .status
             .and_then(|s| s.stored_versions)
             .unwrap_or_default())
+    }
+
+    /// Creates any object by POSTing it to `collection` (e.g.
+    /// `/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies`); deleted with
+    /// the scenario.
+    pub async fn create_raw(&self, collection: &str, object: Value) -> Outcome {
+        let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        let request = http::Request::post(collection)
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&object).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+        self.client
+            .request_text(request)
+            .await
+            .map_err(|e| format!("POST {collection}: {e}"))?;
+        self.cleanup
+            .lock()
+            .expect("lock")
+            .push(Cleanup::Path(format!("{collection}/{name}")));
+        Ok(())
     }
 
     /// Creates a VersionPolicy (any JSON, so that invalid ones reach the apiserver).

@@ -56,6 +56,9 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("builtin_migration", |env| {
         Box::pin(builtin_migration::builtin_migration(env))
     }),
+    ("builtin_migration_fails", |env| {
+        Box::pin(builtin_migration::builtin_migration_fails(env))
+    }),
     ("webhook_rollout", |env| {
         Box::pin(webhook_rollout::webhook_rollout(env))
     }),

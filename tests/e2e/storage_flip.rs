@@ -141,7 +141,7 @@ async fn write_objects(env: &Env, crd: &TestCrd, version: &str, count: usize) ->
 
 /// How many objects etcd stores in each apiVersion (and the first few names), on the suite's
 /// own control plane; `None` on a cluster whose etcd the suite cannot read.
-async fn stored_as(
+pub async fn stored_as(
     env: &Env,
     crd: &TestCrd,
 ) -> Result<Option<std::collections::BTreeMap<String, (usize, Vec<String>)>>, String> {
