@@ -252,6 +252,30 @@ async fn validate_objects(
     }
 }
 
+/// The items of a 2xx list answer. One that is not a list (a proxy's page, a truncated
+/// body) is an error, never an empty page: an empty page would pass every object unchecked.
+fn items_of(path: &str, code: u16, value: Value, body: &[u8]) -> Result<Vec<Value>, String> {
+    match value {
+        Value::Object(mut list) => match list.remove("items") {
+            Some(Value::Array(items)) => Ok(items),
+            // `items: null` is how an empty list may be encoded.
+            Some(Value::Null) | None
+                if list
+                    .get("kind")
+                    .and_then(Value::as_str)
+                    .is_some_and(|k| k.ends_with("List")) =>
+            {
+                Ok(Vec::new())
+            }
+            _ => Err(format!("listing {path} answered {code} without a list of items")),
+        },
+        _ => Err(format!(
+            "listing {path} answered {code} with a body that is not a JSON list: {}",
+            String::from_utf8_lossy(&body[..body.len().min(200)]).trim()
+        )),
+    }
+}
+
 /// One page of full objects and the next continue token. A 410 for an expired token goes on
 /// with the fresh token its Status carries (samples 27, 28).
 async fn list_page(
@@ -305,14 +329,40 @@ async fn list_page(
             .as_str()
             .filter(|t| !t.is_empty())
             .map(str::to_owned);
-        let items = match value {
-            Value::Object(mut list) => match list.remove("items") {
-                Some(Value::Array(items)) => items,
-                _ => Vec::new(),
-            },
-            _ => Vec::new(),
-        };
+        let items = items_of(path, code, value, &body)?;
         return Ok((items, next));
     }
     Err(format!("listing {path}: the continue token kept expiring"))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::items_of;
+
+    #[test]
+    fn a_page_that_is_not_a_list_is_an_error_not_an_empty_page() {
+        let path = "/apis/example.com/v1/widgets";
+        let html = b"<html>502 Bad Gateway</html>";
+        let error = items_of(path, 200, serde_json::Value::Null, html).expect_err("not a list");
+        assert!(
+            error.contains("not a JSON list: <html>502 Bad Gateway</html>"),
+            "{error}"
+        );
+        assert!(items_of(path, 200, json!({"kind": "Status"}), b"{}").is_err());
+        assert_eq!(
+            items_of(path, 200, json!({"kind": "WidgetList", "items": null}), b"{}"),
+            Ok(Vec::new())
+        );
+        assert_eq!(
+            items_of(
+                path,
+                200,
+                json!({"kind": "WidgetList", "items": [{"a": 1}]}),
+                b"{}"
+            ),
+            Ok(vec![json!({"a": 1})])
+        );
+    }
 }

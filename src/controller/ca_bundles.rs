@@ -25,7 +25,10 @@ const LOOK_AGAIN_EVERY: Duration = Duration::from_secs(60);
 /// Writes the bundle to every CRD pointed at the webhook whose `caBundle` differs; returns
 /// the names of those written. A CRD that changed since it was listed is left for the next
 /// pass.
-pub async fn sync_ca_bundles(client: &Client, endpoint: &WebhookEndpoint) -> Result<Vec<String>, kube::Error> {
+pub async fn sync_ca_bundles(
+    client: &Client,
+    endpoint: &WebhookEndpoint,
+) -> Result<Vec<String>, kube::Error> {
     let Some(bundle) = endpoint
         .ca_bundle
         .read()
@@ -47,7 +50,11 @@ pub async fn sync_ca_bundles(client: &Client, endpoint: &WebhookEndpoint) -> Res
         else {
             continue;
         };
-        if config.ca_bundle.as_ref().is_some_and(|b| b.0 == bundle.as_bytes()) {
+        if config
+            .ca_bundle
+            .as_ref()
+            .is_some_and(|b| b.0 == bundle.as_bytes())
+        {
             continue;
         }
         let name = crd.metadata.name.clone().unwrap_or_default();
@@ -76,7 +83,10 @@ pub async fn keep_ca_bundles(client: Client, endpoint: Arc<WebhookEndpoint>) {
     loop {
         match sync_ca_bundles(&client, &endpoint).await {
             Ok(written) if !written.is_empty() => {
-                info!(crds = written.join(", "), "wrote the webhook's CA bundle to the CRDs pointed at it");
+                info!(
+                    crds = written.join(", "),
+                    "wrote the webhook's CA bundle to the CRDs pointed at it"
+                );
             }
             Ok(_) => {}
             Err(error) => warn!(error = %error, "cannot write the webhook's CA bundle to the CRDs; retrying"),

@@ -166,7 +166,11 @@ pub async fn builtin_migration_fails(env: &Env) -> Outcome {
         || async {
             let listed = api.of_resource(group, plural).await.map_err(|e| e.to_string())?;
             let marked = listed.migrations.iter().any(|m| m.name == first && m.restored);
-            Ok(marked && env.stored_versions(&crd.name).await?.contains(&"v1alpha1".to_owned()))
+            Ok(marked
+                && env
+                    .stored_versions(&crd.name)
+                    .await?
+                    .contains(&"v1alpha1".to_owned()))
         },
     )
     .await?;
