@@ -10,6 +10,7 @@ mod leases;
 mod migrations;
 mod objects;
 mod policies;
+mod watches;
 
 pub use access::Denied;
 use access::review_access;
@@ -18,6 +19,7 @@ use leases::{create_lease, replace_lease};
 use objects::{CustomRequest, custom_resource, discovery, is_discovery, serve_custom};
 pub use objects::{ListFault, ObjectFault, StoredObject};
 use policies::{apply_policy_status, delete_policy, patch_policy};
+pub use watches::{Change, Watched};
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
@@ -109,6 +111,10 @@ pub struct State {
     pub secrets: BTreeMap<String, Value>,
     pub requests: Vec<Recorded>,
     resource_version: u64,
+    /// Every change of a VersionPolicy or CRD, oldest first, for watches (`watches`).
+    pub changes: Vec<Change>,
+    /// The resourceVersion of the latest change, for open watches to wake on.
+    changed: tokio::sync::watch::Sender<u64>,
     /// Run just before the next CRD patch is applied: another writer racing us.
     before_crd_patch: VecDeque<Hook>,
     /// Canned failures for the next CRD patches: (status code, message).
@@ -200,6 +206,12 @@ impl State {
             })
             .into(),
         );
+        let type_ = if self.crds.contains_key(&name) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        self.record(Watched::Crds, type_, &crd);
         self.crds.insert(name, crd);
     }
 }
@@ -215,12 +227,17 @@ impl FakeApiserver {
         Self::default()
     }
 
-    /// A kube client talking to this fake.
+    /// A kube client talking to this fake (watches included).
     pub fn client(&self) -> Client {
         let fake = self.clone();
         let service = tower::service_fn(move |request: Request<Body>| {
             let fake = fake.clone();
-            async move { Ok::<_, Infallible>(fake.handle(request).await) }
+            async move {
+                if let Some(watch) = fake.watch(&request) {
+                    return Ok::<_, Infallible>(watch.map(http_body_util::Either::Right));
+                }
+                Ok(fake.handle(request).await.map(http_body_util::Either::Left))
+            }
         });
         Client::new(service, "default")
     }
@@ -268,13 +285,34 @@ impl FakeApiserver {
         state.store_crd(crd, spec_changed);
     }
 
+    /// Creates a policy; like the apiserver, its generation starts at 1 unless given.
     pub fn create_policy(&self, policy: Value) {
         let mut state = self.lock();
         let rv = state.next_resource_version();
         let name = policy["metadata"]["name"].as_str().expect("name").to_owned();
         let mut policy = policy;
         policy["metadata"]["resourceVersion"] = rv.into();
+        if policy["metadata"].get("generation").is_none() {
+            policy["metadata"]["generation"] = json!(1);
+        }
+        state.record(Watched::Policies, "ADDED", &policy);
         state.policies.insert(name, policy);
+    }
+
+    /// Another writer changes the policy (`kubectl edit`, an approval annotation): a spec
+    /// change adds 1 to its generation (tests/fixtures/watch/versionpolicies.txt).
+    pub fn edit_policy(&self, name: &str, edit: impl FnOnce(&mut Value)) {
+        let mut state = self.lock();
+        let mut policy = state.policies.get(name).cloned().expect("policy exists");
+        let before = policy["spec"].clone();
+        edit(&mut policy);
+        if policy["spec"] != before {
+            let generation = policy["metadata"]["generation"].as_i64().unwrap_or(1);
+            policy["metadata"]["generation"] = json!(generation + 1);
+        }
+        policy["metadata"]["resourceVersion"] = state.next_resource_version().into();
+        state.record(Watched::Policies, "MODIFIED", &policy);
+        state.policies.insert(name.to_owned(), policy);
     }
 
     /// `kubectl delete vp NAME`.
@@ -575,12 +613,27 @@ pub(super) fn plain_not_found() -> Response<Body> {
 fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) -> (u16, Value) {
     match (request.method.as_str(), segments) {
         ("GET", ["version"]) => (200, json!({"major": "1", "minor": "21", "gitVersion": "v1.21.0"})),
-        ("GET", ["apis", "apiextensions.k8s.io", "v1", "customresourcedefinitions"]) => (
-            200,
-            json!({"kind": "CustomResourceDefinitionList", "apiVersion": "apiextensions.k8s.io/v1",
-                   "metadata": {"resourceVersion": state.resource_version.to_string()},
-                   "items": state.crds.values().cloned().collect::<Vec<_>>()}),
-        ),
+        // A metadata-only list answers PartialObjectMetadataList (sample 09,
+        // tests/fixtures/watch/crds-metadata.txt); its resourceVersion is the latest write's, the
+        // one a watch starts from.
+        ("GET", ["apis", "apiextensions.k8s.io", "v1", "customresourcedefinitions"]) => {
+            let metadata_only = request.accept.contains("as=PartialObjectMetadataList");
+            let items: Vec<Value> = state
+                .crds
+                .values()
+                .map(|crd| watches::as_asked(crd, metadata_only))
+                .collect();
+            let (kind, api_version) = if metadata_only {
+                ("PartialObjectMetadataList", "meta.k8s.io/v1")
+            } else {
+                ("CustomResourceDefinitionList", "apiextensions.k8s.io/v1")
+            };
+            (
+                200,
+                json!({"kind": kind, "apiVersion": api_version,
+                       "metadata": {"resourceVersion": state.latest_resource_version()}, "items": items}),
+            )
+        }
         (
             "GET",
             [
@@ -636,7 +689,7 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
         ("GET", ["apis", "crdlifecycle.io", "v1alpha1", "versionpolicies"]) => (
             200,
             json!({"kind": "VersionPolicyList", "apiVersion": "crdlifecycle.io/v1alpha1",
-                   "metadata": {"resourceVersion": state.resource_version.to_string()},
+                   "metadata": {"resourceVersion": state.latest_resource_version()},
                    "items": state.policies.values().cloned().collect::<Vec<_>>()}),
         ),
         ("GET", ["apis", "crdlifecycle.io", "v1alpha1", "versionpolicies", name]) => {
