@@ -25,7 +25,7 @@ use super::patch::as_json_patch;
 use super::permissions::RECHECK_MISSING_AFTER;
 use super::preflight;
 use super::release::{ensure_finalizer, let_go, release};
-use super::status::{Observation, apply_status, build_status, policy_state, recorded_history, write_status};
+use super::status::{Observation, apply_status, build_status, policy_state, recorded_status, write_status};
 use crate::api::{FIELD_MANAGER, MigrationEngine, MilestoneKind, TrafficStatus, VersionPolicy};
 use crate::lifecycle::{CrdState, Evaluation, Transition};
 use crate::migrate::Mode;
@@ -39,6 +39,8 @@ pub async fn reconcile(
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
     let started = Instant::now();
+    // Inside kube-runtime's span, which names the reason for this reconcile.
+    tracing::debug!("reconcile started");
     let result = match &object.0 {
         Ok(policy) => reconcile_policy(policy, &ctx).await,
         Err(invalid) => report_undecodable(invalid, &ctx).await,
@@ -100,9 +102,18 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
             ConditionReason::Suspended,
             "spec.suspend is true: nothing is changed".to_owned(),
         ));
-        crd_after = get_crd(ctx, &crd_name).await?.map(|crd| CrdState::from_crd(&crd));
+        let crd = get_crd(ctx, &crd_name).await?;
+        if let Some(version) = crd.as_ref().and_then(|c| c.metadata.resource_version.as_deref()) {
+            ctx.observed_crds.record(&name, version);
+        }
+        crd_after = crd.map(|crd| CrdState::from_crd(&crd));
     } else {
         let outcome = apply(policy, ctx, now).await?;
+        // Before anything else is awaited, so that the patch's own watch event, usually
+        // right behind its answer, finds it recorded.
+        if let Some(version) = &outcome.crd_resource_version {
+            ctx.observed_crds.record(&name, version);
+        }
         crd_after = outcome.crd_after;
         evaluation = outcome.evaluation;
         observation.blocked = outcome.blocked;
@@ -249,7 +260,9 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         .map(|t| t.at);
     ctx.metrics.set_next_transition(&name, next);
 
-    observation.recorded_history = recorded_history(&ctx.client, &name, policy).await;
+    let (history, conditions) = recorded_status(&ctx.client, &name, policy).await;
+    observation.recorded_history = history;
+    observation.recorded_conditions = Some(conditions);
     let status = build_status(policy, &observation, now);
     write_status(&ctx.client, &name, &status).await?;
     ctx.metrics.set_state(&name, Some(policy_state(&status)));
@@ -304,6 +317,8 @@ struct Applied {
     /// The fingerprint of the CRD's conversion (`migrate::conversion_fingerprint`), as the
     /// CRD is after the patch.
     conversion: String,
+    /// The CRD's resourceVersion the decision was made on (after the patch, if any).
+    crd_resource_version: Option<String>,
 }
 
 /// Reads the CRD, evaluates the policy and applies the guarded patch, recomputing it when
@@ -322,6 +337,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             return Ok(outcome);
         };
         outcome.conversion = crate::migrate::conversion_fingerprint(&crd);
+        outcome.crd_resource_version = crd.metadata.resource_version.clone();
         let mut gates = gate_inputs::gates(policy, &crd, &ctx.traffic);
         // Read once per reconcile: a patch retried after a concurrent CRD change needs no
         // second list of the objects.
@@ -406,6 +422,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                     .collect();
                 outcome.crd_after = Some(CrdState::from_crd(&patched));
                 outcome.conversion = crate::migrate::conversion_fingerprint(&patched);
+                outcome.crd_resource_version = patched.metadata.resource_version.clone();
                 outcome.evaluation = Some(evaluation);
                 info!(crd = crd_name, ops = ops.len(), "patched CRD");
                 return Ok(outcome);

@@ -1,7 +1,7 @@
 //! Building `VersionPolicy.status` from what a reconcile observed and did (pure).
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::Client;
 use tracing::warn;
 
@@ -71,9 +71,16 @@ pub fn build_status(
             summary: format!("{} {} {}", t.version, t.milestone, t.at),
         });
 
+    // Transition times carried over from the conditions as written last: from a cache that
+    // lags behind that write, every condition would look new and move its time (a status
+    // that changes at every reconcile).
+    let previous_conditions = observation
+        .recorded_conditions
+        .as_deref()
+        .unwrap_or(&previous.conditions);
     let conditions = conditions(policy, observation)
         .into_iter()
-        .map(|c| c.condition(&previous.conditions, generation, now))
+        .map(|c| c.condition(previous_conditions, generation, now))
         .collect();
 
     VersionPolicyStatus {
@@ -446,26 +453,23 @@ pub async fn apply_status(
     Ok(())
 }
 
-/// `status.history` as the apiserver has it, read past the cache (which lags behind our own
-/// writes); the cached one when the read fails.
-pub async fn recorded_history(
+/// `status.history` and `status.conditions` as the apiserver has them, read past the cache
+/// (which lags behind our own writes); the cached ones when the read fails.
+pub async fn recorded_status(
     client: &Client,
     name: &str,
     cached: &VersionPolicy,
-) -> Vec<crate::api::HistoryEntry> {
+) -> (Vec<crate::api::HistoryEntry>, Vec<Condition>) {
     let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
-    match api.get_opt(name).await {
-        Ok(Some(DeserializeGuard(Ok(fresh)))) => fresh.status.map(|s| s.history).unwrap_or_default(),
-        Ok(_) => Vec::new(),
+    let status = match api.get_opt(name).await {
+        Ok(Some(DeserializeGuard(Ok(fresh)))) => fresh.status.unwrap_or_default(),
+        Ok(_) => VersionPolicyStatus::default(),
         Err(error) => {
-            warn!(policy = name, error = %error, "cannot read the policy's recorded history; using the cached one");
-            cached
-                .status
-                .as_ref()
-                .map(|s| s.history.clone())
-                .unwrap_or_default()
+            warn!(policy = name, error = %error, "cannot read the policy's recorded status; using the cached one");
+            cached.status.clone().unwrap_or_default()
         }
-    }
+    };
+    (status.history, status.conditions)
 }
 
 pub async fn write_status(

@@ -101,6 +101,7 @@ impl Harness {
             migrations,
             traffic: ctx.traffic.clone(),
             webhook,
+            observed_crds: ctx.observed_crds.clone(),
         });
     }
 
@@ -270,6 +271,7 @@ mod operations;
 mod preflight_ahead;
 mod safety;
 mod sequence;
+mod triggers;
 mod webhook;
 mod webhook_limits;
 
@@ -328,5 +330,6 @@ pub fn test_context(
         resync: Duration::from_secs(600),
         migrations: Arc::new(migrations),
         webhook: None,
+        observed_crds: Default::default(),
     })
 }
