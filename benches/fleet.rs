@@ -160,7 +160,7 @@ async fn run() {
         clock: Arc::new(jiff::Timestamp::now),
         resync: Duration::from_secs(600),
         webhook: None,
-        observed_crds: Default::default(),
+        last_reconciles: Default::default(),
     });
 
     // Every policy is due now: reconcile them all, as the controller's queue would.

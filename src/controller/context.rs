@@ -16,7 +16,7 @@ use super::error::Error;
 use super::metrics::Metrics;
 use super::migrations::Migrations;
 use super::traffic::TrafficMonitor;
-use super::triggers::ObservedCrds;
+use super::triggers::LastReconciles;
 use crate::api::VersionPolicy;
 
 pub use super::clock::Clock;
@@ -37,9 +37,8 @@ pub struct Context {
     pub traffic: Arc<TrafficMonitor>,
     /// The conversion webhook this controller serves, if any.
     pub webhook: Option<Arc<WebhookEndpoint>>,
-    /// The CRD resourceVersion each policy's last reconcile acted on: that CRD event (its
-    /// own patch coming back) starts no reconcile.
-    pub observed_crds: Arc<ObservedCrds>,
+    /// What each policy's last reconcile acted on and wrote (`triggers::LastReconciles`).
+    pub last_reconciles: Arc<LastReconciles>,
 }
 
 impl Context {

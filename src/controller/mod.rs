@@ -249,8 +249,8 @@ pub async fn controller(
     // policies that target it, except those whose last reconcile acted on the CRD at that
     // resourceVersion (its own patch coming back).
     let by_crd = store.clone();
-    let observed_crds = Arc::new(triggers::ObservedCrds::default());
-    let acted_on = observed_crds.clone();
+    let last_reconciles = Arc::new(triggers::LastReconciles::default());
+    let acted_on = last_reconciles.clone();
     // A policy created, deleted or moved to another CRD reconciles the other policies for
     // the same CRD (the loser of a conflict takes over when the winner is deleted).
     let by_competitor = store.clone();
@@ -291,7 +291,7 @@ pub async fn controller(
         migrations: migrations.clone(),
         traffic,
         webhook,
-        observed_crds,
+        last_reconciles,
     });
     // Ready once the policies are listed: a controller whose watch is refused (no
     // VersionPolicy CRD, no permission) is not.

@@ -104,7 +104,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         ));
         let crd = get_crd(ctx, &crd_name).await?;
         if let Some(version) = crd.as_ref().and_then(|c| c.metadata.resource_version.as_deref()) {
-            ctx.observed_crds.record(&name, version);
+            ctx.last_reconciles.record_crd(&name, version);
         }
         crd_after = crd.map(|crd| CrdState::from_crd(&crd));
     } else {
@@ -112,7 +112,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         // Before anything else is awaited, so that the patch's own watch event, usually
         // right behind its answer, finds it recorded.
         if let Some(version) = &outcome.crd_resource_version {
-            ctx.observed_crds.record(&name, version);
+            ctx.last_reconciles.record_crd(&name, version);
         }
         crd_after = outcome.crd_after;
         evaluation = outcome.evaluation;
@@ -260,11 +260,18 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         .map(|t| t.at);
     ctx.metrics.set_next_transition(&name, next);
 
-    let (history, conditions) = recorded_status(&ctx.client, &name, policy).await;
+    let cache_current = policy
+        .metadata
+        .resource_version
+        .as_deref()
+        .is_some_and(|version| ctx.last_reconciles.holds_own_status(&name, version));
+    let (history, conditions) = recorded_status(&ctx.client, &name, policy, cache_current).await;
     observation.recorded_history = history;
     observation.recorded_conditions = Some(conditions);
     let status = build_status(policy, &observation, now);
-    write_status(&ctx.client, &name, &status).await?;
+    if let Some(version) = write_status(&ctx.client, &name, &status).await? {
+        ctx.last_reconciles.record_status(&name, &version);
+    }
     ctx.metrics.set_state(&name, Some(policy_state(&status)));
     // Wake at the next transition, or when a held one may proceed by time alone.
     let wake_at = evaluation.as_ref().and_then(|e| e.wake_at);

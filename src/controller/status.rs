@@ -7,6 +7,7 @@ use tracing::warn;
 
 use super::error::Error;
 use crate::api::FIELD_MANAGER;
+use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::DeserializeGuard;
 use serde_json::json;
@@ -434,32 +435,41 @@ fn version_statuses(
 }
 
 /// Server-side applies these status fields of a VersionPolicy as `manager` (each writer of
-/// status has its own manager, so that none takes another's fields). Responses are decoded
-/// leniently, so that writing the status of a policy that does not decode works too.
+/// status has its own manager, so that none takes another's fields); returns the policy's
+/// resourceVersion after it. Responses are decoded leniently, so that writing the status of
+/// a policy that does not decode works too.
 pub async fn apply_status(
     client: &Client,
     name: &str,
     manager: &str,
     status: serde_json::Value,
-) -> Result<(), kube::Error> {
+) -> Result<Option<String>, kube::Error> {
     let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
     let patch = json!({
         "apiVersion": "crdlifecycle.io/v1alpha1",
         "kind": "VersionPolicy",
         "status": status,
     });
-    api.patch_status(name, &PatchParams::apply(manager).force(), &Patch::Apply(&patch))
+    let applied = api
+        .patch_status(name, &PatchParams::apply(manager).force(), &Patch::Apply(&patch))
         .await?;
-    Ok(())
+    Ok(applied.meta().resource_version.clone())
 }
 
 /// `status.history` and `status.conditions` as the apiserver has them, read past the cache
-/// (which lags behind our own writes); the cached ones when the read fails.
+/// (which lags behind our own writes) unless `cache_current` (the cached policy holds the
+/// last status this process wrote, and only this field manager writes them); the cached
+/// ones when the read fails.
 pub async fn recorded_status(
     client: &Client,
     name: &str,
     cached: &VersionPolicy,
+    cache_current: bool,
 ) -> (Vec<crate::api::HistoryEntry>, Vec<Condition>) {
+    if cache_current {
+        let status = cached.status.clone().unwrap_or_default();
+        return (status.history, status.conditions);
+    }
     let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
     let status = match api.get_opt(name).await {
         Ok(Some(DeserializeGuard(Ok(fresh)))) => fresh.status.unwrap_or_default(),
@@ -472,17 +482,18 @@ pub async fn recorded_status(
     (status.history, status.conditions)
 }
 
+/// Applies the reconciler's status (field manager `crd-lifecycle`); returns the policy's
+/// resourceVersion after it.
 pub async fn write_status(
     client: &Client,
     name: &str,
     status: &crate::api::VersionPolicyStatus,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     let status = serde_json::to_value(status).map_err(|source| Error::Serialize {
         what: "status",
         source,
     })?;
-    apply_status(client, name, FIELD_MANAGER, status).await?;
-    Ok(())
+    Ok(apply_status(client, name, FIELD_MANAGER, status).await?)
 }
 
 #[cfg(test)]

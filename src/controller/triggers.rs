@@ -90,28 +90,52 @@ fn job_outcome(job: Option<&MigrationStatus>) -> String {
     value.to_string()
 }
 
-/// The CRD resourceVersion each policy's last reconcile ended on (read, or written by its
-/// patch). A CRD event at that resourceVersion is the reconcile's own patch coming back
-/// through the watch, or a state it already acted on: it starts no reconcile of that policy.
-/// Any other change of the CRD (by hand, by GitOps, the migrator's trim) does. A cache of
-/// what the reconcile saw, never a fact another replica needs: without it, a CRD event
-/// costs one reconcile more.
+/// What each policy's last reconcile acted on and wrote, by policy name: the CRD's
+/// resourceVersion it decided on (a CRD event at that version is its own patch coming back,
+/// or a state it already acted on: it starts no reconcile of that policy; any other change
+/// of the CRD, by hand, by GitOps, the migrator's trim, does), and the policy's
+/// resourceVersion after its status write (a cached policy at that version holds that
+/// write, so the next reconcile needs no fresh read of the status it wrote). A cache of what
+/// this process saw, never a fact another replica needs: without it, a CRD event costs one
+/// reconcile more and a reconcile one read more.
 #[derive(Debug, Default)]
-pub struct ObservedCrds {
-    by_policy: Mutex<HashMap<String, String>>,
+pub struct LastReconciles {
+    by_policy: Mutex<HashMap<String, Last>>,
 }
 
-impl ObservedCrds {
+#[derive(Debug, Default)]
+struct Last {
+    crd: Option<String>,
+    status: Option<String>,
+}
+
+impl LastReconciles {
     /// The reconcile of `policy` acted on its CRD at `resource_version`.
-    pub fn record(&self, policy: &str, resource_version: &str) {
-        lock(&self.by_policy).insert(policy.to_owned(), resource_version.to_owned());
+    pub fn record_crd(&self, policy: &str, resource_version: &str) {
+        lock(&self.by_policy).entry(policy.to_owned()).or_default().crd = Some(resource_version.to_owned());
     }
 
     /// Whether the last reconcile of `policy` acted on its CRD at `resource_version`.
     pub fn acted_on(&self, policy: &str, resource_version: &str) -> bool {
         lock(&self.by_policy)
             .get(policy)
+            .and_then(|last| last.crd.as_deref())
             .is_some_and(|seen| seen == resource_version)
+    }
+
+    /// The reconcile of `policy` wrote its status, which left the policy at
+    /// `resource_version`.
+    pub fn record_status(&self, policy: &str, resource_version: &str) {
+        lock(&self.by_policy).entry(policy.to_owned()).or_default().status =
+            Some(resource_version.to_owned());
+    }
+
+    /// Whether the policy at `resource_version` holds the last status this process wrote.
+    pub fn holds_own_status(&self, policy: &str, resource_version: &str) -> bool {
+        lock(&self.by_policy)
+            .get(policy)
+            .and_then(|last| last.status.as_deref())
+            .is_some_and(|written| written == resource_version)
     }
 
     /// The policy is gone.
@@ -175,13 +199,14 @@ mod tests {
     }
 
     #[test]
-    fn a_crd_version_acted_on_is_known_until_the_policy_goes() {
-        let observed = ObservedCrds::default();
-        observed.record("p", "42");
-        assert!(observed.acted_on("p", "42"));
-        assert!(!observed.acted_on("p", "43"));
-        assert!(!observed.acted_on("q", "42"));
-        observed.forget("p");
-        assert!(!observed.acted_on("p", "42"));
+    fn what_a_reconcile_acted_on_and_wrote_is_known_until_the_policy_goes() {
+        let last = LastReconciles::default();
+        last.record_crd("p", "42");
+        last.record_status("p", "7");
+        assert!(last.acted_on("p", "42") && last.holds_own_status("p", "7"));
+        assert!(!last.acted_on("p", "43") && !last.holds_own_status("p", "8"));
+        assert!(!last.acted_on("q", "42") && !last.holds_own_status("q", "7"));
+        last.forget("p");
+        assert!(!last.acted_on("p", "42") && !last.holds_own_status("p", "7"));
     }
 }

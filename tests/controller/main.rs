@@ -101,7 +101,7 @@ impl Harness {
             migrations,
             traffic: ctx.traffic.clone(),
             webhook,
-            observed_crds: ctx.observed_crds.clone(),
+            last_reconciles: ctx.last_reconciles.clone(),
         });
     }
 
@@ -330,6 +330,6 @@ pub fn test_context(
         resync: Duration::from_secs(600),
         migrations: Arc::new(migrations),
         webhook: None,
-        observed_crds: Default::default(),
+        last_reconciles: Default::default(),
     })
 }

@@ -154,6 +154,19 @@ async fn a_policy_costs_at_most_three_reconciles_from_creation_to_rest() {
         "reconciles per policy: {reconciles:?} (after creation: {created:?})"
     );
     assert_eq!(running.metrics.reconciles.get() as usize, running.total());
+    // The reconcile at the instant finds its own last status write in the cache: it reads
+    // no policy (the first one does, with nothing written yet).
+    let reads = running
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| {
+            r.method == "GET"
+                && r.path
+                    .starts_with("/apis/crdlifecycle.io/v1alpha1/versionpolicies/")
+        })
+        .count();
+    assert_eq!(reads, POLICIES);
 }
 
 #[tokio::test(start_paused = true)]
