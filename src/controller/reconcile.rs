@@ -288,7 +288,10 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         .into_iter()
         .flatten()
         .min();
-    Ok(Action::requeue(requeue_after(now, wake, ctx.resync)))
+    // kube-runtime counts the delay from the end of this reconcile, which may have taken
+    // seconds on a loaded apiserver: measured from now, not from its start, so that the next
+    // transition lands on its instant.
+    Ok(Action::requeue(requeue_after(ctx.now(), wake, ctx.resync)))
 }
 
 /// How long to wait before the next reconcile: until the next transition (so that it lands

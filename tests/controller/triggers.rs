@@ -276,3 +276,30 @@ async fn a_reconcile_from_a_cache_behind_its_last_status_write_writes_nothing_ne
         "nothing written"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_transition_lands_at_its_instant_however_long_the_reconcile_before_took() {
+    let fake = FakeApiserver::new();
+    fake.create_crd(fleet_crd(0));
+    // A loaded apiserver: every status write takes 5 s.
+    fake.lock().status_latency = Duration::from_secs(5);
+    let running = Running::start(fake.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let origin = tokio::time::Instant::now();
+    // Due 30 s after the policy is created (30 s on the controller's clock, which runs a
+    // second ahead of `origin`).
+    fake.create_policy(fleet_policy(0, &running.at(31), &running.at(3600)));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let patch = fake
+        .crd_writes()
+        .into_iter()
+        .find(|r| r.path.ends_with("/widgets0.example.com"))
+        .expect("the CRD was patched");
+    let late = patch
+        .at
+        .duration_since(origin)
+        .saturating_sub(Duration::from_secs(30));
+    // The reconcile at creation took 5 s; the one at the instant starts on time (its own
+    // status write comes after the patch).
+    assert!(late < Duration::from_millis(100), "landed {late:?} late");
+}

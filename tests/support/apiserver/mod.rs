@@ -91,6 +91,9 @@ pub struct State {
     after_list_page: VecDeque<Hook>,
     /// Artificial latency of every custom-object request, to observe concurrency.
     pub latency: std::time::Duration,
+    /// Artificial latency of every VersionPolicy status write (a loaded apiserver), to
+    /// observe the controller's timing.
+    pub status_latency: std::time::Duration,
     pub in_flight: usize,
     pub max_in_flight: usize,
 
@@ -540,6 +543,14 @@ impl FakeApiserver {
             let mut state = self.lock();
             state.in_flight -= 1;
             return serve_custom(&mut state, &recorded, &resource);
+        }
+        let status_latency = self.lock().status_latency;
+        if !status_latency.is_zero()
+            && recorded.method == "PATCH"
+            && recorded.path.starts_with("/apis/crdlifecycle.io/")
+            && recorded.path.ends_with("/status")
+        {
+            tokio::time::sleep(status_latency).await;
         }
         let mut state = self.lock();
         state.requests.push(recorded.clone());
