@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod migrations;
 mod observation;
 pub mod patch;
+pub mod patches_first;
 pub mod permissions;
 mod preflight;
 mod reconcile;
@@ -292,6 +293,7 @@ pub async fn controller(
         traffic,
         webhook,
         last_reconciles,
+        patches_first: Default::default(),
     });
     // Ready once the policies are listed: a controller whose watch is refused (no
     // VersionPolicy CRD, no permission) is not.

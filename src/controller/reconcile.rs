@@ -108,7 +108,10 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         }
         crd_after = crd.map(|crd| CrdState::from_crd(&crd));
     } else {
-        let outcome = apply(policy, ctx, now).await?;
+        let on_the_way = ctx.patches_first.on_the_way();
+        let outcome = apply(policy, ctx, now).await;
+        drop(on_the_way);
+        let outcome = outcome?;
         // Before anything else is awaited, so that the patch's own watch event, usually
         // right behind its answer, finds it recorded.
         if let Some(version) = &outcome.crd_resource_version {
@@ -247,6 +250,10 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
     observation.crd = crd_after.as_ref();
     observation.evaluation = evaluation.as_ref();
 
+    // The other reconciles' patches first (many policies due at the same instant).
+    ctx.patches_first
+        .after_patches(super::patches_first::BOOKKEEPING_WAITS_AT_MOST)
+        .await;
     publish_events(policy, &observation, &drift, &ctx.recorder).await;
     for transition in &observation.applied {
         ctx.metrics

@@ -102,6 +102,7 @@ impl Harness {
             traffic: ctx.traffic.clone(),
             webhook,
             last_reconciles: ctx.last_reconciles.clone(),
+            patches_first: ctx.patches_first.clone(),
         });
     }
 
@@ -331,5 +332,6 @@ pub fn test_context(
         migrations: Arc::new(migrations),
         webhook: None,
         last_reconciles: Default::default(),
+        patches_first: Default::default(),
     })
 }

@@ -303,3 +303,24 @@ async fn a_transition_lands_at_its_instant_however_long_the_reconcile_before_too
     // status write comes after the patch).
     assert!(late < Duration::from_millis(100), "landed {late:?} late");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_reconciles_events_and_status_wait_for_the_patches_of_others_on_their_way() {
+    let mut h = Harness::with_example();
+    h.at("2026-01-05T00:00:01Z");
+    h.sync_store();
+    // Another reconcile is reading its CRD, about to patch it.
+    let other = h.ctx.patches_first.on_the_way();
+    let policy: DeserializeGuard<VersionPolicy> =
+        serde_json::from_value(h.fake.policy("widgets")).expect("decodes");
+    let reconciling = tokio::spawn(reconcile(Arc::new(policy), h.ctx.clone()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // This one's transition landed; its Events and status wait.
+    assert!(h.flags().contains("v1beta1:sS"), "{}", h.flags());
+    assert!(h.fake.events().is_empty());
+    assert!(h.status("widgets").is_null());
+    drop(other);
+    reconciling.await.expect("no panic").expect("reconciles");
+    assert_eq!(h.status("widgets")["history"][0]["milestone"], "store");
+    assert!(!h.fake.events().is_empty());
+}
