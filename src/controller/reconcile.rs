@@ -353,6 +353,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             ));
             return Ok(outcome);
         };
+        tracing::debug!(crd = crd_name, "read CRD");
         outcome.conversion = crate::migrate::conversion_fingerprint(&crd);
         outcome.crd_resource_version = crd.metadata.resource_version.clone();
         let mut gates = gate_inputs::gates(policy, &crd, &ctx.traffic);
