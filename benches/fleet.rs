@@ -163,6 +163,8 @@ async fn run() {
         clock: Arc::new(jiff::Timestamp::now),
         resync: Duration::from_secs(600),
         webhook: None,
+        last_reconciles: Default::default(),
+        patches_first: Default::default(),
     });
 
     // Every policy is due now: reconcile them all, as the controller's queue would.

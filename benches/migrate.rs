@@ -24,6 +24,9 @@
 //! fixed costs (the settle check, the CRD reads, the permission checks) weigh what they
 //! weigh there.
 
+#[path = "support/raw_client.rs"]
+mod raw_client;
+
 use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::Arc;
@@ -36,10 +39,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, patch};
 use crd_lifecycle::migrate::{self, Settings, SettleCheck};
-use futures::StreamExt;
-use kube::api::{ListParams, Patch, PatchParams};
-use kube::client::Body;
-use kube::core::{DynamicObject, ObjectList, PartialObjectMeta};
 use serde_json::{Value, json};
 
 const CONCURRENCY: usize = 16;
@@ -137,7 +136,11 @@ fn child(mode: &str, objects: u64) {
         let client = kube::Client::try_from(config).expect("client");
         let started = Instant::now();
         let (done, expired) = match mode {
-            "raw" => (raw(&client).await, 0),
+            "raw" => (
+                raw_client::rewrite_all(&client, "/apis/example.com/v1/widgets", PAGE_SIZE, CONCURRENCY)
+                    .await,
+                0,
+            ),
             _ => {
                 let settings = Settings {
                     concurrency: CONCURRENCY,
@@ -159,42 +162,6 @@ fn child(mode: &str, objects: u64) {
             peak_kib()
         );
     });
-}
-
-/// The baseline: the same requests, a pool of the same size, nothing else.
-async fn raw(client: &kube::Client) -> u64 {
-    let mut token: Option<String> = None;
-    let mut done = 0;
-    loop {
-        let mut params = ListParams::default().limit(PAGE_SIZE);
-        if let Some(t) = &token {
-            params = params.continue_token(t);
-        }
-        let request = kube::core::Request::new("/apis/example.com/v1/widgets")
-            .list_metadata(&params)
-            .expect("request");
-        let list: ObjectList<PartialObjectMeta<DynamicObject>> = client.request(request).await.expect("list");
-        token = list.metadata.continue_.clone().filter(|t| !t.is_empty());
-        done += futures::stream::iter(list.items)
-            .map(|item| async move {
-                let ns = item.metadata.namespace.unwrap_or_default();
-                let name = item.metadata.name.unwrap_or_default();
-                let patch = json!({"metadata": {"resourceVersion": item.metadata.resource_version}});
-                let request =
-                    kube::core::Request::new(format!("/apis/example.com/v1/namespaces/{ns}/widgets"))
-                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                        .expect("request");
-                let response = client.send(request.map(Body::from)).await.expect("patch");
-                let _ = response.into_body().collect_bytes().await;
-                1u64
-            })
-            .buffer_unordered(CONCURRENCY)
-            .fold(0, |sum, n| async move { sum + n })
-            .await;
-        if token.is_none() {
-            return done;
-        }
-    }
 }
 
 fn peak_kib() -> u64 {

@@ -15,7 +15,9 @@ use super::conversion_config::WebhookEndpoint;
 use super::error::Error;
 use super::metrics::Metrics;
 use super::migrations::Migrations;
+use super::patches_first::PatchesFirst;
 use super::traffic::TrafficMonitor;
+use super::triggers::LastReconciles;
 use super::writer_reads::WriterReads;
 use crate::api::VersionPolicy;
 
@@ -39,6 +41,11 @@ pub struct Context {
     pub writers: Arc<WriterReads>,
     /// The conversion webhook this controller serves, if any.
     pub webhook: Option<Arc<WebhookEndpoint>>,
+    /// What each policy's last reconcile acted on and wrote (`triggers::LastReconciles`).
+    pub last_reconciles: Arc<LastReconciles>,
+    /// Reconciles on their way to a CRD patch, whose landing the others' Events and status
+    /// writes wait for (`patches_first`).
+    pub patches_first: Arc<PatchesFirst>,
 }
 
 impl Context {

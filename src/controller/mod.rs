@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod migrations;
 mod observation;
 pub mod patch;
+pub mod patches_first;
 pub mod permissions;
 pub mod preflight;
 mod reconcile;
@@ -24,6 +25,7 @@ pub mod rotation_record;
 pub mod status;
 pub mod supervise;
 pub mod traffic;
+pub mod triggers;
 mod webhook_tasks;
 pub mod writer_reads;
 
@@ -38,8 +40,8 @@ use kube::api::Api;
 use kube::core::DeserializeGuard;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{Controller, watcher};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tracing::{error, info, warn};
 
@@ -213,6 +215,7 @@ async fn lead(
         metrics.clone(),
         health.clone(),
         webhook,
+        Arc::new(jiff::Timestamp::now),
         shutdown.clone(),
     );
     // Leadership lost or a task failed: dropping the controller future stops every writer
@@ -275,18 +278,29 @@ impl Drop for StopWriters {
     }
 }
 
-async fn controller(
+/// The controller itself, without the process around it (metrics server, webhook, leader
+/// election): watches, reconciles and background runs until `shutdown`. `clock` is the
+/// instant its decisions use (the wall clock; tests give one of their own).
+pub async fn controller(
     client: Client,
     settings: RunSettings,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     webhook: Option<Arc<WebhookEndpoint>>,
+    clock: Clock,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), RunError> {
     let policies: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
     // Metadata is enough to know which CRD changed (and costs far less than the schemas).
     let crds: Api<PartialObjectMeta<CustomResourceDefinition>> = Api::all(client.clone());
-    let mut controller = Controller::new(policies.clone(), watcher::Config::default().any_semantic());
+    // The cache sees every change of a policy; only a change of what a reconcile acts on
+    // starts one (`triggers::policy_inputs`), not its own status and finalizer writes.
+    let (store, writer) = reflector::store();
+    let policy_changes = watcher(policies.clone(), watcher::Config::default().any_semantic())
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(triggers::policy_inputs, Default::default());
+    let mut controller = Controller::for_stream(policy_changes, store.clone());
     // A new CA bundle (a CA rotation) reaches every CRD at once, not at the next resync.
     if let Some(endpoint) = &webhook {
         let changes = futures::stream::unfold(endpoint.bundle_changes(), |mut changes| async move {
@@ -295,14 +309,19 @@ async fn controller(
         });
         controller = controller.reconcile_all_on(changes);
     }
-    let store = controller.store();
 
     // A CRD event (including the migrator trimming status.storedVersions) reconciles the
-    // policies that target it.
+    // policies that target it, except those whose last reconcile acted on the CRD at that
+    // resourceVersion (its own patch coming back).
     let by_crd = store.clone();
-    // A policy event reconciles the other policies for the same CRD (the loser of a
-    // conflict takes over when the winner is deleted).
+    let last_reconciles = Arc::new(triggers::LastReconciles::default());
+    let acted_on = last_reconciles.clone();
+    // A policy created, deleted or moved to another CRD reconciles the other policies for
+    // the same CRD (the loser of a conflict takes over when the winner is deleted).
     let by_competitor = store.clone();
+    let competitors = watcher(policies, watcher::Config::default().any_semantic())
+        .touched_objects()
+        .predicate_filter(triggers::competition, Default::default());
 
     let reporter = Reporter {
         controller: "crd-lifecycle".into(),
@@ -316,7 +335,8 @@ async fn controller(
             metrics.clone(),
             settings.parallel_migrations,
         )
-        .with_svm_pending_deadline(settings.svm_pending_deadline),
+        .with_svm_pending_deadline(settings.svm_pending_deadline)
+        .with_clock(clock.clone()),
     );
     let traffic = TrafficMonitor::new(client.clone(), settings.traffic_sample_interval);
     let sampler = traffic.clone();
@@ -341,11 +361,13 @@ async fn controller(
         recorder,
         metrics,
         policies: store,
-        clock: Arc::new(jiff::Timestamp::now),
+        clock,
         resync: settings.resync,
         migrations: migrations.clone(),
         traffic,
         webhook,
+        last_reconciles,
+        patches_first: Default::default(),
     });
     // Ready once the policies are listed: a controller whose watch is refused (no
     // VersionPolicy CRD, no permission) is not.
@@ -365,20 +387,19 @@ async fn controller(
     info!("controller started");
     let running = controller
         .watches(crds, watcher::Config::default().any_semantic(), move |crd| {
-            policies_for_crd(&by_crd, &crd.name_any(), None)
+            let resource_version = crd.resource_version().unwrap_or_default();
+            let mut policies = policies_for_crd(&by_crd, &crd.name_any(), None);
+            policies.retain(|policy| !acted_on.acted_on(&policy.name, &resource_version));
+            policies
         })
-        .watches(
-            policies,
-            watcher::Config::default().any_semantic(),
-            move |policy| {
-                let crd_name = policy
-                    .0
-                    .as_ref()
-                    .map(|p| p.spec.crd_name.clone())
-                    .unwrap_or_default();
-                policies_for_crd(&by_competitor, &crd_name, Some(&policy.name_any()))
-            },
-        )
+        .watches_stream(competitors, move |policy| {
+            let crd_name = policy
+                .0
+                .as_ref()
+                .map(|p| p.spec.crd_name.clone())
+                .unwrap_or_default();
+            policies_for_crd(&by_competitor, &crd_name, Some(&policy.name_any()))
+        })
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)
         .for_each(move |result| {

@@ -1,6 +1,6 @@
 //! What one reconcile found and did: the input from which the status is built.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::conditions::ConditionReason;
 use crate::api::{HistoryEntry, MilestoneKind, TrafficStatus};
@@ -26,6 +26,8 @@ pub struct Observation<'a> {
     /// `status.history` as the apiserver has it now (read fresh, not from the cache, which
     /// may lag behind our own last write).
     pub recorded_history: Vec<HistoryEntry>,
+    /// `status.conditions` as the apiserver has them now (`None`: the cache's).
+    pub recorded_conditions: Option<Vec<Condition>>,
     /// Applied transitions that needed an approval, and who approved (field manager of
     /// the approval annotation) and when.
     pub approved: Vec<(String, MilestoneKind)>,

@@ -25,7 +25,7 @@ use super::patch::as_json_patch;
 use super::permissions::RECHECK_MISSING_AFTER;
 use super::preflight;
 use super::release::{ensure_finalizer, let_go, release};
-use super::status::{Observation, apply_status, build_status, policy_state, recorded_history, write_status};
+use super::status::{Observation, apply_status, build_status, policy_state, recorded_status, write_status};
 use crate::api::{FIELD_MANAGER, MigrationEngine, MilestoneKind, TrafficStatus, VersionPolicy};
 use crate::lifecycle::{CrdState, Evaluation, Transition};
 use crate::migrate::Mode;
@@ -39,6 +39,8 @@ pub async fn reconcile(
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
     let started = Instant::now();
+    // Inside kube-runtime's span, which names the reason for this reconcile.
+    tracing::debug!("reconcile started");
     let result = match &object.0 {
         Ok(policy) => reconcile_policy(policy, &ctx).await,
         Err(invalid) => report_undecodable(invalid, &ctx).await,
@@ -102,9 +104,21 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
             ConditionReason::Suspended,
             "spec.suspend is true: nothing is changed".to_owned(),
         ));
-        crd_after = get_crd(ctx, &crd_name).await?.map(|crd| CrdState::from_crd(&crd));
+        let crd = get_crd(ctx, &crd_name).await?;
+        if let Some(version) = crd.as_ref().and_then(|c| c.metadata.resource_version.as_deref()) {
+            ctx.last_reconciles.record_crd(&name, version);
+        }
+        crd_after = crd.map(|crd| CrdState::from_crd(&crd));
     } else {
-        let outcome = apply(policy, ctx, now).await?;
+        let on_the_way = ctx.patches_first.on_the_way();
+        let outcome = apply(policy, ctx, now).await;
+        drop(on_the_way);
+        let outcome = outcome?;
+        // Before anything else is awaited, so that the patch's own watch event, usually
+        // right behind its answer, finds it recorded.
+        if let Some(version) = &outcome.crd_resource_version {
+            ctx.last_reconciles.record_crd(&name, version);
+        }
         crd_after = outcome.crd_after;
         evaluation = outcome.evaluation;
         writers_recheck = outcome.writers_recheck;
@@ -258,6 +272,10 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
     observation.crd = crd_after.as_ref();
     observation.evaluation = evaluation.as_ref();
 
+    // The other reconciles' patches first (many policies due at the same instant).
+    ctx.patches_first
+        .after_patches(super::patches_first::BOOKKEEPING_WAITS_AT_MOST)
+        .await;
     publish_events(policy, &observation, &drift, &ctx.recorder).await;
     for transition in &observation.applied {
         ctx.metrics
@@ -271,9 +289,18 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         .map(|t| t.at);
     ctx.metrics.set_next_transition(&name, next);
 
-    observation.recorded_history = recorded_history(&ctx.client, &name, policy).await;
+    let cache_current = policy
+        .metadata
+        .resource_version
+        .as_deref()
+        .is_some_and(|version| ctx.last_reconciles.holds_own_status(&name, version));
+    let (history, conditions) = recorded_status(&ctx.client, &name, policy, cache_current).await;
+    observation.recorded_history = history;
+    observation.recorded_conditions = Some(conditions);
     let status = build_status(policy, &observation, now);
-    write_status(&ctx.client, &name, &status).await?;
+    if let Some(version) = write_status(&ctx.client, &name, &status).await? {
+        ctx.last_reconciles.record_status(&name, &version);
+    }
     ctx.metrics.set_state(&name, Some(policy_state(&status)));
     // Wake at the next transition, or when a held one may proceed by time alone.
     let wake_at = evaluation.as_ref().and_then(|e| e.wake_at);
@@ -290,7 +317,10 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         .into_iter()
         .flatten()
         .min();
-    Ok(Action::requeue(requeue_after(now, wake, ctx.resync)))
+    // kube-runtime counts the delay from the end of this reconcile, which may have taken
+    // seconds on a loaded apiserver: measured from now, not from its start, so that the next
+    // transition lands on its instant.
+    Ok(Action::requeue(requeue_after(ctx.now(), wake, ctx.resync)))
 }
 
 /// How long to wait before the next reconcile: until the next transition (so that it lands
@@ -330,6 +360,8 @@ struct Applied {
     writers_recheck: Option<Timestamp>,
     /// Whether a removal waits for a StorageVersionMigration (`Migrations::removal_hold`).
     removal_held: bool,
+    /// The CRD's resourceVersion the decision was made on (after the patch, if any).
+    crd_resource_version: Option<String>,
 }
 
 /// Reads the CRD, evaluates the policy and applies the guarded patch, recomputing it when
@@ -347,6 +379,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             return Ok(outcome);
         };
         outcome.fingerprints = preflight::fingerprints(&crd);
+        outcome.crd_resource_version = crd.metadata.resource_version.clone();
         let mut gates = gate_inputs::gates(policy, &crd, &ctx.traffic);
         // Read in the background; a reconcile takes what is known and looks again while a
         // read is under way.
@@ -450,6 +483,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                     .collect();
                 outcome.crd_after = Some(CrdState::from_crd(&patched));
                 outcome.fingerprints = preflight::fingerprints(&patched);
+                outcome.crd_resource_version = patched.metadata.resource_version.clone();
                 outcome.evaluation = Some(evaluation);
                 info!(crd = crd_name, ops = ops.len(), "patched CRD");
                 return Ok(outcome);

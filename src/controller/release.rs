@@ -108,6 +108,7 @@ pub async fn release(policy: &VersionPolicy, ctx: &Context) -> Result<Action, Er
 /// it), so that a deleted policy goes. Gone already, or the finalizers changed meanwhile:
 /// the next event tells.
 pub async fn let_go(ctx: &Context, name: &str, finalizers: &[String]) -> Result<Action, Error> {
+    ctx.last_reconciles.forget(name);
     let Some(index) = finalizers.iter().position(|f| f == RELEASE_FINALIZER) else {
         return Ok(Action::await_change());
     };

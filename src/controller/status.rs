@@ -1,12 +1,13 @@
 //! Building `VersionPolicy.status` from what a reconcile observed and did (pure).
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::Client;
 use tracing::warn;
 
 use super::error::Error;
 use crate::api::FIELD_MANAGER;
+use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::DeserializeGuard;
 use serde_json::json;
@@ -71,9 +72,16 @@ pub fn build_status(
             summary: format!("{} {} {}", t.version, t.milestone, t.at),
         });
 
+    // Transition times carried over from the conditions as written last: from a cache that
+    // lags behind that write, every condition would look new and move its time (a status
+    // that changes at every reconcile).
+    let previous_conditions = observation
+        .recorded_conditions
+        .as_deref()
+        .unwrap_or(&previous.conditions);
     let conditions = conditions(policy, observation)
         .into_iter()
-        .map(|c| c.condition(&previous.conditions, generation, now))
+        .map(|c| c.condition(previous_conditions, generation, now))
         .collect();
 
     VersionPolicyStatus {
@@ -428,44 +436,50 @@ fn version_statuses(
 }
 
 /// Server-side applies these status fields of a VersionPolicy as `manager` (each writer of
-/// status has its own manager, so that none takes another's fields). Responses are decoded
-/// leniently, so that writing the status of a policy that does not decode works too.
+/// status has its own manager, so that none takes another's fields); returns the policy's
+/// resourceVersion after it. Responses are decoded leniently, so that writing the status of
+/// a policy that does not decode works too.
 pub async fn apply_status(
     client: &Client,
     name: &str,
     manager: &str,
     status: serde_json::Value,
-) -> Result<(), kube::Error> {
+) -> Result<Option<String>, kube::Error> {
     let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
     let patch = json!({
         "apiVersion": "crdlifecycle.io/v1alpha1",
         "kind": "VersionPolicy",
         "status": status,
     });
-    api.patch_status(name, &PatchParams::apply(manager).force(), &Patch::Apply(&patch))
+    let applied = api
+        .patch_status(name, &PatchParams::apply(manager).force(), &Patch::Apply(&patch))
         .await?;
-    Ok(())
+    Ok(applied.meta().resource_version.clone())
 }
 
-/// `status.history` as the apiserver has it, read past the cache (which lags behind our own
-/// writes); the cached one when the read fails.
-pub async fn recorded_history(
+/// `status.history` and `status.conditions` as the apiserver has them, read past the cache
+/// (which lags behind our own writes) unless `cache_current` (the cached policy holds the
+/// last status this process wrote, and only this field manager writes them); the cached
+/// ones when the read fails.
+pub async fn recorded_status(
     client: &Client,
     name: &str,
     cached: &VersionPolicy,
-) -> Vec<crate::api::HistoryEntry> {
-    match read_policy(client, name).await {
-        Ok(Some(fresh)) => fresh.status.map(|s| s.history).unwrap_or_default(),
-        Ok(None) => Vec::new(),
-        Err(error) => {
-            warn!(policy = name, error = %error, "cannot read the policy's recorded history; using the cached one");
-            cached
-                .status
-                .as_ref()
-                .map(|s| s.history.clone())
-                .unwrap_or_default()
-        }
+    cache_current: bool,
+) -> (Vec<crate::api::HistoryEntry>, Vec<Condition>) {
+    if cache_current {
+        let status = cached.status.clone().unwrap_or_default();
+        return (status.history, status.conditions);
     }
+    let status = match read_policy(client, name).await {
+        Ok(Some(fresh)) => fresh.status.unwrap_or_default(),
+        Ok(None) => VersionPolicyStatus::default(),
+        Err(error) => {
+            warn!(policy = name, error = %error, "cannot read the policy's recorded status; using the cached one");
+            cached.status.clone().unwrap_or_default()
+        }
+    };
+    (status.history, status.conditions)
 }
 
 /// The policy as the apiserver has it now, past the cache; `None` when it is gone or cannot
@@ -475,17 +489,18 @@ pub async fn read_policy(client: &Client, name: &str) -> Result<Option<VersionPo
     Ok(api.get_opt(name).await?.and_then(|guard| guard.0.ok()))
 }
 
+/// Applies the reconciler's status (field manager `crd-lifecycle`); returns the policy's
+/// resourceVersion after it.
 pub async fn write_status(
     client: &Client,
     name: &str,
     status: &crate::api::VersionPolicyStatus,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     let status = serde_json::to_value(status).map_err(|source| Error::Serialize {
         what: "status",
         source,
     })?;
-    apply_status(client, name, FIELD_MANAGER, status).await?;
-    Ok(())
+    Ok(apply_status(client, name, FIELD_MANAGER, status).await?)
 }
 
 #[cfg(test)]

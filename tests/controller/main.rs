@@ -103,6 +103,8 @@ impl Harness {
             traffic: ctx.traffic.clone(),
             writers: ctx.writers.clone(),
             webhook,
+            last_reconciles: ctx.last_reconciles.clone(),
+            patches_first: ctx.patches_first.clone(),
         });
     }
 
@@ -333,6 +335,7 @@ mod operations;
 mod preflight_ahead;
 mod safety;
 mod sequence;
+mod triggers;
 mod webhook;
 mod webhook_drain;
 mod webhook_limits;
@@ -386,6 +389,8 @@ pub fn test_context(
         resync: Duration::from_secs(600),
         migrations: Arc::new(migrations),
         webhook: None,
+        last_reconciles: Default::default(),
+        patches_first: Default::default(),
     })
 }
 

@@ -243,6 +243,12 @@ impl ControlPlane {
         }
     }
 
+    /// Where the processes' logs are (the benchmarks name it when one fails).
+    #[allow(dead_code)]
+    pub fn log_dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Whether a kube-controller-manager runs beside the apiserver.
     pub fn has_controller_manager(&self) -> bool {
         lock(&self.controller_manager).is_some()

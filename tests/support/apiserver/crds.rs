@@ -9,7 +9,9 @@ use super::*;
 /// - a failing `test` op answers 422 with a generic message (apiserver-samples/03);
 /// - exactly one storage version (05), every stored version still in spec.versions (04);
 /// - every deprecationWarning as `deprecation_warning_problem` (22-24);
-/// - a new storage version is appended to status.storedVersions (02, 06).
+/// - a new storage version is appended to status.storedVersions (02, 06);
+/// - a patch that changes nothing keeps the resourceVersion and sends no watch event
+///   (tests/fixtures/watch/crds-metadata.txt).
 pub(super) fn patch_crd(state: &mut State, name: &str, body: Value) -> (u16, Value) {
     if let Some(hook) = state.before_crd_patch.pop_front() {
         hook(state);
@@ -63,6 +65,9 @@ pub(super) fn patch_crd(state: &mut State, name: &str, body: Value) -> (u16, Val
         let mut stored = stored;
         stored.push(storage_name);
         crd["status"]["storedVersions"] = Value::Array(stored);
+    }
+    if state.crds.get(name) == Some(&crd) {
+        return (200, crd);
     }
     let spec_changed = crd["spec"] != before;
     state.store_crd(crd, spec_changed);

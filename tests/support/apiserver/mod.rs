@@ -11,6 +11,7 @@ mod migrations;
 mod objects;
 mod policies;
 mod watch;
+mod watches;
 
 pub use access::Denied;
 use access::review_access;
@@ -21,6 +22,7 @@ pub use objects::{ListFault, ObjectFault, StoredObject};
 use policies::{apply_policy_status, delete_policy, patch_policy};
 pub use watch::FakeBody;
 use watch::{CrdWatcher, CrdWrite, http_date, is_crd_watch, watch_crd};
+pub use watches::{Change, Watched};
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
@@ -93,6 +95,9 @@ pub struct State {
     after_list_page: VecDeque<Hook>,
     /// Artificial latency of every custom-object request, to observe concurrency.
     pub latency: std::time::Duration,
+    /// Artificial latency of every VersionPolicy status write (a loaded apiserver), to
+    /// observe the controller's timing.
+    pub status_latency: std::time::Duration,
     pub in_flight: usize,
     pub max_in_flight: usize,
 
@@ -119,6 +124,10 @@ pub struct State {
     pub secrets_forbidden: BTreeMap<String, usize>,
     pub requests: Vec<Recorded>,
     resource_version: u64,
+    /// Every change of a VersionPolicy or CRD, oldest first, for watches (`watches`).
+    pub changes: Vec<Change>,
+    /// The resourceVersion of the latest change, for open watches to wake on.
+    changed: tokio::sync::watch::Sender<u64>,
     /// Run just before the next CRD patch is applied: another writer racing us.
     before_crd_patch: VecDeque<Hook>,
     /// Run just before the next patch of a CRD's status is applied.
@@ -227,6 +236,7 @@ impl State {
             })
             .into(),
         );
+        self.record(Watched::Crds, if created { "ADDED" } else { "MODIFIED" }, &crd);
         self.crds.insert(name.clone(), crd);
         self.crd_written(&name, created);
     }
@@ -243,12 +253,17 @@ impl FakeApiserver {
         Self::default()
     }
 
-    /// A kube client talking to this fake.
+    /// A kube client talking to this fake (watches included).
     pub fn client(&self) -> Client {
         let fake = self.clone();
         let service = tower::service_fn(move |request: Request<Body>| {
             let fake = fake.clone();
-            async move { Ok::<_, Infallible>(fake.handle(request).await) }
+            async move {
+                if let Some(watch) = fake.watch(&request) {
+                    return Ok::<_, Infallible>(watch.map(http_body_util::Either::Right));
+                }
+                Ok(fake.handle(request).await.map(http_body_util::Either::Left))
+            }
         });
         Client::new(service, "default")
     }
@@ -296,13 +311,34 @@ impl FakeApiserver {
         state.store_crd(crd, spec_changed);
     }
 
+    /// Creates a policy; like the apiserver, its generation starts at 1 unless given.
     pub fn create_policy(&self, policy: Value) {
         let mut state = self.lock();
         let rv = state.next_resource_version();
         let name = policy["metadata"]["name"].as_str().expect("name").to_owned();
         let mut policy = policy;
         policy["metadata"]["resourceVersion"] = rv.into();
+        if policy["metadata"].get("generation").is_none() {
+            policy["metadata"]["generation"] = json!(1);
+        }
+        state.record(Watched::Policies, "ADDED", &policy);
         state.policies.insert(name, policy);
+    }
+
+    /// Another writer changes the policy (`kubectl edit`, an approval annotation): a spec
+    /// change adds 1 to its generation (tests/fixtures/watch/versionpolicies.txt).
+    pub fn edit_policy(&self, name: &str, edit: impl FnOnce(&mut Value)) {
+        let mut state = self.lock();
+        let mut policy = state.policies.get(name).cloned().expect("policy exists");
+        let before = policy["spec"].clone();
+        edit(&mut policy);
+        if policy["spec"] != before {
+            let generation = policy["metadata"]["generation"].as_i64().unwrap_or(1);
+            policy["metadata"]["generation"] = json!(generation + 1);
+        }
+        policy["metadata"]["resourceVersion"] = state.next_resource_version().into();
+        state.record(Watched::Policies, "MODIFIED", &policy);
+        state.policies.insert(name.to_owned(), policy);
     }
 
     /// `kubectl delete vp NAME`.
@@ -575,6 +611,14 @@ impl FakeApiserver {
             state.in_flight -= 1;
             return serve_custom(&mut state, &recorded, &resource);
         }
+        let status_latency = self.lock().status_latency;
+        if !status_latency.is_zero()
+            && recorded.method == "PATCH"
+            && recorded.path.starts_with("/apis/crdlifecycle.io/")
+            && recorded.path.ends_with("/status")
+        {
+            tokio::time::sleep(status_latency).await;
+        }
         let mut state = self.lock();
         state.requests.push(recorded.clone());
         if recorded.method == "GET" && recorded.path == "/metrics" {
@@ -647,17 +691,29 @@ pub(super) fn plain_not_found() -> Response<Body> {
 fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) -> (u16, Value) {
     match (request.method.as_str(), segments) {
         ("GET", ["version"]) => (200, json!({"major": "1", "minor": "21", "gitVersion": "v1.21.0"})),
-        // The list's resourceVersion is the store's; `fieldSelector=metadata.name=` keeps one
-        // (tests/fixtures/apiserver/crd-list-by-name-after-compaction.txt).
+        // The list's resourceVersion is the store's (the latest write's, the one a watch
+        // starts from); `fieldSelector=metadata.name=` keeps one
+        // (tests/fixtures/apiserver/crd-list-by-name-after-compaction.txt); a metadata-only
+        // list answers PartialObjectMetadataList (sample 09, tests/fixtures/watch/crds-metadata.txt).
         ("GET", ["apis", "apiextensions.k8s.io", "v1", "customresourcedefinitions"]) => {
             let selector = request.query_param("fieldSelector").replace("%3D", "=");
             let name = selector.strip_prefix("metadata.name=");
+            let metadata_only = request.accept.contains("as=PartialObjectMetadataList");
+            let items: Vec<Value> = state
+                .crds
+                .iter()
+                .filter(|(n, _)| name.is_none_or(|name| name == n.as_str()))
+                .map(|(_, crd)| watches::as_asked(crd, metadata_only))
+                .collect();
+            let (kind, api_version) = if metadata_only {
+                ("PartialObjectMetadataList", "meta.k8s.io/v1")
+            } else {
+                ("CustomResourceDefinitionList", "apiextensions.k8s.io/v1")
+            };
             (
                 200,
-                json!({"kind": "CustomResourceDefinitionList", "apiVersion": "apiextensions.k8s.io/v1",
-                       "metadata": {"resourceVersion": (10_000 + state.resource_version).to_string()},
-                       "items": state.crds.iter().filter(|(n, _)| name.is_none_or(|name| name == n.as_str()))
-                                   .map(|(_, crd)| crd.clone()).collect::<Vec<_>>()}),
+                json!({"kind": kind, "apiVersion": api_version,
+                       "metadata": {"resourceVersion": state.latest_resource_version()}, "items": items}),
             )
         }
         (
@@ -715,7 +771,7 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
         ("GET", ["apis", "crdlifecycle.io", "v1alpha1", "versionpolicies"]) => (
             200,
             json!({"kind": "VersionPolicyList", "apiVersion": "crdlifecycle.io/v1alpha1",
-                   "metadata": {"resourceVersion": state.resource_version.to_string()},
+                   "metadata": {"resourceVersion": state.latest_resource_version()},
                    "items": state.policies.values().cloned().collect::<Vec<_>>()}),
         ),
         ("GET", ["apis", "crdlifecycle.io", "v1alpha1", "versionpolicies", name]) => {

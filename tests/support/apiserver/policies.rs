@@ -11,11 +11,13 @@ use super::*;
 /// sends, unless another manager owns them too; other managers' fields and entries stay
 /// (tests/fixtures/ssa-status-list-map.txt, recorded from kube-apiserver v1.36). Within an
 /// entry, the applying manager's copy replaces the whole entry (each entry has one writer).
+/// An apply that changes nothing keeps the resourceVersion and sends no watch event
+/// (tests/fixtures/watch/versionpolicies.txt).
 pub(super) fn apply_policy_status(state: &mut State, name: &str, manager: &str, body: Value) -> (u16, Value) {
-    let rv = state.next_resource_version();
-    if !state.policies.contains_key(name) {
+    let Some(before) = state.policies.get(name).cloned() else {
         return not_found("versionpolicies.crdlifecycle.io", name);
-    }
+    };
+    let mut policy = before.clone();
     let applied = body["status"].as_object().cloned().unwrap_or_default();
     let list_maps = status_list_maps();
     let key_of = |field: &str, entry: &Value| {
@@ -40,7 +42,6 @@ pub(super) fn apply_policy_status(state: &mut State, name: &str, manager: &str, 
         .status_owners
         .insert((name.to_owned(), manager.to_owned()), owned.clone())
         .unwrap_or_default();
-    let policy = state.policies.get_mut(name).expect("checked above");
     if !policy["status"].is_object() {
         policy["status"] = json!({});
     }
@@ -81,8 +82,13 @@ pub(super) fn apply_policy_status(state: &mut State, name: &str, manager: &str, 
             }
         }
     }
-    policy["metadata"]["resourceVersion"] = rv.into();
-    (200, policy.clone())
+    if policy == before {
+        return (200, before);
+    }
+    policy["metadata"]["resourceVersion"] = state.next_resource_version().into();
+    state.record(Watched::Policies, "MODIFIED", &policy);
+    state.policies.insert(name.to_owned(), policy.clone());
+    (200, policy)
 }
 
 /// The status fields of the VersionPolicy CRD that are list maps, with their keys.
@@ -109,30 +115,40 @@ fn status_list_maps() -> &'static BTreeMap<String, Vec<String>> {
     })
 }
 
-/// JSON Patch on a policy (its finalizers). Finalizers follow Kubernetes' documented
-/// semantics (no recorded sample): an object being deleted goes once its last finalizer is
-/// removed.
+/// JSON Patch on a policy (its finalizers): an object being deleted goes once its last
+/// finalizer is removed, with a DELETED event; a spec change adds 1 to the generation
+/// (tests/fixtures/watch/versionpolicies.txt).
 pub(super) fn patch_policy(state: &mut State, name: &str, body: Value) -> (u16, Value) {
-    let rv = state.next_resource_version();
-    let Some(mut policy) = state.policies.get(name).cloned() else {
+    let Some(before) = state.policies.get(name).cloned() else {
         return not_found("versionpolicies.crdlifecycle.io", name);
     };
+    let mut policy = before.clone();
     if let Err(answer) = apply_json_patch(&mut policy, &body) {
         return answer;
     }
-    policy["metadata"]["resourceVersion"] = rv.into();
+    if policy == before {
+        return (200, before);
+    }
+    if policy["spec"] != before["spec"] {
+        let generation = policy["metadata"]["generation"].as_i64().unwrap_or(1);
+        policy["metadata"]["generation"] = json!(generation + 1);
+    }
+    policy["metadata"]["resourceVersion"] = state.next_resource_version().into();
     let unfinalized = policy["metadata"]["finalizers"]
         .as_array()
         .is_none_or(Vec::is_empty);
     if policy["metadata"].get("deletionTimestamp").is_some() && unfinalized {
+        state.record(Watched::Policies, "DELETED", &policy);
         state.policies.remove(name);
     } else {
+        state.record(Watched::Policies, "MODIFIED", &policy);
         state.policies.insert(name.to_owned(), policy.clone());
     }
     (200, policy)
 }
 
-/// DELETE of a policy: with finalizers it only gets a deletionTimestamp.
+/// DELETE of a policy: with finalizers it only gets a deletionTimestamp and generation + 1
+/// (tests/fixtures/watch/versionpolicies.txt).
 pub(super) fn delete_policy(state: &mut State, name: &str) -> (u16, Value) {
     let rv = state.next_resource_version();
     let Some(policy) = state.policies.get_mut(name) else {
@@ -142,10 +158,18 @@ pub(super) fn delete_policy(state: &mut State, name: &str) -> (u16, Value) {
         .as_array()
         .is_some_and(|f| !f.is_empty())
     {
+        if policy["metadata"].get("deletionTimestamp").is_none() {
+            let generation = policy["metadata"]["generation"].as_i64().unwrap_or(1);
+            policy["metadata"]["generation"] = json!(generation + 1);
+        }
         policy["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
         policy["metadata"]["resourceVersion"] = rv.into();
-        return (200, policy.clone());
+        let policy = policy.clone();
+        state.record(Watched::Policies, "MODIFIED", &policy);
+        return (200, policy);
     }
-    let removed = state.policies.remove(name).unwrap_or(Value::Null);
+    let mut removed = state.policies.remove(name).unwrap_or(Value::Null);
+    removed["metadata"]["resourceVersion"] = rv.into();
+    state.record(Watched::Policies, "DELETED", &removed);
     (200, removed)
 }
