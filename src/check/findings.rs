@@ -423,7 +423,11 @@ pub fn check(
         .map(|v| v.name.as_str())
         .collect();
     if !removed.is_empty() {
-        for migration in observed.migrations.iter().filter(|m| m.holds_removals()) {
+        for migration in observed
+            .migrations
+            .iter()
+            .filter(|m| m.holds_removals() && !crate::migrate::builtin::superseded(m, &observed.migrations))
+        {
             let why = match &migration.state {
                 crate::migrate::builtin::State::Failed(message) => format!(
                     "it failed ({message}), and Kubernetes trims status.storedVersions as a failed migration ends"

@@ -22,23 +22,30 @@ use super::conversion_config::WebhookEndpoint;
 /// webhook since, or a write that lost a race).
 const LOOK_AGAIN_EVERY: Duration = Duration::from_secs(60);
 
-/// Writes the bundle to every CRD pointed at the webhook whose `caBundle` differs; returns
-/// the names of those written. A CRD that changed since it was listed is left for the next
-/// pass.
-pub async fn sync_ca_bundles(
-    client: &Client,
-    endpoint: &WebhookEndpoint,
-) -> Result<Vec<String>, kube::Error> {
+/// What one pass did.
+#[derive(Debug, Default)]
+pub struct Synced {
+    /// The CRDs whose `caBundle` was written.
+    pub written: Vec<String>,
+    /// The CRDs that could not be written, and why (each is tried again at the next pass;
+    /// one never keeps the others from their bundle).
+    pub failed: Vec<(String, String)>,
+}
+
+/// Writes the bundle to every CRD pointed at the webhook whose `caBundle` differs. A CRD
+/// that changed since it was listed (the patch's `test` op fails) or was deleted is left
+/// for the next pass; `Err` only when the CRDs cannot be listed.
+pub async fn sync_ca_bundles(client: &Client, endpoint: &WebhookEndpoint) -> Result<Synced, kube::Error> {
     let Some(bundle) = endpoint
         .ca_bundle
         .read()
         .unwrap_or_else(|p| p.into_inner())
         .clone()
     else {
-        return Ok(Vec::new());
+        return Ok(Synced::default());
     };
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut written = Vec::new();
+    let mut synced = Synced::default();
     for crd in crds.list(&ListParams::default()).await?.items {
         let Some(config) = crd
             .spec
@@ -68,13 +75,25 @@ pub async fn sync_ca_bundles(
             .patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
             .await
         {
-            Ok(_) => written.push(name),
-            // Changed since the list (the test op failed): the next pass.
-            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 422 => {}
-            Err(error) => return Err(error),
+            Ok(_) => synced.written.push(name),
+            // Changed since the list (the test op failed: 422 with the generic message of a
+            // patch that does not apply, apiserver-samples/03), or deleted: the next pass.
+            Err(kube::Error::Api(status)) if status.code == 404 || test_failed(&status) => {}
+            // Anything else (an admission policy refusing it, a 5xx) is said, CRD by CRD.
+            Err(error) => synced.failed.push((name, error.to_string())),
         }
     }
-    Ok(written)
+    Ok(synced)
+}
+
+/// Whether a JSON Patch was refused because a `test` op failed (the CRD changed since it was
+/// read), not by validation or admission, which name the object in their message.
+fn test_failed(status: &kube::core::Status) -> bool {
+    status.code == 422
+        && (status.message.contains("testing value")
+            || status
+                .message
+                .starts_with("the server rejected our request due to an error in our request"))
 }
 
 /// Runs `sync_ca_bundles` whenever the bundle changes, and every minute.
@@ -82,14 +101,23 @@ pub async fn keep_ca_bundles(client: Client, endpoint: Arc<WebhookEndpoint>) {
     let mut changes = endpoint.bundle_changes();
     loop {
         match sync_ca_bundles(&client, &endpoint).await {
-            Ok(written) if !written.is_empty() => {
-                info!(
-                    crds = written.join(", "),
-                    "wrote the webhook's CA bundle to the CRDs pointed at it"
-                );
+            Ok(synced) => {
+                if !synced.written.is_empty() {
+                    info!(
+                        crds = synced.written.join(", "),
+                        "wrote the webhook's CA bundle to the CRDs pointed at it"
+                    );
+                }
+                for (crd, error) in &synced.failed {
+                    warn!(
+                        crd,
+                        error, "cannot write the webhook's CA bundle to the CRD; retrying"
+                    );
+                }
             }
-            Ok(_) => {}
-            Err(error) => warn!(error = %error, "cannot write the webhook's CA bundle to the CRDs; retrying"),
+            Err(error) => {
+                warn!(error = %error, "cannot list the CRDs to write the webhook's CA bundle; retrying")
+            }
         }
         tokio::select! {
             _ = changes.changed() => {}

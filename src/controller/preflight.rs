@@ -14,7 +14,7 @@
 //! Every decision here is read from the policy's status, so that a restarted controller or a
 //! new leader decides the same. Only the set of objects a preflight read is kept in memory
 //! (`Migrations::checked_objects`: 16 bytes per object, more than a status could hold; one
-//! set per CRD whose preflight ran, dropped when its store lands): a controller without it
+//! set per store to come whose preflight ran, dropped when it lands): a controller without it
 //! compares the objects' digest instead, and reads every object again if they changed.
 
 use std::collections::BTreeMap;

@@ -110,6 +110,11 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         }
         crd_after = crd.map(|crd| CrdState::from_crd(&crd));
     } else {
+        // Kubernetes trims storedVersions as a failed StorageVersionMigration ends: what the
+        // policy's own failed one had is listed again at once.
+        if !policy.spec.dry_run {
+            ctx.migrations.restore_after_failure(policy).await;
+        }
         let on_the_way = ctx.patches_first.on_the_way();
         let outcome = apply(policy, ctx, now).await;
         drop(on_the_way);
@@ -409,7 +414,17 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             .iter()
             .any(|t| t.milestone == MilestoneKind::Remove)
         {
-            let unfinished = match ctx.migrations.removal_hold(policy).await {
+            let storage = crd
+                .spec
+                .versions
+                .iter()
+                .find(|v| v.storage)
+                .map(|v| v.name.clone());
+            let unfinished = match ctx
+                .migrations
+                .removal_hold(policy, storage.as_deref(), policy.spec.dry_run)
+                .await
+            {
                 Ok(hold) => hold,
                 Err(reason) => Some(format!(
                     "it is known whether a StorageVersionMigration of it runs ({reason})"

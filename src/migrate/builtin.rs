@@ -2,8 +2,10 @@
 //! `storagemigration.k8s.io` (beta in 1.35-1.36, off by default; needs the
 //! kube-controller-manager's `svm` controller). A migration names a group and resource (no
 //! version); its conditions go `Running=True/MigrationRunning`, then
-//! `Running=False/MigrationCompleted` with `Succeeded=True`, or `Failed=True`; on success the
-//! CRD's `status.storedVersions` is trimmed to the storage version (apiserver-samples/35).
+//! `Running=False/MigrationCompleted` with `Succeeded=True`, or `Failed=True`; as its end is
+//! processed the CRD's `status.storedVersions` is trimmed to the storage version if the CRD's
+//! generation did not move, on success (apiserver-samples/35) and on failure alike
+//! (tests/fixtures/svm-failed-trims-stored-versions.txt).
 //!
 //! A migration this operator creates records, in annotations, the state of the CRD it was
 //! created for (resourceVersion, generation, `storedVersions`, conversion fingerprint), so
@@ -67,6 +69,20 @@ impl State {
     pub fn is_finished(&self) -> bool {
         matches!(self, State::Succeeded | State::Failed(_))
     }
+}
+
+/// Whether a migration of the resource created after `failed` ended succeeded, its end
+/// processed: it rewrote every object, so what `failed`'s end trimmed is safe. (`created` is
+/// the apiserver's clock, `changed` the kube-controller-manager's: both the control plane's.)
+pub fn superseded(failed: &Migration, all: &[Migration]) -> bool {
+    if !matches!(failed.state, State::Failed(_)) || failed.running {
+        return false;
+    }
+    failed.changed.is_some_and(|ended| {
+        all.iter().any(|m| {
+            m.state == State::Succeeded && !m.running && m.created.is_some_and(|created| created > ended)
+        })
+    })
 }
 
 impl Migration {

@@ -557,3 +557,55 @@ async fn a_failed_storage_version_migration_holds_removals_until_what_it_trimmed
     h.reconcile_through_cleanup("widgets").await;
     assert_eq!(h.flags(), "v1beta1:sd v1:sS");
 }
+
+/// The end of a failed migration processed late (after the follower stopped waiting for
+/// it): the next reconcile lists again what Kubernetes trimmed, without a removal being due
+/// (a migration deleted meanwhile would take the knowledge with it).
+#[tokio::test(start_paused = true)]
+async fn a_failed_migration_whose_end_comes_late_is_restored_at_the_next_reconcile() {
+    let mut h = Harness::with_example_and_objects(10);
+    {
+        let mut state = h.fake.lock();
+        state.svm_served = true;
+        state.svm_fail = Some("denied".into());
+    }
+    builtin(&mut h);
+    h.at("2026-01-05T00:00:00Z");
+    h.reconcile_through_preflight("widgets").await;
+    let name = "crd-lifecycle.widgets.example.com-v1beta1-1";
+    let failed_not_ended = |h: &Harness| {
+        let state = h.fake.lock();
+        let conditions = state.svms.get(name).map(|s| s["status"]["conditions"].clone());
+        conditions.is_some_and(|c| {
+            let is = |kind: &str| {
+                c.as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == kind && c["status"] == "True")
+            };
+            is("Failed") && is("Running")
+        })
+    };
+    wait_until("failed, its end still to come", || failed_not_ended(&h)).await;
+    // The kube-controller-manager is slow to process the end.
+    h.fake.lock().svm_paused = true;
+    tokio::time::sleep(std::time::Duration::from_secs(61)).await;
+    wait_until("the follower gives up waiting", || {
+        migration(&h)["phase"] == "Failed"
+    })
+    .await;
+    assert_eq!(
+        h.stored_versions(),
+        json!(["v1alpha1", "v1beta1"]),
+        "nothing trimmed yet"
+    );
+
+    // It processes the end (trimming), and the next reconcile restores.
+    h.fake.lock().svm_paused = false;
+    h.reconcile("widgets").await;
+    assert_eq!(h.stored_versions(), json!(["v1beta1", "v1alpha1"]));
+    assert_eq!(
+        h.fake.lock().svms[name]["metadata"]["annotations"]["crdlifecycle.io/stored-versions-restored"],
+        "true"
+    );
+}

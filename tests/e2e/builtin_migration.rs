@@ -16,8 +16,10 @@ pub async fn builtin_migration(env: &Env) -> Outcome {
         .await
         .map_err(|e| format!("cannot discover storagemigration.k8s.io: {e}"))?
     else {
-        println!("e2e: builtin_migration: SKIPPED: the server does not serve storagemigration.k8s.io");
-        return Ok(());
+        return crate::env::skip(
+            "builtin_migration",
+            "the server does not serve storagemigration.k8s.io",
+        );
     };
     let crd = env
         .create_crd("builtin", &[("v1alpha1", true, true), ("v1", true, false)])
@@ -96,8 +98,10 @@ pub async fn builtin_migration_fails(env: &Env) -> Outcome {
         .await
         .map_err(|e| format!("cannot discover storagemigration.k8s.io: {e}"))?
     else {
-        println!("e2e: builtin_migration_fails: SKIPPED: the server does not serve storagemigration.k8s.io");
-        return Ok(());
+        return crate::env::skip(
+            "builtin_migration_fails",
+            "the server does not serve storagemigration.k8s.io",
+        );
     };
     let crd = env
         .create_crd("svmfail", &[("v1alpha1", true, true), ("v1", true, false)])
@@ -148,17 +152,30 @@ pub async fn builtin_migration_fails(env: &Env) -> Outcome {
         },
     )
     .await?;
-    // Kubernetes processed the end (and trimmed storedVersions, the generation unmoved).
-    let live = env.crd(&crd.name).await?;
-    let migrating = live
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "StorageMigrating").cloned())
+    // Kubernetes processed the end at the generation it ran at, so it trimmed storedVersions
+    // (finishCRDMigration trims when the StorageMigrating condition's observedGeneration is
+    // the CRD's generation).
+    let request = http::Request::get(format!(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{}",
+        crd.name
+    ))
+    .body(Vec::new())
+    .map_err(|e| e.to_string())?;
+    let live: serde_json::Value = env.client.request(request).await.map_err(|e| e.to_string())?;
+    let migrating = live["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "StorageMigrating")
+        .cloned()
         .ok_or("the CRD has no StorageMigrating condition")?;
-    println!(
-        "e2e: builtin_migration_fails: the CRD's StorageMigrating condition: {} {:?} {:?}",
-        migrating.status, migrating.reason, migrating.message
+    println!("e2e: builtin_migration_fails: the CRD's StorageMigrating condition: {migrating}");
+    ensure!(
+        migrating["status"] == "False"
+            && migrating["reason"] == "MigrationFailed"
+            && migrating["observedGeneration"] == live["metadata"]["generation"],
+        "Kubernetes did not end the migration at the CRD's generation {} (so it did not trim): {migrating}",
+        live["metadata"]["generation"]
     );
     wait_for(
         "storedVersions list v1alpha1 again and the migration is marked",

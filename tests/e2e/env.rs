@@ -832,6 +832,24 @@ pub struct TestCrd {
 }
 
 /// Polls `check` every 200 ms until it returns `Ok(true)`, failing after `limit`.
+/// The scenarios that skipped in this run, and why.
+static SKIPPED: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+
+/// Records that `scenario` cannot run here (`reason`): the run reports it as skipped, not
+/// passed.
+pub fn skip(scenario: &str, reason: &str) -> Outcome {
+    lock(&SKIPPED).push((scenario.to_owned(), reason.to_owned()));
+    Ok(())
+}
+
+/// Why `scenario` skipped, if it did.
+pub fn skipped(scenario: &str) -> Option<String> {
+    lock(&SKIPPED)
+        .iter()
+        .find(|(name, _)| name == scenario)
+        .map(|(_, reason)| reason.clone())
+}
+
 pub async fn wait_for<F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<Instant, String>
 where
     F: FnMut() -> Fut,

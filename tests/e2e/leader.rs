@@ -22,8 +22,10 @@ const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 
 pub async fn leader_cut_off(env: &Env) -> Outcome {
     if env.in_cluster {
-        println!("e2e: leader_cut_off: SKIPPED: in-cluster mode (the deployed operator would act too)");
-        return Ok(());
+        return crate::env::skip(
+            "leader_cut_off",
+            "in-cluster mode (the deployed operator would act too)",
+        );
     }
     // The suite's own controller runs without leader election: it must not act meanwhile.
     env.kill_controller();

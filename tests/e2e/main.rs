@@ -161,7 +161,7 @@ async fn run(filters: Vec<String>) -> ExitCode {
         env.teardown().await;
         return ExitCode::FAILURE;
     }
-    let (mut passed, mut failed) = (0, 0);
+    let (mut passed, mut skipped, mut failed) = (0, 0, 0);
     for (name, scenario) in SCENARIOS {
         if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
             continue;
@@ -180,19 +180,23 @@ async fn run(filters: Vec<String>) -> ExitCode {
             Err(_) => Err(format!("timed out after {limit:?}")),
         };
         env.cleanup_scenario().await;
-        match outcome {
-            Ok(()) => {
+        match (outcome, env::skipped(name)) {
+            (Ok(()), Some(reason)) => {
+                skipped += 1;
+                println!("e2e: {name} ... SKIPPED: {reason}");
+            }
+            (Ok(()), None) => {
                 passed += 1;
                 println!("e2e: {name} ... ok ({:.1}s)", started.elapsed().as_secs_f64());
             }
-            Err(error) => {
+            (Err(error), _) => {
                 failed += 1;
                 println!("e2e: {name} ... FAILED: {error}");
             }
         }
     }
     env.teardown().await;
-    println!("e2e: {passed} passed, {failed} failed");
+    println!("e2e: {passed} passed, {skipped} skipped, {failed} failed");
     if failed == 0 {
         ExitCode::SUCCESS
     } else {

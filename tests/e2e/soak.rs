@@ -1009,8 +1009,7 @@ impl Replicas {
 
 pub async fn soak(env: &Env) -> Outcome {
     if env.in_cluster {
-        println!("e2e: soak: SKIPPED: in-cluster mode (the deployed operator would act too)");
-        return Ok(());
+        return crate::env::skip("soak", "in-cluster mode (the deployed operator would act too)");
     }
     // The suite's own controller runs without leader election: it must not act meanwhile.
     env.kill_controller();

@@ -316,10 +316,10 @@ pub async fn flip_after_a_builtin_migration(env: &Env) -> Outcome {
         .await
         .map_err(|e| format!("cannot discover storagemigration.k8s.io: {e}"))?
     else {
-        println!(
-            "e2e: flip_after_a_builtin_migration: SKIPPED: the server does not serve storagemigration.k8s.io"
+        return crate::env::skip(
+            "flip_after_a_builtin_migration",
+            "the server does not serve storagemigration.k8s.io",
         );
-        return Ok(());
     };
     let crd = env
         .create_crd("flipsvm", &[("v1", true, true), ("v2", true, false)])

@@ -116,11 +116,17 @@ impl Migrations {
     /// What every removal of a version of the policy's CRD waits for among the resource's
     /// StorageVersionMigrations (`Migration::holds_removals`): "StorageVersionMigration X has
     /// finished", or what else must happen. `Err` when that cannot be told. A failed
-    /// migration holds no more once a migration started after its failure succeeded (every
-    /// object is rewritten then), or, for one of this policy's own, once the
-    /// `storedVersions` it was created for are restored, which this does: Kubernetes trims
-    /// them as a failed migration ends (tests/fixtures/svm-failed-trims-stored-versions.txt).
-    pub async fn removal_hold(&self, policy: &VersionPolicy) -> Result<Option<String>, String> {
+    /// migration holds no more once a later one succeeded (`builtin::superseded`), or this
+    /// policy's own full run into `storage_version` (the storage version now) succeeded after
+    /// it, or, for one of this policy's own, once the `storedVersions` it was created for are
+    /// restored, which this does unless `dry_run`: Kubernetes trims them as a failed
+    /// migration ends (tests/fixtures/svm-failed-trims-stored-versions.txt).
+    pub async fn removal_hold(
+        &self,
+        policy: &VersionPolicy,
+        storage_version: Option<&str>,
+        dry_run: bool,
+    ) -> Result<Option<String>, String> {
         let Some(api) = self.builtin_api().await? else {
             return Ok(None);
         };
@@ -130,18 +136,15 @@ impl Migrations {
             warn!(crd, error = %error, "cannot list StorageVersionMigrations");
             format!("cannot list StorageVersionMigrations: {error}")
         })?;
+        // This policy's last full run, if it succeeded into the storage version of now (on
+        // the controller's clock, against the kube-controller-manager's: both the cluster's).
         let last_run = Job::Migrate
             .previous(policy)
-            .filter(|run| run.phase == MigrationPhase::Succeeded)
-            .and_then(|run| run.started_at.map(|at| at.0));
-        let rewritten_since = |failed: &Migration| {
-            failed.changed.is_some_and(|at| {
-                last_run.is_some_and(|started| started > at)
-                    || listed.migrations.iter().any(|m| {
-                        m.state == State::Succeeded && !m.running && m.created.is_some_and(|c| c > at)
-                    })
+            .filter(|run| {
+                run.phase == MigrationPhase::Succeeded
+                    && Some(run.storage_version.as_str()) == storage_version
             })
-        };
+            .and_then(|run| run.started_at.map(|at| at.0));
         for migration in listed.migrations.iter().filter(|m| m.holds_removals()) {
             if !matches!(migration.state, State::Failed(_)) || migration.running {
                 return Ok(Some(format!(
@@ -149,12 +152,15 @@ impl Migrations {
                     migration.name
                 )));
             }
-            if rewritten_since(migration) {
+            let run_since = migration
+                .changed
+                .is_some_and(|ended| last_run.is_some_and(|started| started > ended));
+            if run_since || builtin::superseded(migration, &listed.migrations) {
                 continue;
             }
             let ours = migration.policy.as_deref() == policy.metadata.name.as_deref();
-            match (&migration.created_for, ours) {
-                (Some(created_for), true) => {
+            match (&migration.created_for, ours, dry_run) {
+                (Some(created_for), true, false) => {
                     match self
                         .restore_stored_versions(crd, migration, created_for, &api)
                         .await
@@ -169,6 +175,13 @@ impl Migrations {
                         }
                     }
                 }
+                (Some(_), true, true) => {
+                    return Ok(Some(format!(
+                        "status.storedVersions lists again what it listed when StorageVersionMigration {} was \
+                         created (Kubernetes trims it as a failed migration ends; not restored in a dry run)",
+                        migration.name
+                    )));
+                }
                 _ => {
                     return Ok(Some(format!(
                         "StorageVersionMigration {}, which failed, is followed by a migration that succeeds, or is \
@@ -181,6 +194,46 @@ impl Migrations {
             }
         }
         Ok(None)
+    }
+
+    /// Restores what the policy's own failed StorageVersionMigration (named in
+    /// `status.migration`) had in `storedVersions`, as soon as Kubernetes has processed its
+    /// end, at every reconcile rather than only when a removal is due: a migration deleted
+    /// meanwhile would take the knowledge with it. One GET, only while the status says the
+    /// last migration failed.
+    pub async fn restore_after_failure(&self, policy: &VersionPolicy) {
+        let Some(name) = Job::Migrate
+            .previous(policy)
+            .filter(|run| run.phase == MigrationPhase::Failed)
+            .and_then(|run| run.storage_version_migration)
+        else {
+            return;
+        };
+        let Ok(Some(api)) = self.builtin_api().await else {
+            return;
+        };
+        let crd = &policy.spec.crd_name;
+        match api.get(&name).await {
+            Ok((migration, _)) => {
+                if let (State::Failed(_), false, false, Some(created_for)) = (
+                    &migration.state,
+                    migration.running,
+                    migration.restored,
+                    &migration.created_for,
+                ) && migration.policy.as_deref() == policy.metadata.name.as_deref()
+                    && let Err(error) = self
+                        .restore_stored_versions(crd, &migration, created_for, &api)
+                        .await
+                {
+                    warn!(
+                        crd,
+                        error, "cannot restore status.storedVersions after a failed StorageVersionMigration"
+                    );
+                }
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => warn!(crd, error = %error, "cannot read StorageVersionMigration {name}"),
+        }
     }
 
     /// Adds back to the CRD's `status.storedVersions` every version it listed when
@@ -379,6 +432,30 @@ impl Migrations {
         let crd = &policy.spec.crd_name;
         let policy_name = policy.metadata.name.clone().unwrap_or_default();
         let (group, resource) = group_resource(crd);
+        let listed = api
+            .of_resource(group, resource)
+            .await
+            .map_err(|e| format!("cannot list StorageVersionMigrations: {e}"))?;
+        // What an earlier failed migration of ours had in storedVersions is listed again
+        // before the CRD is read for the next one (Kubernetes trimmed it as that one ended):
+        // the next attempt records it, and restores it if it fails too.
+        for failed in listed.migrations.iter().filter(|m| {
+            m.policy.as_deref() == Some(policy_name.as_str())
+                && matches!(m.state, State::Failed(_))
+                && !m.restored
+        }) {
+            if failed.running {
+                return Err(format!(
+                    "StorageVersionMigration {} failed and Kubernetes has not processed its end yet (which may trim \
+                     status.storedVersions); the next attempt waits for it",
+                    failed.name
+                ));
+            }
+            if let Some(created_for) = &failed.created_for {
+                self.restore_stored_versions(crd, failed, created_for, api)
+                    .await?;
+            }
+        }
         let current: CustomResourceDefinition = Api::all(self.client.clone())
             .get(crd)
             .await
@@ -390,10 +467,6 @@ impl Migrations {
                 now.storage_version
             ));
         }
-        let listed = api
-            .of_resource(group, resource)
-            .await
-            .map_err(|e| format!("cannot list StorageVersionMigrations: {e}"))?;
         let ours: Vec<Migration> = listed
             .migrations
             .into_iter()
