@@ -35,7 +35,8 @@ const PROGRESS_FIELDS: [&str; 8] = [
 /// reconcile acts on. Unchanged for the reconcile's own status writes (field manager
 /// `crd-lifecycle`), its finalizer, and a running job's progress; changed by a spec change
 /// (generation), a deletion (the apiserver adds 1 to the generation as well), the approval
-/// annotation, and a preflight, migration or cleanup that starts, ends or changes phase.
+/// annotation, a migration or cleanup that starts, ends or changes phase, and a preflight
+/// that starts, ends or checks its objects again.
 pub fn policy_inputs(policy: &DeserializeGuard<VersionPolicy>) -> Option<u64> {
     let meta = policy.meta();
     let mut hasher = DefaultHasher::new();
@@ -54,7 +55,23 @@ pub fn policy_inputs(policy: &DeserializeGuard<VersionPolicy>) -> Option<u64> {
         None => String::new(),
     }
     .hash(&mut hasher);
+    // Each store's preflight: its phase, its result and when its objects were last checked
+    // (a store waits for a check that recent), not its count of objects read so far.
+    for preflight in status.map(|s| s.preflights.as_slice()).unwrap_or_default() {
+        preflight_outcome(preflight).hash(&mut hasher);
+    }
     Some(hasher.finish())
+}
+
+/// A preflight's record without its progress.
+fn preflight_outcome(preflight: &crate::api::PreflightStatus) -> String {
+    let mut value = serde_json::to_value(preflight).unwrap_or_default();
+    if let Some(fields) = value.as_object_mut() {
+        for field in ["read", "message"] {
+            fields.remove(field);
+        }
+    }
+    value.to_string()
 }
 
 /// The predicate of the watch that reconciles the other policies for a policy's CRD: the
@@ -196,6 +213,22 @@ mod tests {
         ] {
             assert_ne!(policy_inputs(&changed), base, "{:?}", changed.0);
         }
+    }
+
+    /// A store waits for its preflight's objects checked recently: each check again (a new
+    /// `verifiedAt`) starts a reconcile, the count of objects read so far does not.
+    #[test]
+    fn a_stores_preflight_checked_again_changes_the_inputs_its_progress_does_not() {
+        let record = |read: u64, verified: &str| {
+            policy(move |p| {
+                p["status"] = json!({"preflights": [{"version": "v2", "phase": "Succeeded", "read": read,
+                    "failed": 0, "message": format!("{read} read"), "verifiedAt": verified}]})
+            })
+        };
+        let checked = policy_inputs(&record(100, "2026-01-01T00:00:00Z"));
+        assert_ne!(checked, policy_inputs(&policy(|_| {})));
+        assert_eq!(policy_inputs(&record(200, "2026-01-01T00:00:00Z")), checked);
+        assert_ne!(policy_inputs(&record(200, "2026-01-01T00:00:30Z")), checked);
     }
 
     #[test]
