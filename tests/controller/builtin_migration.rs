@@ -403,12 +403,8 @@ async fn no_migration_starts_while_other_migrators_cannot_be_listed() {
     wait_until("migrated", || h.stored_versions() == json!(["v1beta1"])).await;
 }
 
-/// Kubernetes' migrator can trim `storedVersions` as a migration starts, before it has
-/// rewritten the objects (seen on v1.36.2: `[v2]` 0.4 s after the second migration was
-/// created, with 100 objects still stored as v1). So a due removal waits while any
-/// StorageVersionMigration of the resource is unfinished, whoever made it.
-#[tokio::test(start_paused = true)]
-async fn no_removal_lands_while_a_storage_version_migration_is_unfinished() {
+/// The example walked, without migrations, to v1alpha1 unserved, its removal due next.
+async fn unserved_with_its_removal_due() -> Harness {
     let mut h = Harness::with_example();
     h.edit_policy("widgets", |p| {
         p["spec"]["migration"]["enabled"] = json!(false);
@@ -425,6 +421,16 @@ async fn no_removal_lands_while_a_storage_version_migration_is_unfinished() {
         h.reconcile("widgets").await;
     }
     assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS");
+    h
+}
+
+/// Kubernetes' migrator can trim `storedVersions` as a migration starts, before it has
+/// rewritten the objects (seen on v1.36.2: `[v2]` 0.4 s after the second migration was
+/// created, with 100 objects still stored as v1). So a due removal waits while any
+/// StorageVersionMigration of the resource is unfinished, whoever made it.
+#[tokio::test(start_paused = true)]
+async fn no_removal_lands_while_a_storage_version_migration_is_unfinished() {
+    let mut h = unserved_with_its_removal_due().await;
     {
         let mut state = h.fake.lock();
         state.svm_served = true;
@@ -469,22 +475,7 @@ async fn no_removal_lands_while_a_storage_version_migration_is_unfinished() {
 /// someone else's holds every removal until a migration started after it succeeded.
 #[tokio::test(start_paused = true)]
 async fn a_failed_storage_version_migration_holds_removals_until_what_it_trimmed_is_safe() {
-    let mut h = Harness::with_example();
-    h.edit_policy("widgets", |p| {
-        p["spec"]["migration"]["enabled"] = json!(false);
-    });
-    for instant in [
-        "2026-01-05T00:00:00Z",
-        "2026-01-15T00:00:00Z",
-        "2026-02-01T00:00:00Z",
-        "2026-03-01T00:00:00Z",
-        "2026-04-01T00:00:00Z",
-        "2026-05-30T00:00:00Z",
-    ] {
-        h.at(instant);
-        h.reconcile("widgets").await;
-    }
-    assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS");
+    let mut h = unserved_with_its_removal_due().await;
     let failed = |name: &str, labels: Value, annotations: Value| {
         json!({"apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
                "metadata": {"name": name, "creationTimestamp": "2026-06-27T00:00:00Z",

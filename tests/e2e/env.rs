@@ -559,20 +559,7 @@ impl Env {
 
     /// The CRD's versions as `name:flags` (s served, S storage, d deprecated).
     pub async fn flags(&self, name: &str) -> Result<String, String> {
-        let crd = self.crd(name).await?;
-        Ok(crd
-            .spec
-            .versions
-            .iter()
-            .map(|v| {
-                format!(
-                    "{}:{}",
-                    v.name,
-                    crate::flags::letters(v.served, v.storage, v.deprecated == Some(true))
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(" "))
+        Ok(crate::flags::of_crd(&self.crd(name).await?))
     }
 
     pub async fn stored_versions(&self, name: &str) -> Result<Vec<String>, String> {

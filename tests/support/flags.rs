@@ -8,3 +8,22 @@ pub fn letters(served: bool, storage: bool, deprecated: bool) -> String {
         .collect();
     if flags.is_empty() { "-".to_owned() } else { flags }
 }
+
+/// A CRD's versions as `name:flags`, space-separated.
+#[allow(dead_code)] // not every test target reads typed CRDs
+pub fn of_crd(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> String {
+    crd.spec
+        .versions
+        .iter()
+        .map(|v| {
+            format!(
+                "{}:{}",
+                v.name,
+                letters(v.served, v.storage, v.deprecated == Some(true))
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
