@@ -27,7 +27,7 @@ use jiff::Timestamp;
 use kube::Client;
 use serde_json::{Value, json};
 
-use crate::balancer::Balancer;
+use crate::balancer::{Backend, Balancer};
 use crate::ensure;
 use crate::env::{Env, Outcome, TestCrd, lock, wait_for};
 use crate::replicas::Replica;
@@ -806,15 +806,13 @@ impl Soak {
                         sent_at: Timestamp::now(),
                         answered: Instant::now(),
                     };
-                    // Expected: the version not served yet (404), an expired resourceVersion
-                    // after a compaction (410): the watcher relists.
-                    if message.contains("404") {
-                        self.unserved(version, &format!("watch ({message})"), &exchange);
-                    } else if message.contains("410")
-                        || message.contains("Expired")
-                        || message.contains("too old")
-                    {
+                    // Expected: an expired resourceVersion after a compaction (410: the
+                    // watcher relists), the version not served yet (404). Expiry first: its
+                    // message carries resourceVersions, which may contain "404".
+                    if message.contains("Expired") || message.contains("too old") {
                         self.counts.expired_lists.fetch_add(1, Ordering::Relaxed);
+                    } else if message.contains("404") {
+                        self.unserved(version, &format!("watch ({message})"), &exchange);
                     } else {
                         self.failed(version, "watch", &message, &exchange).await;
                     }
@@ -1064,7 +1062,19 @@ async fn run(env: &Env) -> Outcome {
     std::fs::create_dir_all(&certs).map_err(|e| e.to_string())?;
     write_certificates(&certs, &host, 1)?;
     let webhook_ports = [free_port()?, free_port()?];
-    let balancer = Balancer::start(&host, webhook_ports.to_vec()).await?;
+    let health_ports = [free_port()?, free_port()?];
+    let balancer = Balancer::start(
+        &host,
+        webhook_ports
+            .iter()
+            .zip(health_ports)
+            .map(|(webhook, health)| Backend {
+                webhook: *webhook,
+                health,
+            })
+            .collect(),
+    )
+    .await?;
     let lease = format!("{}-soak", env.run_id);
     let mut replicas = Replicas {
         replicas: Vec::new(),
@@ -1090,8 +1100,7 @@ async fn run(env: &Env) -> Outcome {
             format!("--webhook-ca-file={}", certs.join("ca.crt").display()),
         ]
     };
-    for (i, port) in webhook_ports.iter().enumerate() {
-        let metrics = free_port()?;
+    for (i, (port, metrics)) in webhook_ports.iter().zip(health_ports).enumerate() {
         let mut replica = Replica::new(
             &format!("{}-soak-{i}", env.run_id),
             replica_args(*port, metrics),
