@@ -22,7 +22,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::Figure;
 use crate::cluster::{Cluster, crd, free_port, percentile};
@@ -68,23 +67,7 @@ impl Controller {
     }
 
     async fn get(&self, path: &str) -> Result<(u16, String), String> {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port))
-            .await
-            .map_err(|e| e.to_string())?;
-        stream
-            .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut answer = Vec::new();
-        stream.read_to_end(&mut answer).await.map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&answer).into_owned();
-        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let code = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        Ok((code, body.to_owned()))
+        crate::control_plane::plain_http(self.metrics_port, "GET", path, None).await
     }
 
     async fn wait_ready(&self) -> Result<(), String> {

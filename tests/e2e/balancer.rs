@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
@@ -79,21 +78,11 @@ impl Balancer {
 
 /// Whether a replica's `/readyz` answers 200 (a new connection per probe, as the kubelet's).
 async fn is_ready(health: u16) -> bool {
-    let probe = async {
-        let mut stream = TcpStream::connect(("127.0.0.1", health)).await.ok()?;
-        stream
-            .write_all(b"GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-            .await
-            .ok()?;
-        let mut head = [0u8; 12];
-        stream.read_exact(&mut head).await.ok()?;
-        Some(head.starts_with(b"HTTP/1.0 200") || head.starts_with(b"HTTP/1.1 200"))
-    };
-    tokio::time::timeout(Duration::from_secs(1), probe)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or(false)
+    let probe = crate::control_plane::plain_http(health, "GET", "/readyz", None);
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), probe).await,
+        Ok(Ok((200, _)))
+    )
 }
 
 impl Drop for Balancer {

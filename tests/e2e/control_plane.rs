@@ -546,34 +546,43 @@ impl Etcd {
         path: &str,
         body: Option<&Value>,
     ) -> Result<(u16, String), String> {
-        let body = body.map(Value::to_string).unwrap_or_default();
-        let exchange = async {
-            let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-                .await
-                .map_err(|e| e.to_string())?;
-            let request = format!(
-                "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
-            stream
-                .write_all(request.as_bytes())
-                .await
-                .map_err(|e| e.to_string())?;
-            let mut answer = Vec::new();
-            stream.read_to_end(&mut answer).await.map_err(|e| e.to_string())?;
-            let text = String::from_utf8_lossy(&answer).into_owned();
-            let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-            let code = head
-                .split_whitespace()
-                .nth(1)
-                .and_then(|c| c.parse().ok())
-                .unwrap_or(0);
-            Ok((code, body.to_owned()))
-        };
-        tokio::time::timeout(Duration::from_secs(10), exchange)
+        tokio::time::timeout(Duration::from_secs(10), plain_http(self.port, method, path, body))
             .await
             .map_err(|_| format!("etcd {method} {path}: no answer within 10 s"))?
     }
+}
+
+/// One plain HTTP/1.0 request to a port on this machine (the body ends with the connection):
+/// etcd's JSON gateway, a replica's `/readyz` and `/metrics`. The status code (0 when the
+/// answer has none) and the body.
+pub async fn plain_http(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<(u16, String), String> {
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let request = format!(
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok((code, body.to_owned()))
 }
 
 /// Locks a mutex, whether or not a panicking holder poisoned it.

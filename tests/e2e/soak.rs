@@ -894,32 +894,16 @@ async fn serves_certificate_of(host: &str, port: u16, ca_pem: &str) -> bool {
 
 /// Conversions a replica's webhook answered successfully (its `/metrics`).
 async fn reviews_served(metrics_port: u16) -> u64 {
-    let exchange = async {
-        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", metrics_port))
-            .await
-            .ok()?;
-        stream
-            .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-            .await
-            .ok()?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).await.ok()?;
-        Some(
-            text.lines()
-                .filter(|l| {
-                    l.starts_with("crd_lifecycle_conversion_reviews_total")
-                        && l.contains("result=\"success\"")
-                })
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>() as u64,
-        )
+    let scrape = crate::control_plane::plain_http(metrics_port, "GET", "/metrics", None);
+    let Ok(Ok((_, text))) = tokio::time::timeout(Duration::from_secs(5), scrape).await else {
+        return 0;
     };
-    tokio::time::timeout(Duration::from_secs(5), exchange)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or(0)
+    text.lines()
+        .filter(|l| {
+            l.starts_with("crd_lifecycle_conversion_reviews_total") && l.contains("result=\"success\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
 }
 
 fn free_port() -> Result<u16, String> {
