@@ -146,6 +146,11 @@ struct Endpoints {
     connections: Mutex<std::collections::BTreeMap<u16, usize>>,
     /// Connections open now: an id, the replica, when it was made.
     open: Mutex<Vec<(usize, u16, Instant)>>,
+    /// While set and ready, the replica every new connection goes to: the scenario steers
+    /// the apiserver's next connection to the replica it is about to stop (round robin alone
+    /// may pass it over for minutes: the apiserver holds one connection per 10 s and dials
+    /// some twice, closing one at once).
+    steer: Mutex<Option<u16>>,
 }
 
 impl Endpoints {
@@ -156,7 +161,10 @@ impl Endpoints {
             return None;
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let port = ready[id % ready.len()];
+        let port = match *self.steer.lock().expect("lock") {
+            Some(port) if ready.contains(&port) => port,
+            _ => ready[id % ready.len()],
+        };
         *self.connections.lock().expect("lock").entry(port).or_default() += 1;
         self.open.lock().expect("lock").push((id, port, Instant::now()));
         Some((id, port))
@@ -418,12 +426,15 @@ impl Setup<'_> {
             || async { Ok(endpoints.ready.lock().expect("lock").contains(&new.port)) },
         )
         .await?;
-        wait_for(
+        *endpoints.steer.lock().expect("lock") = Some(old.port);
+        let connected = wait_for(
             &format!("the apiserver connects to replica {}", old.name),
             Duration::from_secs(90),
             || async { Ok(endpoints.has_connection_in_use(old.port)) },
         )
-        .await?;
+        .await;
+        *endpoints.steer.lock().expect("lock") = None;
+        connected?;
         old.terminate()?;
         old.exited(Duration::from_secs(30)).await?;
         endpoints.ports.lock().expect("lock").retain(|p| *p != old.port);
