@@ -165,6 +165,7 @@ async fn run() {
         webhook: None,
         last_reconciles: Default::default(),
         patches_first: Default::default(),
+        crds_seen: Default::default(),
     });
 
     // Every policy is due now: reconcile them all, as the controller's queue would.

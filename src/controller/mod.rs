@@ -6,6 +6,7 @@ mod clock;
 pub mod conditions;
 mod context;
 pub mod conversion_config;
+pub mod crds_seen;
 pub mod decide;
 mod error;
 pub mod events;
@@ -46,6 +47,7 @@ use kube::{Client, ResourceExt};
 use tracing::{error, info, warn};
 
 pub use context::{Clock, Context};
+pub use crds_seen::CrdsSeen;
 pub use error::{Error, status_code};
 pub use reconcile::{competing_owner, error_policy, reconcile, requeue_after};
 pub use release::RELEASE_FINALIZER;
@@ -316,6 +318,8 @@ pub async fn controller(
     let by_crd = store.clone();
     let last_reconciles = Arc::new(triggers::LastReconciles::default());
     let acted_on = last_reconciles.clone();
+    let crds_seen = Arc::new(CrdsSeen::watched_by_a_watch());
+    let seen = crds_seen.clone();
     // A policy created, deleted or moved to another CRD reconciles the other policies for
     // the same CRD (the loser of a conflict takes over when the winner is deleted).
     let by_competitor = store.clone();
@@ -368,6 +372,7 @@ pub async fn controller(
         webhook,
         last_reconciles,
         patches_first: Default::default(),
+        crds_seen,
     });
     // Ready once the policies are listed: a controller whose watch is refused (no
     // VersionPolicy CRD, no permission) is not.
@@ -388,6 +393,7 @@ pub async fn controller(
     let running = controller
         .watches(crds, watcher::Config::default().any_semantic(), move |crd| {
             let resource_version = crd.resource_version().unwrap_or_default();
+            seen.watched(&crd.name_any(), &resource_version);
             let mut policies = policies_for_crd(&by_crd, &crd.name_any(), None);
             policies.retain(|policy| !acted_on.acted_on(&policy.name, &resource_version));
             policies

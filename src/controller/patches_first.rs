@@ -3,7 +3,9 @@
 //! Events and status; on a busy apiserver the bookkeeping of the first ones would compete
 //! with the patches of the others and make them late. So the bookkeeping of a reconcile
 //! waits, at most `BOOKKEEPING_WAITS_AT_MOST`, while other reconciles are still on their
-//! way to their patch (reading the CRD and deciding). Nothing else waits on it.
+//! way to their patch (reading the CRD and deciding) or to its landing: until the
+//! controller's CRD watch delivers the patch (`WATCH_DELIVERS_WITHIN` at most), as every
+//! other watcher's does about then. Nothing else waits on it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -12,6 +14,10 @@ use tokio::sync::Notify;
 
 /// The longest a reconcile's Events and status wait for other reconciles' patches.
 pub const BOOKKEEPING_WAITS_AT_MOST: Duration = Duration::from_secs(10);
+
+/// The longest a reconcile that patched its CRD waits for its own CRD watch to deliver the
+/// patch (watchers see a transition then), still counted on its way.
+pub const WATCH_DELIVERS_WITHIN: Duration = Duration::from_secs(5);
 
 /// How many reconciles are on their way to their CRD patch.
 #[derive(Debug, Default)]

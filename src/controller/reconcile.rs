@@ -16,7 +16,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::conditions::{ConditionReason, ConditionState, ConditionType};
-use super::context::{Context, get_crd};
+use super::context::{Context, get_crd, get_crd_seen};
 use super::decide::{Decision, WebhookConversion, decide, managed_fields_pending};
 use super::error::{Error, status_code};
 use super::events::publish_events;
@@ -116,14 +116,21 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
             ctx.migrations.restore_after_failure(policy).await;
         }
         let on_the_way = ctx.patches_first.on_the_way();
-        let outcome = apply(policy, ctx, now).await;
-        drop(on_the_way);
-        let outcome = outcome?;
+        let outcome = apply(policy, ctx, now).await?;
         // Before anything else is awaited, so that the patch's own watch event, usually
         // right behind its answer, finds it recorded.
         if let Some(version) = &outcome.crd_resource_version {
             ctx.last_reconciles.record_crd(&name, version);
         }
+        // A transition has landed once watchers see it (kubectl, GitOps tools): until this
+        // process's own watch delivers the patch, this reconcile still counts as on its way,
+        // and the bookkeeping of all waits.
+        if let Some(version) = &outcome.patched {
+            ctx.crds_seen
+                .until_watched(&crd_name, version, super::patches_first::WATCH_DELIVERS_WITHIN)
+                .await;
+        }
+        drop(on_the_way);
         crd_after = outcome.crd_after;
         evaluation = outcome.evaluation;
         writers_recheck = outcome.writers_recheck;
@@ -367,6 +374,8 @@ struct Applied {
     removal_held: bool,
     /// The CRD's resourceVersion the decision was made on (after the patch, if any).
     crd_resource_version: Option<String>,
+    /// The CRD's resourceVersion after this reconcile's patch, when it patched.
+    patched: Option<String>,
 }
 
 /// Reads the CRD, evaluates the policy and applies the guarded patch, recomputing it when
@@ -374,9 +383,16 @@ struct Applied {
 async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<Applied, Error> {
     let crd_name = &policy.spec.crd_name;
     let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
-    for _ in 0..PATCH_ATTEMPTS {
+    for attempt in 0..PATCH_ATTEMPTS {
         let mut outcome = Applied::default();
-        let Some(crd) = get_crd(ctx, crd_name).await? else {
+        // The patch is guarded by the resourceVersion read: the first read may come from
+        // the watch cache; after a refused patch, from etcd.
+        let crd = if attempt == 0 {
+            get_crd_seen(ctx, crd_name).await?
+        } else {
+            get_crd(ctx, crd_name).await?
+        };
+        let Some(crd) = crd else {
             outcome.blocked.push((
                 ConditionReason::CrdNotFound,
                 format!("CustomResourceDefinition {crd_name} does not exist; waiting for it to be created"),
@@ -499,6 +515,10 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 outcome.crd_after = Some(CrdState::from_crd(&patched));
                 outcome.fingerprints = preflight::fingerprints(&patched);
                 outcome.crd_resource_version = patched.metadata.resource_version.clone();
+                if let Some(version) = &outcome.crd_resource_version {
+                    ctx.crds_seen.record(crd_name, version);
+                }
+                outcome.patched.clone_from(&outcome.crd_resource_version);
                 outcome.evaluation = Some(evaluation);
                 info!(crd = crd_name, ops = ops.len(), "patched CRD");
                 return Ok(outcome);

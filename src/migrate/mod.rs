@@ -160,6 +160,7 @@ pub async fn migrate(
                 expired_tokens,
                 dry_run: settings.managed_fields.dry_run,
                 elapsed: started.elapsed(),
+                settle_wait: Duration::ZERO,
                 objects_digest: None,
                 checked_objects: None,
             });
@@ -223,10 +224,13 @@ pub async fn migrate(
         };
         // Reads are safe before the settle check: it runs while the first page is listed,
         // and only the first write (or read through a new version) waits for it.
+        let settle_wait = Mutex::new(Duration::ZERO);
         let settle = async {
+            let settling = Instant::now();
             for expect in expect {
                 discovery::wait(&requester, &target, expect, &settings.settle).await?;
             }
+            *crate::sync::lock(&settle_wait) = settling.elapsed();
             Ok(())
         };
         info!(crd = crd_name, storage = %target.storage_version, mode = ?settings.mode, "migration started");
@@ -263,6 +267,7 @@ pub async fn migrate(
             expired_tokens,
             dry_run: settings.managed_fields.dry_run,
             elapsed: started.elapsed(),
+            settle_wait: *crate::sync::lock(&settle_wait),
             objects_digest: pass.digest.map(|d| d.value()),
             checked_objects: pass.checked.clone(),
         };

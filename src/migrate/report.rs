@@ -53,6 +53,10 @@ pub struct Report {
     /// A managedFields cleanup that only counted (wrote nothing).
     pub dry_run: bool,
     pub elapsed: Duration,
+    /// How long the settle check before the first write took (`discovery::wait`; the first
+    /// page is listed meanwhile): on a CRD changed less than a minute ago, every apiserver
+    /// must be seen acting on the change several times a second apart.
+    pub settle_wait: Duration,
     /// A digest of every object listed (`ObjectsDigest::value`), when one pass listed them
     /// all (not after a resume from a checkpoint).
     pub objects_digest: Option<String>,
@@ -90,6 +94,15 @@ impl Report {
             c.failed,
             self.elapsed.as_secs_f64()
         );
+        // Only a wait worth telling (a just-changed CRD's confirmations).
+        let counts = if self.settle_wait >= Duration::from_secs(1) {
+            format!(
+                "{counts} ({:.1}s of it confirming the apiservers act on the CRD as it is)",
+                self.settle_wait.as_secs_f64()
+            )
+        } else {
+            counts
+        };
         let counts = match self.expired_tokens {
             0 => counts,
             n => format!("{counts}, going on after {n} expired continue tokens"),

@@ -105,6 +105,7 @@ impl Harness {
             webhook,
             last_reconciles: ctx.last_reconciles.clone(),
             patches_first: ctx.patches_first.clone(),
+            crds_seen: ctx.crds_seen.clone(),
         });
     }
 
@@ -391,6 +392,7 @@ pub fn test_context(
         webhook: None,
         last_reconciles: Default::default(),
         patches_first: Default::default(),
+        crds_seen: Default::default(),
     })
 }
 

@@ -168,6 +168,29 @@ async fn a_policy_costs_at_most_three_reconciles_from_creation_to_rest() {
         })
         .count();
     assert_eq!(reads, POLICIES);
+    // The reconcile at the instant reads its CRD from the watch cache, at least as new as
+    // the watch saw it (`resourceVersion` on a GET: not older than), and its patch is
+    // guarded by the resourceVersion that read returned.
+    for i in 0..POLICIES {
+        let path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets{i}.example.com");
+        let requests = running.fake.requests();
+        let patch = requests
+            .iter()
+            .find(|r| r.method == "PATCH" && r.path == path)
+            .expect("the introduction's patch");
+        let read = requests
+            .iter()
+            .rfind(|r| r.method == "GET" && r.path == path && r.at <= patch.at)
+            .expect("the read before the patch");
+        let guard = &patch.body[0];
+        assert_eq!(guard["path"], "/metadata/resourceVersion", "{}", patch.body);
+        assert_eq!(
+            read.query_param("resourceVersion"),
+            guard["value"].as_str().expect("a resourceVersion"),
+            "widgets{i}: read with {:?}",
+            read.query
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -324,4 +347,48 @@ async fn a_reconciles_events_and_status_wait_for_the_patches_of_others_on_their_
     reconciling.await.expect("no panic").expect("reconciles");
     assert_eq!(h.status("widgets")["history"][0]["milestone"], "store");
     assert!(!h.fake.events().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_writes_its_bookkeeping_once_its_patches_reach_watchers() {
+    const POLICIES: usize = 5;
+    let fake = FakeApiserver::new();
+    for i in 0..POLICIES {
+        fake.create_crd(fleet_crd(i));
+    }
+    let running = Running::start(fake.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (introduce, deprecate) = (running.at(60), running.at(3600));
+    for i in 0..POLICIES {
+        fake.create_policy(fleet_policy(i, &introduce, &deprecate));
+    }
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    // From now on the watches deliver each change 2 s after its write was answered.
+    fake.lock().watch_delay = Duration::from_secs(2);
+    let before_instant = running.fake.requests().len();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let requests = running.fake.requests();
+    let burst = &requests[before_instant..];
+    let patches: Vec<_> = burst
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.contains("/customresourcedefinitions/"))
+        .collect();
+    let statuses: Vec<_> = burst
+        .iter()
+        .filter(|r| {
+            r.method == "PATCH" && r.path.ends_with("/status") && r.path.contains("/versionpolicies/")
+        })
+        .collect();
+    assert_eq!(patches.len(), POLICIES);
+    assert_eq!(statuses.len(), POLICIES);
+    let last_patch = patches.iter().map(|r| r.at).max().expect("patches");
+    let first_status = statuses.iter().map(|r| r.at).min().expect("statuses");
+    // Every policy's status waits for every patch to be delivered by the watch.
+    assert!(
+        first_status >= last_patch + Duration::from_secs(2),
+        "the first status write came {:?} after the last patch",
+        first_status - last_patch
+    );
+    // And no longer than that.
+    assert!(first_status < last_patch + Duration::from_secs(3));
 }

@@ -98,6 +98,9 @@ pub struct State {
     /// Artificial latency of every VersionPolicy status write (a loaded apiserver), to
     /// observe the controller's timing.
     pub status_latency: std::time::Duration,
+    /// How long after a change the policy and metadata-only CRD watches deliver it (a
+    /// loaded apiserver), to observe the controller's timing.
+    pub watch_delay: std::time::Duration,
     pub in_flight: usize,
     pub max_in_flight: usize,
 

@@ -45,6 +45,8 @@ pub struct Change {
     pub type_: &'static str,
     pub object: Value,
     pub resource_version: u64,
+    /// When it was made.
+    pub at: tokio::time::Instant,
 }
 
 impl State {
@@ -59,6 +61,7 @@ impl State {
             type_,
             object: object.clone(),
             resource_version,
+            at: tokio::time::Instant::now(),
         });
         self.changed.send_replace(resource_version);
     }
@@ -160,6 +163,9 @@ impl FakeApiserver {
                         .find(|c| c.resource == resource && c.resource_version > cursor)
                         .cloned();
                     if let Some(change) = next {
+                        // A watch delivers a change some time after the write's answer.
+                        let delay = fake.lock().watch_delay;
+                        tokio::time::sleep_until(change.at + delay).await;
                         cursor = change.resource_version;
                         return Some((
                             event(change.type_, &change.object, metadata_only),
