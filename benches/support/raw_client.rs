@@ -1,6 +1,7 @@
 //! The baseline of the migrate benchmarks: a raw client making the migrator's requests
 //! (metadata-only pages, one no-op merge patch per object carrying its resourceVersion) with
-//! a pool of the same size and nothing else.
+//! a pool of the same size and nothing else, as a plain client makes them: each patch is
+//! answered with the whole object (the migrator asks for its metadata only).
 
 use futures::StreamExt;
 use kube::api::{ListParams, Patch, PatchParams};

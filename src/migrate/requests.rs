@@ -18,6 +18,11 @@ use serde_json::{Value, json};
 use super::settings::RetryPolicy;
 use super::target::Target;
 
+
+/// The `Accept` of a write whose answer is not read: the object's metadata, or (from an
+/// apiserver that cannot answer so) the whole object.
+const METADATA_ONLY_ANSWER: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json";
+
 /// One object to process, as listed (metadata only).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectKey {
@@ -252,7 +257,10 @@ impl Requester<'_> {
     /// Rewrites one object through the storage version: a merge patch carrying only its
     /// resourceVersion changes nothing, but makes the apiserver decode the object and encode
     /// it again in the storage version (apiserver-samples/11); the resourceVersion is a
-    /// precondition, so an object written since it was listed answers 409 (12).
+    /// precondition, so an object written since it was listed answers 409 (12). The answer
+    /// is asked for as metadata only (tests/fixtures/rewrite-metadata-only-answer.txt): the
+    /// apiserver then encodes no spec or status for a reply nobody reads. `application/json`
+    /// after it: an apiserver that cannot answer so answers the whole object.
     pub async fn rewrite(&self, target: &Target, object: &ObjectKey) -> Answer {
         let patch = json!({"metadata": {"resourceVersion": object.resource_version}});
         let collection = kube::core::Request::new(target.collection_path(object.namespace.as_deref()));
@@ -263,7 +271,14 @@ impl Requester<'_> {
             }
             None => collection.patch(&object.name, &params, &Patch::Merge(&patch)),
         };
-        self.answer(request).await
+        self.answer(request.map(|mut request| {
+            request.headers_mut().insert(
+                http::header::ACCEPT,
+                http::HeaderValue::from_static(METADATA_ONLY_ANSWER),
+            );
+            request
+        }))
+        .await
     }
 
     /// Replaces the object's `metadata.managedFields` with `entries`, guarded by a `test` of
