@@ -62,29 +62,38 @@ impl Context {
 pub async fn get_crd(ctx: &Context, name: &str) -> Result<Option<CustomResourceDefinition>, Error> {
     let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
     let crd = api.get_opt(name).await?;
-    if let Some(version) = crd.as_ref().and_then(|c| c.metadata.resource_version.as_deref()) {
-        ctx.crds_seen.record(name, version);
+    match &crd {
+        Some(crd) => ctx.crds_seen.keep(crd),
+        None => ctx.crds_seen.forget(name),
     }
     Ok(crd)
 }
 
 /// The CRD at least as new as this process last saw it (its watch event, its last read or
-/// the answer to its own patch), from the apiserver's watch cache: a `resourceVersion` on a
-/// GET means "not older than" and spares etcd a read, which counts when 1,000 policies are
-/// due at the same instant. Only for a read whose decision lands through a patch guarded by
-/// the resourceVersion (`patch::crd_patch`): a newer state makes that patch fail and the
-/// caller reads again with `get_crd`. Without a version seen, or when the cache cannot
-/// answer (a 504 after 3 s behind), a quorum read.
-pub async fn get_crd_seen(ctx: &Context, name: &str) -> Result<Option<CustomResourceDefinition>, Error> {
+/// the answer to its own patch): the CRD as kept from that read or patch when nothing newer
+/// was seen since (no request: 1,000 policies due at the same instant each make one request,
+/// their patch, as a raw client would), else from the apiserver's watch cache (a
+/// `resourceVersion` on a GET means "not older than" and spares etcd a read). Only for a
+/// read whose decision lands through a patch guarded by the resourceVersion
+/// (`patch::crd_patch`): a newer state makes that patch fail and the caller reads again with
+/// `get_crd`. Without a version seen, or when the cache cannot answer (a 504 after 3 s
+/// behind), a quorum read.
+pub async fn get_crd_seen(ctx: &Context, name: &str) -> Result<Option<Arc<CustomResourceDefinition>>, Error> {
+    if let Some(crd) = ctx.crds_seen.kept(name) {
+        return Ok(Some(crd));
+    }
     let Some(seen) = ctx.crds_seen.get(name) else {
-        return get_crd(ctx, name).await;
+        return Ok(get_crd(ctx, name).await?.map(Arc::new));
     };
     let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
     match api.get_with(name, &GetParams::at(&seen)).await {
-        Ok(crd) => Ok(Some(crd)),
+        Ok(crd) => {
+            ctx.crds_seen.keep(&crd);
+            Ok(Some(Arc::new(crd)))
+        }
         Err(error) => {
             debug!(crd = name, error = %error, "the watch cache did not answer; reading from etcd");
-            get_crd(ctx, name).await
+            Ok(get_crd(ctx, name).await?.map(Arc::new))
         }
     }
 }

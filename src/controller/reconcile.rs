@@ -390,7 +390,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
         let crd = if attempt == 0 {
             get_crd_seen(ctx, crd_name).await?
         } else {
-            get_crd(ctx, crd_name).await?
+            get_crd(ctx, crd_name).await?.map(Arc::new)
         };
         let Some(crd) = crd else {
             outcome.blocked.push((
@@ -515,9 +515,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 outcome.crd_after = Some(CrdState::from_crd(&patched));
                 outcome.fingerprints = preflight::fingerprints(&patched);
                 outcome.crd_resource_version = patched.metadata.resource_version.clone();
-                if let Some(version) = &outcome.crd_resource_version {
-                    ctx.crds_seen.record(crd_name, version);
-                }
+                ctx.crds_seen.keep(&patched);
                 outcome.patched.clone_from(&outcome.crd_resource_version);
                 outcome.evaluation = Some(evaluation);
                 info!(crd = crd_name, ops = ops.len(), "patched CRD");

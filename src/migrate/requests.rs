@@ -18,10 +18,10 @@ use serde_json::{Value, json};
 use super::settings::RetryPolicy;
 use super::target::Target;
 
-
 /// The `Accept` of a write whose answer is not read: the object's metadata, or (from an
 /// apiserver that cannot answer so) the whole object.
-const METADATA_ONLY_ANSWER: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json";
+const METADATA_ONLY_ANSWER: &str =
+    "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json";
 
 /// One object to process, as listed (metadata only).
 #[derive(Clone, Debug, PartialEq, Eq)]

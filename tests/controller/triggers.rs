@@ -168,29 +168,74 @@ async fn a_policy_costs_at_most_three_reconciles_from_creation_to_rest() {
         })
         .count();
     assert_eq!(reads, POLICIES);
-    // The reconcile at the instant reads its CRD from the watch cache, at least as new as
-    // the watch saw it (`resourceVersion` on a GET: not older than), and its patch is
-    // guarded by the resourceVersion that read returned.
+    // The reconcile at creation reads its CRD from the watch cache, at least as new as the
+    // watch saw it (`resourceVersion` on a GET: not older than); the one at the instant
+    // reads nothing (the CRD as kept from that read, the watch having seen nothing newer),
+    // and its patch is guarded by that resourceVersion.
     for i in 0..POLICIES {
         let path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets{i}.example.com");
         let requests = running.fake.requests();
+        let reads: Vec<_> = requests
+            .iter()
+            .filter(|r| r.method == "GET" && r.path == path)
+            .collect();
+        assert_eq!(reads.len(), 1, "widgets{i}: one read");
         let patch = requests
             .iter()
             .find(|r| r.method == "PATCH" && r.path == path)
             .expect("the introduction's patch");
-        let read = requests
-            .iter()
-            .rfind(|r| r.method == "GET" && r.path == path && r.at <= patch.at)
-            .expect("the read before the patch");
         let guard = &patch.body[0];
         assert_eq!(guard["path"], "/metadata/resourceVersion", "{}", patch.body);
         assert_eq!(
-            read.query_param("resourceVersion"),
+            reads[0].query_param("resourceVersion"),
             guard["value"].as_str().expect("a resourceVersion"),
             "widgets{i}: read with {:?}",
-            read.query
+            reads[0].query
         );
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kept_crd_changed_before_the_watch_tells_is_read_again_at_the_refused_patch() {
+    let fake = FakeApiserver::new();
+    fake.create_crd(fleet_crd(0));
+    let running = Running::start(fake.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (introduce, deprecate) = (running.at(60), running.at(3600));
+    fake.create_policy(fleet_policy(0, &introduce, &deprecate));
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    // Someone adds a version by hand; the watch tells only a minute later, after the
+    // instant, so the reconcile at the instant decides on the CRD as kept.
+    fake.lock().watch_delay = Duration::from_secs(60);
+    let crd = "widgets0.example.com";
+    fake.edit_crd(crd, |crd| {
+        crd["spec"]["versions"].as_array_mut().expect("versions").push(json!({
+            "name": "v3", "served": false, "storage": false,
+            "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}));
+    });
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    // Its guarded patch was refused (422, apiserver-samples/03); it read the CRD again from
+    // etcd and patched the CRD as it is: v2 served, v3 kept.
+    assert!(served(&fake, crd, "v2"));
+    let versions: Vec<Value> = fake.crd(crd)["spec"]["versions"]
+        .as_array()
+        .expect("versions")
+        .iter()
+        .map(|v| v["name"].clone())
+        .collect();
+    assert_eq!(versions, [json!("v1"), json!("v2"), json!("v3")]);
+    let path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}");
+    let requests = running.fake.requests();
+    let patches = requests
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path == path)
+        .count();
+    assert_eq!(patches, 2, "the refused patch and the one after the quorum read");
+    let quorum_reads = requests
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == path && r.query_param("resourceVersion").is_empty())
+        .count();
+    assert!(quorum_reads >= 1);
 }
 
 #[tokio::test(start_paused = true)]
