@@ -138,7 +138,8 @@ fn child(mode: &str, objects: u64) {
         let (done, expired) = match mode {
             "raw" => (
                 raw_client::rewrite_all(&client, "/apis/example.com/v1/widgets", PAGE_SIZE, CONCURRENCY)
-                    .await,
+                    .await
+                    .objects,
                 0,
             ),
             _ => {

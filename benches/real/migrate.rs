@@ -73,6 +73,7 @@ pub async fn run(cluster: &Cluster) -> Result<Vec<Figure>, String> {
             // The migrator's settle check before its first write (from its summary).
             let mut settle_waits = Vec::new();
             let mut after_settle_rates = Vec::new();
+            let mut raw_after_rates = Vec::new();
             for _ in 0..rounds {
                 for client in ["raw", "migrator"] {
                     storage = if storage == "v1" { "v2" } else { "v1" };
@@ -81,20 +82,24 @@ pub async fn run(cluster: &Cluster) -> Result<Vec<Figure>, String> {
                         tokio::time::sleep(SETTLED_AFTER).await;
                     }
                     let started = Instant::now();
-                    let done = match client {
+                    // Each side's time before its first write could start: the raw
+                    // client's first page, the migrator's settle check (which lists its
+                    // first page meanwhile).
+                    let (done, before_first_write) = match client {
                         "raw" => {
-                            raw_client::rewrite_all(
+                            let pass = raw_client::rewrite_all(
                                 &cluster.client,
                                 &format!("/apis/{GROUP}/{storage}/{plural}"),
                                 PAGE_SIZE,
                                 CONCURRENCY,
                             )
-                            .await
+                            .await;
+                            (pass.objects, pass.first_page.as_secs_f64())
                         }
                         _ => {
                             let (listed, settle) = migrator(cluster, &name)?;
                             settle_waits.push(settle);
-                            listed
+                            (listed, settle)
                         }
                     };
                     let seconds = started.elapsed().as_secs_f64();
@@ -102,12 +107,15 @@ pub async fn run(cluster: &Cluster) -> Result<Vec<Figure>, String> {
                         return Err(format!("{client} rewrote {done} objects of {size}"));
                     }
                     let rate = size as f64 / seconds;
+                    let after = size as f64 / (seconds - before_first_write).max(1e-9);
                     match client {
-                        "raw" => raw_rates.push(rate),
+                        "raw" => {
+                            raw_rates.push(rate);
+                            raw_after_rates.push(after);
+                        }
                         _ => {
                             migrator_rates.push(rate);
-                            let settle = settle_waits.last().copied().unwrap_or_default();
-                            after_settle_rates.push(size as f64 / (seconds - settle).max(1e-9));
+                            after_settle_rates.push(after);
                         }
                     }
                     println!(
@@ -134,7 +142,8 @@ pub async fn run(cluster: &Cluster) -> Result<Vec<Figure>, String> {
                 // A CRD changed less than a minute ago: before its first write the migrator
                 // confirms, five discovery answers a second apart, that the apiservers
                 // store in the new version (an HA peer behind would write the old one). The
-                // raw client makes no such check; the target is on the rest of the run.
+                // raw client makes no such check; the target is on each side's run from the
+                // moment its first write could start (the raw client's: its first page).
                 let settle = mean(&settle_waits);
                 figures.push(Figure {
                     name: format!("migrate {size}, just switched: migrator mean / best raw"),
@@ -145,11 +154,12 @@ pub async fn run(cluster: &Cluster) -> Result<Vec<Figure>, String> {
                     target: String::new(),
                     met: None,
                 });
-                let after = mean(&after_settle_rates) / best_raw.max(1e-9);
+                let best_raw_after = raw_after_rates.iter().copied().fold(0.0, f64::max);
+                let after = mean(&after_settle_rates) / best_raw_after.max(1e-9);
                 figures.push(Figure {
-                    name: format!("migrate {size}, just switched, after the settle check"),
+                    name: format!("migrate {size}, just switched, from the first write"),
                     value: format!(
-                        "{after:.2}x ({:.0} vs {best_raw:.0}/s)",
+                        "{after:.2}x ({:.0} vs {best_raw_after:.0}/s)",
                         mean(&after_settle_rates)
                     ),
                     target: "≥ 1.00x".into(),

@@ -9,12 +9,27 @@ use kube::client::Body;
 use kube::core::{DynamicObject, ObjectList, PartialObjectMeta};
 use serde_json::json;
 
+/// What a pass did.
+pub struct Rewritten {
+    pub objects: u64,
+    /// How long the first page took to arrive (before it, no rewrite could start).
+    #[allow(dead_code, reason = "read by benches/real, not by benches/migrate")]
+    pub first_page: std::time::Duration,
+}
+
 /// Rewrites every object listed at `list_path` (`/apis/<group>/<version>/<plural>`, all
-/// namespaces), `page_size` per page, `concurrency` patches at once; returns how many.
-pub async fn rewrite_all(client: &kube::Client, list_path: &str, page_size: u32, concurrency: usize) -> u64 {
+/// namespaces), `page_size` per page, `concurrency` patches at once.
+pub async fn rewrite_all(
+    client: &kube::Client,
+    list_path: &str,
+    page_size: u32,
+    concurrency: usize,
+) -> Rewritten {
     let (prefix, plural) = list_path.rsplit_once('/').expect("a list path");
     let mut token: Option<String> = None;
     let mut done = 0;
+    let started = std::time::Instant::now();
+    let mut first_page = None;
     loop {
         let mut params = ListParams::default().limit(page_size);
         if let Some(t) = &token {
@@ -24,6 +39,7 @@ pub async fn rewrite_all(client: &kube::Client, list_path: &str, page_size: u32,
             .list_metadata(&params)
             .expect("request");
         let list: ObjectList<PartialObjectMeta<DynamicObject>> = client.request(request).await.expect("list");
+        first_page.get_or_insert_with(|| started.elapsed());
         token = list.metadata.continue_.clone().filter(|t| !t.is_empty());
         done += futures::stream::iter(list.items)
             .map(|item| async move {
@@ -50,7 +66,10 @@ pub async fn rewrite_all(client: &kube::Client, list_path: &str, page_size: u32,
             .fold(0, |sum, n| async move { sum + n })
             .await;
         if token.is_none() {
-            return done;
+            return Rewritten {
+                objects: done,
+                first_page: first_page.unwrap_or_default(),
+            };
         }
     }
 }

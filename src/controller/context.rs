@@ -80,7 +80,7 @@ pub async fn get_crd(ctx: &Context, name: &str) -> Result<Option<CustomResourceD
 /// behind), a quorum read.
 pub async fn get_crd_seen(ctx: &Context, name: &str) -> Result<Option<Arc<CustomResourceDefinition>>, Error> {
     if let Some(crd) = ctx.crds_seen.kept(name) {
-        return Ok(Some(crd));
+        return Ok(Some(Arc::new(crd)));
     }
     let Some(seen) = ctx.crds_seen.get(name) else {
         return Ok(get_crd(ctx, name).await?.map(Arc::new));

@@ -1,21 +1,25 @@
-//! What this process knows of each CRD: the newest resourceVersion it saw (its CRD watch,
-//! its reads, the answers to its own patches) and, within a memory budget, the governed CRDs
-//! as last read or patched, for a reconcile to read its CRD without a request while nothing
-//! newer was seen (`context::get_crd_seen`); and when its watch delivered a version, for a
+//! What this process knows of each CRD: the newest resourceVersion its CRD watch delivered
+//! (and its own reads and patches), and, within a memory budget, the CRDs as last read or
+//! patched, for a reconcile to read its CRD without a request while the watch is up and saw
+//! nothing newer (`context::get_crd_seen`); and when its watch delivered a version, for a
 //! reconcile to know that its patch has reached watchers (`until_watched`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::core::PartialObjectMeta;
+use kube::runtime::watcher;
 use tokio::sync::oneshot;
 
 use crate::sync::lock;
 
 /// The newest resourceVersion of each CRD this process saw (every CRD of the cluster, a
-/// name and a number each). resourceVersions are opaque, so the last one recorded wins; an
-/// older one only makes a read less fresh, never wrong (`context::get_crd_seen`).
+/// name and a number each), and the CRDs it read or patched last, as JSON.
+/// resourceVersions are opaque, so the last one recorded wins: a relist from an apiserver
+/// behind may record an older one, which only makes a read less fresh (the CRD patch is
+/// guarded by the resourceVersion it decided on, `patch::crd_patch`).
 #[derive(Debug, Default)]
 pub struct CrdsSeen {
     state: Mutex<State>,
@@ -29,26 +33,63 @@ struct State {
     watched: HashMap<String, String>,
     /// Whether a CRD watch feeds `watched` (the controller's; not a bare reconcile's).
     watching: bool,
+    /// Whether that watch is up: it listed every CRD and has not failed since. While it is
+    /// not, nothing would tell a kept CRD is stale.
+    up: bool,
     /// Reconciles waiting for the watch to deliver a resourceVersion, by CRD name.
     waiting: HashMap<String, Vec<(String, oneshot::Sender<()>)>>,
-    /// CRDs as last read or patched, by name, with their size as JSON.
-    kept: HashMap<String, (Arc<CustomResourceDefinition>, usize)>,
-    /// What `kept` holds, as JSON.
+    /// CRDs as last read or patched, as JSON (a decoded schema takes many times its JSON
+    /// size), by name, with their resourceVersion.
+    kept: HashMap<String, (String, Vec<u8>)>,
+    /// What `kept` holds, in bytes.
     kept_bytes: usize,
     /// The most `kept` may hold (`KEPT_CRDS_AT_MOST` when unset).
     budget: Option<usize>,
 }
 
 /// The most the CRDs kept as last read may take (as JSON): past it, a CRD not kept yet is
-/// read from the apiserver's watch cache each time. 1,000 governed CRDs of 64 KiB fit.
-pub const KEPT_CRDS_AT_MOST: usize = 64 * 1024 * 1024;
+/// read from the apiserver's watch cache each time. 1,000 governed CRDs of 32 KiB fit.
+pub const KEPT_CRDS_AT_MOST: usize = 32 * 1024 * 1024;
 
 impl CrdsSeen {
-    /// Seen fed by a CRD watch (`watched`): `until_watched` waits for it.
+    /// Seen fed by a CRD watch (`watch_event`, `watched`): kept CRDs serve reads while it is
+    /// up, and `until_watched` waits for it.
     pub fn watched_by_a_watch() -> Self {
         let seen = Self::default();
         lock(&seen.state).watching = true;
         seen
+    }
+
+    /// The same, keeping at most `bytes` of CRDs.
+    pub fn with_budget(self, bytes: usize) -> Self {
+        lock(&self.state).budget = Some(bytes);
+        self
+    }
+
+    /// What the CRD watch (kube-runtime's watcher) said, before its objects are mapped:
+    /// up once it listed every CRD, down from a failure or a restart until it listed them
+    /// again; a deleted CRD is forgotten.
+    pub fn watch_event(
+        &self,
+        event: &Result<watcher::Event<PartialObjectMeta<CustomResourceDefinition>>, watcher::Error>,
+    ) {
+        let mut state = lock(&self.state);
+        match event {
+            Ok(watcher::Event::InitDone) => state.up = true,
+            Ok(watcher::Event::Init) | Err(_) => {
+                state.up = false;
+                // Nothing to wait for from a watch that is down.
+                state.waiting.clear();
+            }
+            Ok(watcher::Event::Delete(crd)) => {
+                if let Some(name) = &crd.metadata.name {
+                    state.forget(name);
+                    state.seen.remove(name);
+                    state.watched.remove(name);
+                }
+            }
+            Ok(watcher::Event::Apply(_) | watcher::Event::InitApply(_)) => {}
+        }
     }
 
     /// The CRD watch delivered `name` at `resource_version`.
@@ -68,57 +109,50 @@ impl CrdsSeen {
         lock(&self.state).seen.get(name).cloned()
     }
 
-    /// The same, keeping at most `bytes` of CRDs.
-    pub fn with_budget(self, bytes: usize) -> Self {
-        lock(&self.state).budget = Some(bytes);
-        self
-    }
-
     /// `crd` as just read or patched: its resourceVersion is seen, and the object kept
     /// while the budget allows.
     pub fn keep(&self, crd: &CustomResourceDefinition) {
         let (Some(name), Some(version)) = (&crd.metadata.name, &crd.metadata.resource_version) else {
             return;
         };
-        let size = serde_json::to_vec(crd).map_or(usize::MAX, |json| json.len());
+        let json = serde_json::to_vec(crd).unwrap_or_default();
         let mut state = lock(&self.state);
         record_in(&mut state.seen, name, version);
-        if let Some((_, old)) = state.kept.remove(name) {
-            state.kept_bytes -= old;
-        }
-        if state.kept_bytes.saturating_add(size) <= state.budget.unwrap_or(KEPT_CRDS_AT_MOST) {
-            state.kept.insert(name.clone(), (Arc::new(crd.clone()), size));
-            state.kept_bytes += size;
+        state.forget(name);
+        let budget = state.budget.unwrap_or(KEPT_CRDS_AT_MOST);
+        if !json.is_empty() && state.kept_bytes.saturating_add(json.len()) <= budget {
+            state.kept_bytes += json.len();
+            state.kept.insert(name.clone(), (version.clone(), json));
         }
     }
 
-    /// The CRD `name` as kept, if a CRD watch feeds this and saw nothing newer since (by
-    /// resourceVersion). Without a watch, nothing tells a kept CRD is stale.
-    pub fn kept(&self, name: &str) -> Option<Arc<CustomResourceDefinition>> {
+    /// The CRD `name` as kept, while the CRD watch is up and saw nothing newer since (by
+    /// resourceVersion).
+    pub fn kept(&self, name: &str) -> Option<CustomResourceDefinition> {
         let state = lock(&self.state);
-        if !state.watching {
+        if !(state.watching && state.up) {
             return None;
         }
-        let (crd, _) = state.kept.get(name)?;
-        (crd.metadata.resource_version.as_ref() == state.seen.get(name)).then(|| crd.clone())
+        let (version, json) = state.kept.get(name)?;
+        if state.seen.get(name) != Some(version) {
+            return None;
+        }
+        serde_json::from_slice(json).ok()
     }
 
     /// The CRD `name` does not exist (any more).
     pub fn forget(&self, name: &str) {
-        let mut state = lock(&self.state);
-        if let Some((_, size)) = state.kept.remove(name) {
-            state.kept_bytes -= size;
-        }
+        lock(&self.state).forget(name);
     }
 
     /// Returns once the CRD watch has delivered `name` at `resource_version` (a patch's
-    /// answer: watchers see it too by then), or after `limit` (the watch restarted and
-    /// listed a newer state, or someone changed the CRD again right away), or at once when
-    /// no watch feeds this.
+    /// answer: watchers see it too by then), or after `limit` (someone changed the CRD again
+    /// right away), or at once when no watch feeds this or it is down (and as it fails).
     pub async fn until_watched(&self, name: &str, resource_version: &str, limit: Duration) {
         let delivered = {
             let mut state = lock(&self.state);
-            if !state.watching || state.watched.get(name).is_some_and(|v| v == resource_version) {
+            if !(state.watching && state.up) || state.watched.get(name).is_some_and(|v| v == resource_version)
+            {
                 return;
             }
             let (sender, delivered) = oneshot::channel();
@@ -132,6 +166,14 @@ impl CrdsSeen {
         // A dropped sender (woken) and an answer are the same news.
         let _ = tokio::time::timeout(limit, delivered).await;
         forget_senders(&mut lock(&self.state).waiting, name, |_| false);
+    }
+}
+
+impl State {
+    fn forget(&mut self, name: &str) {
+        if let Some((_, json)) = self.kept.remove(name) {
+            self.kept_bytes -= json.len();
+        }
     }
 }
 
@@ -164,9 +206,14 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    fn up(seen: &CrdsSeen) {
+        seen.watch_event(&Ok(watcher::Event::InitDone));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_patch_waits_until_the_watch_delivers_its_version_and_no_longer_than_its_limit() {
         let seen = Arc::new(CrdsSeen::watched_by_a_watch());
+        up(&seen);
         // Delivered before the wait: none.
         seen.watched("a", "5");
         let started = tokio::time::Instant::now();
@@ -202,6 +249,7 @@ mod tests {
     #[test]
     fn a_kept_crd_serves_until_a_newer_version_is_seen() {
         let seen = CrdsSeen::watched_by_a_watch();
+        up(&seen);
         assert!(seen.kept("a").is_none());
         seen.keep(&crd("a", "5"));
         assert_eq!(seen.get("a").as_deref(), Some("5"));
@@ -213,16 +261,49 @@ mod tests {
         // Read again.
         seen.keep(&crd("a", "6"));
         assert!(seen.kept("a").is_some());
-        // Deleted.
-        seen.forget("a");
+        // The watch fails: nothing would tell it stale, so it is not served until the
+        // watch listed again.
+        seen.watch_event(&Err(watcher::Error::NoResourceVersion));
         assert!(seen.kept("a").is_none());
+        seen.watch_event(&Ok(watcher::Event::Init));
+        assert!(seen.kept("a").is_none());
+        up(&seen);
+        assert!(seen.kept("a").is_some());
+        // Deleted.
+        let deleted: PartialObjectMeta<CustomResourceDefinition> =
+            serde_json::from_value(serde_json::json!({"apiVersion": "apiextensions.k8s.io/v1",
+                "kind": "PartialObjectMetadata", "metadata": {"name": "a", "resourceVersion": "7"}}))
+            .expect("metadata");
+        seen.watch_event(&Ok(watcher::Event::Delete(deleted)));
+        assert!(seen.kept("a").is_none());
+        assert!(seen.get("a").is_none());
         assert_eq!(lock(&seen.state).kept_bytes, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_that_is_down_or_fails_makes_no_patch_wait() {
+        let seen = Arc::new(CrdsSeen::watched_by_a_watch());
+        let started = tokio::time::Instant::now();
+        // Not listed yet.
+        seen.until_watched("a", "5", Duration::from_secs(5)).await;
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        // Up, then failing 1 s into a wait: the wait ends.
+        up(&seen);
+        let watch = seen.clone();
+        let failing = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            watch.watch_event(&Err(watcher::Error::NoResourceVersion));
+        });
+        seen.until_watched("a", "5", Duration::from_secs(5)).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+        failing.await.expect("failed");
     }
 
     #[test]
     fn kept_crds_stay_within_the_budget() {
         let size = serde_json::to_vec(&crd("c0", "1")).expect("json").len();
         let seen = CrdsSeen::watched_by_a_watch().with_budget(10 * size);
+        up(&seen);
         for i in 0..20 {
             seen.keep(&crd(&format!("c{i}"), "1"));
         }
@@ -236,6 +317,7 @@ mod tests {
     #[test]
     fn without_a_watch_nothing_kept_is_served() {
         let seen = CrdsSeen::default();
+        up(&seen);
         seen.keep(&crd("a", "5"));
         assert!(seen.kept("a").is_none());
         assert_eq!(seen.get("a").as_deref(), Some("5"));

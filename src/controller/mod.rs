@@ -320,6 +320,11 @@ pub async fn controller(
     let acted_on = last_reconciles.clone();
     let crds_seen = Arc::new(CrdsSeen::watched_by_a_watch());
     let seen = crds_seen.clone();
+    // Whether the CRD watch is up (a kept CRD serves reads only then), and deletions.
+    let watch_health = crds_seen.clone();
+    let crd_changes = watcher(crds, watcher::Config::default().any_semantic())
+        .inspect(move |event| watch_health.watch_event(event))
+        .touched_objects();
     // A policy created, deleted or moved to another CRD reconciles the other policies for
     // the same CRD (the loser of a conflict takes over when the winner is deleted).
     let by_competitor = store.clone();
@@ -391,7 +396,7 @@ pub async fn controller(
         Arc::default();
     info!("controller started");
     let running = controller
-        .watches(crds, watcher::Config::default().any_semantic(), move |crd| {
+        .watches_stream(crd_changes, move |crd| {
             let resource_version = crd.resource_version().unwrap_or_default();
             seen.watched(&crd.name_any(), &resource_version);
             let mut policies = policies_for_crd(&by_crd, &crd.name_any(), None);
