@@ -63,7 +63,7 @@ pub async fn get_crd(ctx: &Context, name: &str) -> Result<Option<CustomResourceD
     let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
     let crd = api.get_opt(name).await?;
     match &crd {
-        Some(crd) => ctx.crds_seen.keep(crd),
+        Some(crd) => ctx.crds_seen.refresh(crd),
         None => ctx.crds_seen.forget(name),
     }
     Ok(crd)
@@ -82,18 +82,21 @@ pub async fn get_crd_seen(ctx: &Context, name: &str) -> Result<Option<Arc<Custom
     if let Some(crd) = ctx.crds_seen.kept(name) {
         return Ok(Some(Arc::new(crd)));
     }
-    let Some(seen) = ctx.crds_seen.get(name) else {
-        return Ok(get_crd(ctx, name).await?.map(Arc::new));
+    let crd = match ctx.crds_seen.get(name) {
+        Some(seen) => {
+            let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
+            match api.get_with(name, &GetParams::at(&seen)).await {
+                Ok(crd) => Some(crd),
+                Err(error) => {
+                    debug!(crd = name, error = %error, "the watch cache did not answer; reading from etcd");
+                    get_crd(ctx, name).await?
+                }
+            }
+        }
+        None => get_crd(ctx, name).await?,
     };
-    let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
-    match api.get_with(name, &GetParams::at(&seen)).await {
-        Ok(crd) => {
-            ctx.crds_seen.keep(&crd);
-            Ok(Some(Arc::new(crd)))
-        }
-        Err(error) => {
-            debug!(crd = name, error = %error, "the watch cache did not answer; reading from etcd");
-            Ok(get_crd(ctx, name).await?.map(Arc::new))
-        }
+    if let Some(crd) = &crd {
+        ctx.crds_seen.keep(crd);
     }
+    Ok(crd.map(Arc::new))
 }

@@ -109,8 +109,24 @@ impl CrdsSeen {
         lock(&self.state).seen.get(name).cloned()
     }
 
-    /// `crd` as just read or patched: its resourceVersion is seen, and the object kept
-    /// while the budget allows.
+    /// `crd` as just read by a quorum read: its resourceVersion is seen, and the object
+    /// replaces the one kept, if one is (a CRD that only `release` or a suspended policy
+    /// reads takes no room).
+    pub fn refresh(&self, crd: &CustomResourceDefinition) {
+        let kept = crd
+            .metadata
+            .name
+            .as_ref()
+            .is_some_and(|name| lock(&self.state).kept.contains_key(name));
+        if kept {
+            self.keep(crd);
+        } else if let (Some(name), Some(version)) = (&crd.metadata.name, &crd.metadata.resource_version) {
+            record_in(&mut lock(&self.state).seen, name, version);
+        }
+    }
+
+    /// `crd` as just read or patched for a decision: its resourceVersion is seen, and the
+    /// object kept while the budget allows.
     pub fn keep(&self, crd: &CustomResourceDefinition) {
         let (Some(name), Some(version)) = (&crd.metadata.name, &crd.metadata.resource_version) else {
             return;
@@ -312,6 +328,19 @@ mod tests {
         assert!((9..=10).contains(&state.kept.len()), "{} kept", state.kept.len());
         // Past the budget, still seen: read from the watch cache at that version.
         assert_eq!(state.seen.len(), 20);
+    }
+
+    #[test]
+    fn a_quorum_read_refreshes_a_kept_crd_and_keeps_no_other() {
+        let seen = CrdsSeen::watched_by_a_watch();
+        up(&seen);
+        seen.refresh(&crd("released", "3"));
+        assert!(seen.kept("released").is_none());
+        assert_eq!(seen.get("released").as_deref(), Some("3"));
+        seen.keep(&crd("governed", "4"));
+        seen.refresh(&crd("governed", "5"));
+        let kept = seen.kept("governed").expect("kept");
+        assert_eq!(kept.metadata.resource_version.as_deref(), Some("5"));
     }
 
     #[test]

@@ -119,21 +119,28 @@ fn served(fake: &FakeApiserver, crd: &str, version: &str) -> bool {
         .any(|v| v["name"] == version && v["served"] == true)
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_policy_costs_at_most_three_reconciles_from_creation_to_rest() {
-    const POLICIES: usize = 20;
+/// `policies` fleet CRDs and the controller running, then one policy per CRD introducing v2
+/// a minute on, and 30 s for their creation to come to rest.
+async fn fleet(policies: usize) -> (FakeApiserver, Running) {
     let fake = FakeApiserver::new();
-    for i in 0..POLICIES {
+    for i in 0..policies {
         fake.create_crd(fleet_crd(i));
     }
     let running = Running::start(fake.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Every policy introduces v2 at the same instant, a minute on.
     let (introduce, deprecate) = (running.at(60), running.at(3600));
-    for i in 0..POLICIES {
+    for i in 0..policies {
         fake.create_policy(fleet_policy(i, &introduce, &deprecate));
     }
     tokio::time::sleep(Duration::from_secs(30)).await;
+    (fake, running)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_policy_costs_at_most_three_reconciles_from_creation_to_rest() {
+    const POLICIES: usize = 20;
+    let (fake, running) = fleet(POLICIES).await;
     let created = running.reconciles();
     assert_eq!(created.len(), POLICIES, "{created:?}");
     tokio::time::sleep(Duration::from_secs(60)).await;
@@ -197,13 +204,7 @@ async fn a_policy_costs_at_most_three_reconciles_from_creation_to_rest() {
 
 #[tokio::test(start_paused = true)]
 async fn a_kept_crd_changed_before_the_watch_tells_is_read_again_at_the_refused_patch() {
-    let fake = FakeApiserver::new();
-    fake.create_crd(fleet_crd(0));
-    let running = Running::start(fake.clone());
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let (introduce, deprecate) = (running.at(60), running.at(3600));
-    fake.create_policy(fleet_policy(0, &introduce, &deprecate));
-    tokio::time::sleep(Duration::from_secs(30)).await;
+    let (fake, running) = fleet(1).await;
     // Someone adds a version by hand; the watch tells only a minute later, after the
     // instant, so the reconcile at the instant decides on the CRD as kept.
     fake.lock().watch_delay = Duration::from_secs(60);
@@ -397,17 +398,7 @@ async fn a_reconciles_events_and_status_wait_for_the_patches_of_others_on_their_
 #[tokio::test(start_paused = true)]
 async fn a_burst_writes_its_bookkeeping_once_its_patches_reach_watchers() {
     const POLICIES: usize = 5;
-    let fake = FakeApiserver::new();
-    for i in 0..POLICIES {
-        fake.create_crd(fleet_crd(i));
-    }
-    let running = Running::start(fake.clone());
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let (introduce, deprecate) = (running.at(60), running.at(3600));
-    for i in 0..POLICIES {
-        fake.create_policy(fleet_policy(i, &introduce, &deprecate));
-    }
-    tokio::time::sleep(Duration::from_secs(30)).await;
+    let (fake, running) = fleet(POLICIES).await;
     // From now on the watches deliver each change 2 s after its write was answered.
     fake.lock().watch_delay = Duration::from_secs(2);
     let before_instant = running.fake.requests().len();
