@@ -60,11 +60,19 @@ impl Context {
 
 /// The CRD as it is now: a quorum read (etcd).
 pub async fn get_crd(ctx: &Context, name: &str) -> Result<Option<CustomResourceDefinition>, Error> {
+    let crd = quorum_read(ctx, name).await?;
+    if let Some(crd) = &crd {
+        ctx.crds_seen.refresh(crd);
+    }
+    Ok(crd)
+}
+
+/// A quorum read; a CRD that is gone is forgotten (`CrdsSeen::forget`).
+async fn quorum_read(ctx: &Context, name: &str) -> Result<Option<CustomResourceDefinition>, Error> {
     let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
     let crd = api.get_opt(name).await?;
-    match &crd {
-        Some(crd) => ctx.crds_seen.refresh(crd),
-        None => ctx.crds_seen.forget(name),
+    if crd.is_none() {
+        ctx.crds_seen.forget(name);
     }
     Ok(crd)
 }
@@ -89,11 +97,11 @@ pub async fn get_crd_seen(ctx: &Context, name: &str) -> Result<Option<Arc<Custom
                 Ok(crd) => Some(crd),
                 Err(error) => {
                     debug!(crd = name, error = %error, "the watch cache did not answer; reading from etcd");
-                    get_crd(ctx, name).await?
+                    quorum_read(ctx, name).await?
                 }
             }
         }
-        None => get_crd(ctx, name).await?,
+        None => quorum_read(ctx, name).await?,
     };
     if let Some(crd) = &crd {
         ctx.crds_seen.keep(crd);

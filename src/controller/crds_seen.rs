@@ -31,10 +31,9 @@ struct State {
     seen: HashMap<String, String>,
     /// The last resourceVersion the CRD watch delivered, by CRD name.
     watched: HashMap<String, String>,
-    /// Whether a CRD watch feeds `watched` (the controller's; not a bare reconcile's).
-    watching: bool,
-    /// Whether that watch is up: it listed every CRD and has not failed since. While it is
-    /// not, nothing would tell a kept CRD is stale.
+    /// Whether a CRD watch feeds this (`watch_event`) and is up: it listed every CRD and has
+    /// not failed since. While it is not (or without one, a bare reconcile's), nothing would
+    /// tell a kept CRD is stale.
     up: bool,
     /// Reconciles waiting for the watch to deliver a resourceVersion, by CRD name.
     waiting: HashMap<String, Vec<(String, oneshot::Sender<()>)>>,
@@ -52,29 +51,27 @@ struct State {
 pub const KEPT_CRDS_AT_MOST: usize = 32 * 1024 * 1024;
 
 impl CrdsSeen {
-    /// Seen fed by a CRD watch (`watch_event`, `watched`): kept CRDs serve reads while it is
-    /// up, and `until_watched` waits for it.
-    pub fn watched_by_a_watch() -> Self {
-        let seen = Self::default();
-        lock(&seen.state).watching = true;
-        seen
-    }
-
-    /// The same, keeping at most `bytes` of CRDs.
+    /// Keeping at most `bytes` of CRDs.
     pub fn with_budget(self, bytes: usize) -> Self {
         lock(&self.state).budget = Some(bytes);
         self
     }
 
-    /// What the CRD watch (kube-runtime's watcher) said, before its objects are mapped:
-    /// up once it listed every CRD, down from a failure or a restart until it listed them
-    /// again; a deleted CRD is forgotten.
+    /// What the CRD watch (kube-runtime's watcher) said, before its objects are mapped: each
+    /// CRD's resourceVersion (`watched`); up once it listed every CRD, down from a failure or
+    /// a restart until it listed them again; a deleted CRD is forgotten. Kept CRDs serve
+    /// reads only while it is up, and `until_watched` waits for it only then.
     pub fn watch_event(
         &self,
         event: &Result<watcher::Event<PartialObjectMeta<CustomResourceDefinition>>, watcher::Error>,
     ) {
         let mut state = lock(&self.state);
         match event {
+            Ok(watcher::Event::Apply(crd) | watcher::Event::InitApply(crd)) => {
+                if let (Some(name), Some(version)) = (&crd.metadata.name, &crd.metadata.resource_version) {
+                    state.watched(name, version);
+                }
+            }
             Ok(watcher::Event::InitDone) => state.up = true,
             Ok(watcher::Event::Init) | Err(_) => {
                 state.up = false;
@@ -88,20 +85,12 @@ impl CrdsSeen {
                     state.watched.remove(name);
                 }
             }
-            Ok(watcher::Event::Apply(_) | watcher::Event::InitApply(_)) => {}
         }
     }
 
     /// The CRD watch delivered `name` at `resource_version`.
     pub fn watched(&self, name: &str, resource_version: &str) {
-        if resource_version.is_empty() {
-            return;
-        }
-        let mut state = lock(&self.state);
-        record_in(&mut state.seen, name, resource_version);
-        record_in(&mut state.watched, name, resource_version);
-        // Dropping a sender wakes its waiter; those whose wait ended go as well.
-        forget_senders(&mut state.waiting, name, |version| version == resource_version);
+        lock(&self.state).watched(name, resource_version);
     }
 
     /// The resourceVersion `name` was last seen at.
@@ -146,7 +135,7 @@ impl CrdsSeen {
     /// resourceVersion).
     pub fn kept(&self, name: &str) -> Option<CustomResourceDefinition> {
         let state = lock(&self.state);
-        if !(state.watching && state.up) {
+        if !state.up {
             return None;
         }
         let (version, json) = state.kept.get(name)?;
@@ -167,8 +156,7 @@ impl CrdsSeen {
     pub async fn until_watched(&self, name: &str, resource_version: &str, limit: Duration) {
         let delivered = {
             let mut state = lock(&self.state);
-            if !(state.watching && state.up) || state.watched.get(name).is_some_and(|v| v == resource_version)
-            {
+            if !state.up || state.watched.get(name).is_some_and(|v| v == resource_version) {
                 return;
             }
             let (sender, delivered) = oneshot::channel();
@@ -186,6 +174,16 @@ impl CrdsSeen {
 }
 
 impl State {
+    fn watched(&mut self, name: &str, resource_version: &str) {
+        if resource_version.is_empty() {
+            return;
+        }
+        record_in(&mut self.seen, name, resource_version);
+        record_in(&mut self.watched, name, resource_version);
+        // Dropping a sender wakes its waiter; those whose wait ended go as well.
+        forget_senders(&mut self.waiting, name, |version| version == resource_version);
+    }
+
     fn forget(&mut self, name: &str) {
         if let Some((_, json)) = self.kept.remove(name) {
             self.kept_bytes -= json.len();
@@ -228,7 +226,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_patch_waits_until_the_watch_delivers_its_version_and_no_longer_than_its_limit() {
-        let seen = Arc::new(CrdsSeen::watched_by_a_watch());
+        let seen = Arc::new(CrdsSeen::default());
         up(&seen);
         // Delivered before the wait: none.
         seen.watched("a", "5");
@@ -264,7 +262,7 @@ mod tests {
 
     #[test]
     fn a_kept_crd_serves_until_a_newer_version_is_seen() {
-        let seen = CrdsSeen::watched_by_a_watch();
+        let seen = CrdsSeen::default();
         up(&seen);
         assert!(seen.kept("a").is_none());
         seen.keep(&crd("a", "5"));
@@ -298,7 +296,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_watch_that_is_down_or_fails_makes_no_patch_wait() {
-        let seen = Arc::new(CrdsSeen::watched_by_a_watch());
+        let seen = Arc::new(CrdsSeen::default());
         let started = tokio::time::Instant::now();
         // Not listed yet.
         seen.until_watched("a", "5", Duration::from_secs(5)).await;
@@ -318,7 +316,7 @@ mod tests {
     #[test]
     fn kept_crds_stay_within_the_budget() {
         let size = serde_json::to_vec(&crd("c0", "1")).expect("json").len();
-        let seen = CrdsSeen::watched_by_a_watch().with_budget(10 * size);
+        let seen = CrdsSeen::default().with_budget(10 * size);
         up(&seen);
         for i in 0..20 {
             seen.keep(&crd(&format!("c{i}"), "1"));
@@ -332,7 +330,7 @@ mod tests {
 
     #[test]
     fn a_quorum_read_refreshes_a_kept_crd_and_keeps_no_other() {
-        let seen = CrdsSeen::watched_by_a_watch();
+        let seen = CrdsSeen::default();
         up(&seen);
         seen.refresh(&crd("released", "3"));
         assert!(seen.kept("released").is_none());
@@ -343,23 +341,17 @@ mod tests {
         assert_eq!(kept.metadata.resource_version.as_deref(), Some("5"));
     }
 
-    #[test]
-    fn without_a_watch_nothing_kept_is_served() {
+    #[tokio::test(start_paused = true)]
+    async fn until_a_watch_listed_nothing_kept_is_served_and_nothing_waits() {
         let seen = CrdsSeen::default();
-        up(&seen);
         seen.keep(&crd("a", "5"));
         assert!(seen.kept("a").is_none());
         assert_eq!(seen.get("a").as_deref(), Some("5"));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn without_a_watch_nothing_waits() {
-        let seen = CrdsSeen::default();
         let started = tokio::time::Instant::now();
-        seen.until_watched("a", "5", Duration::from_secs(5)).await;
+        seen.until_watched("a", "6", Duration::from_secs(5)).await;
         assert_eq!(started.elapsed(), Duration::ZERO);
-        seen.watched("a", "5");
+        seen.watched("a", "6");
         seen.watched("a", "");
-        assert_eq!(seen.get("a").as_deref(), Some("5"));
+        assert_eq!(seen.get("a").as_deref(), Some("6"));
     }
 }

@@ -318,12 +318,12 @@ pub async fn controller(
     let by_crd = store.clone();
     let last_reconciles = Arc::new(triggers::LastReconciles::default());
     let acted_on = last_reconciles.clone();
-    let crds_seen = Arc::new(CrdsSeen::watched_by_a_watch());
+    // Each CRD's resourceVersion, whether the CRD watch is up (a kept CRD serves reads only
+    // then), and deletions, before the events are mapped to reconciles.
+    let crds_seen = Arc::new(CrdsSeen::default());
     let seen = crds_seen.clone();
-    // Whether the CRD watch is up (a kept CRD serves reads only then), and deletions.
-    let watch_health = crds_seen.clone();
     let crd_changes = watcher(crds, watcher::Config::default().any_semantic())
-        .inspect(move |event| watch_health.watch_event(event))
+        .inspect(move |event| seen.watch_event(event))
         .touched_objects();
     // A policy created, deleted or moved to another CRD reconciles the other policies for
     // the same CRD (the loser of a conflict takes over when the winner is deleted).
@@ -398,7 +398,6 @@ pub async fn controller(
     let running = controller
         .watches_stream(crd_changes, move |crd| {
             let resource_version = crd.resource_version().unwrap_or_default();
-            seen.watched(&crd.name_any(), &resource_version);
             let mut policies = policies_for_crd(&by_crd, &crd.name_any(), None);
             policies.retain(|policy| !acted_on.acted_on(&policy.name, &resource_version));
             policies

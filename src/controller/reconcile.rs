@@ -125,7 +125,9 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         // A transition has landed once watchers see it (kubectl, GitOps tools): until this
         // process's own watch delivers the patch, this reconcile still counts as on its way,
         // and the bookkeeping of all waits.
-        if let Some(version) = &outcome.patched {
+        if outcome.patched
+            && let Some(version) = &outcome.crd_resource_version
+        {
             ctx.crds_seen
                 .until_watched(&crd_name, version, super::patches_first::WATCH_DELIVERS_WITHIN)
                 .await;
@@ -374,8 +376,8 @@ struct Applied {
     removal_held: bool,
     /// The CRD's resourceVersion the decision was made on (after the patch, if any).
     crd_resource_version: Option<String>,
-    /// The CRD's resourceVersion after this reconcile's patch, when it patched.
-    patched: Option<String>,
+    /// Whether this reconcile patched the CRD (`crd_resource_version` is then the patch's).
+    patched: bool,
 }
 
 /// Reads the CRD, evaluates the policy and applies the guarded patch, recomputing it when
@@ -516,7 +518,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 outcome.fingerprints = preflight::fingerprints(&patched);
                 outcome.crd_resource_version = patched.metadata.resource_version.clone();
                 ctx.crds_seen.keep(&patched);
-                outcome.patched.clone_from(&outcome.crd_resource_version);
+                outcome.patched = true;
                 outcome.evaluation = Some(evaluation);
                 info!(crd = crd_name, ops = ops.len(), "patched CRD");
                 return Ok(outcome);
