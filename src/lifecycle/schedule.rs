@@ -282,10 +282,15 @@ impl Schedule {
     }
 
     fn check_something_served_at(&self, crd: &CrdState, t: Timestamp, errors: &mut FieldErrors) {
+        // A governed version the CRD no longer has was removed (`check_against_crd` reports
+        // one whose removal is not due): it was served as the schedule says until then.
         let any_served = crd.versions.iter().any(|cv| match self.version(&cv.name) {
             Some(v) => v.served(t),
             None => cv.served,
-        });
+        }) || self
+            .versions
+            .iter()
+            .any(|v| crd.version(&v.name).is_none() && v.served(t));
         if any_served {
             return;
         }

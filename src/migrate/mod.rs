@@ -433,6 +433,17 @@ async fn read_current(client: &Client, crd_name: &str, settings: &Settings) -> R
     Ok(target)
 }
 
+/// The CRD as it is now, once discovery confirms that the apiservers answering store in its
+/// storage version (the settle check, ARCHITECTURE.md): what another migrator (Kubernetes'
+/// built-in one, which has no settle of its own) may be started for. Its rewrites go through
+/// any apiserver, and one that has not acted on the switch yet encodes in the old version.
+pub async fn settled_target(client: &Client, crd_name: &str, settings: &Settings) -> Result<Target, Error> {
+    let requester = Requester::unthrottled(client, settings.request_timeout);
+    let target = read_current(client, crd_name, settings).await?;
+    discovery::wait(&requester, &target, Expect::Storage, &settings.settle).await?;
+    Ok(target)
+}
+
 /// After another migrator (Kubernetes' built-in one) rewrote every object: trims
 /// `status.storedVersions` to the storage version with the same guards as a run's last step.
 /// `guard` watches the CRD from the state the migration was created for (its storage version

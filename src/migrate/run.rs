@@ -62,21 +62,19 @@ pub(super) struct Passes {
 }
 
 impl Run<'_> {
-    /// Every listing pass until one completes. No object is processed before `settle`
-    /// succeeds; the first pass lists its first page meanwhile.
+    /// Every listing pass until one completes, each after `settle` succeeded. Nothing is
+    /// listed before: what a page says of an object (its resourceVersion, its managedFields)
+    /// must be no older than the settle check, or a write that an apiserver not yet acting on
+    /// the change made meanwhile (stored in the old version, or naming a version being
+    /// cleaned) would pass for one made after it: a rewrite answered 409 is skipped as
+    /// "written since, so stored in the storage version", and a cleanup decides on the
+    /// entries it listed.
     pub(super) async fn all_objects(
         &self,
         resume: Option<Resume>,
         settle: BoxFuture<'_, Result<(), Error>>,
     ) -> Result<Passes, Error> {
-        // A preflight lists through a version that may not be served yet: it lists once
-        // settled. Other runs list through the storage version while the check runs.
-        let mut settle = Some(settle);
-        if self.settings.mode == Mode::Preflight
-            && let Some(settle) = settle.take()
-        {
-            settle.await?;
-        }
+        settle.await?;
         let mut passes = Passes {
             counts: Counts::default(),
             restarts: 0,
@@ -101,7 +99,7 @@ impl Run<'_> {
                 }
             };
             self.observer.started(self.target, &passes.counts);
-            match self.pass(token.take(), &mut passes, total, settle.take()).await? {
+            match self.pass(token.take(), &mut passes, total).await? {
                 PassEnd::Finished => return Ok(passes),
                 PassEnd::Expired => {
                     // Rewrites are idempotent: start the listing over (apiserver-samples/16).
@@ -129,7 +127,6 @@ impl Run<'_> {
         start: Option<String>,
         passes: &mut Passes,
         mut total: Option<u64>,
-        mut settle: Option<BoxFuture<'_, Result<(), Error>>>,
     ) -> Result<PassEnd, Error> {
         let concurrency = self.settings.concurrency.max(1);
         let counts = &mut passes.counts;
@@ -141,43 +138,28 @@ impl Run<'_> {
         // The page being fetched, the index of the next page, and its token once known
         // (`None` after the last page).
         let mut fetching: Option<BoxFuture<'_, Result<requests::Page, Answer>>> =
-            Some(self.fetch(start.clone()).boxed());
-        // The token of the page being fetched, to fetch it again.
-        let mut fetching_token = start;
+            Some(self.fetch(start).boxed());
         let mut next_index = 0usize;
         let mut next_token: Option<String> = None;
         let mut expired_in_a_row = 0;
         loop {
-            while settle.is_none()
-                && in_flight.len() < concurrency
+            while in_flight.len() < concurrency
                 && let Some((page, key)) = queue.pop_front()
             {
                 in_flight.push(self.process_object(page, key));
             }
-            // Until settled, only the first page is listed.
             if fetching.is_none()
-                && settle.is_none()
                 && queue.len() < concurrency
                 && let Some(token) = next_token.take()
             {
-                fetching_token = Some(token.clone());
                 fetching = Some(self.fetch(Some(token)).boxed());
             }
-            // Done once every object is processed, and never before the settle check
-            // succeeded (a run with no object still trims after it).
-            if settle.is_none() && in_flight.is_empty() && fetching.is_none() && queue.is_empty() {
+            // Done once every object is processed (the settle check succeeded before the
+            // pass: a run with no object still trims after it).
+            if in_flight.is_empty() && fetching.is_none() && queue.is_empty() {
                 return Ok(PassEnd::Finished);
             }
             tokio::select! {
-                settled = async {
-                    match settle.as_mut() {
-                        Some(settle) => settle.await,
-                        None => std::future::pending().await,
-                    }
-                }, if settle.is_some() => {
-                    settled?;
-                    settle = None;
-                }
                 Some((page, processed, key)) = in_flight.next(), if !in_flight.is_empty() => {
                     let result = match processed {
                         Processed::Done => ObjectResult::Rewritten,
@@ -223,30 +205,12 @@ impl Run<'_> {
                             if let Some((checkpoint, committed)) = tracker.replace_token(fresh.clone()) {
                                 self.observer.checkpoint(&checkpoint, &committed);
                             }
-                            fetching_token = Some(fresh.clone());
                             fetching = Some(self.fetch(Some(fresh)).boxed());
                             continue;
                         }
                         // Expired without a fresh token (sample 16 has one; an older
                         // apiserver may not): only a new list is left.
-                        Err(Answer::Status { code: 410, .. }) => {
-                            // The next pass starts settled.
-                            if let Some(settle) = settle.take() {
-                                settle.await?;
-                            }
-                            return Ok(PassEnd::Expired);
-                        }
-                        // Listed before the settle check ended: an apiserver that has
-                        // not acted on the CRD change yet may refuse it. Listed again once
-                        // settled.
-                        Err(answer) if settle.is_some() => {
-                            warn!(crd = %self.target.crd, "{answer}; listing again once the CRD change is confirmed");
-                            if let Some(settle) = settle.take() {
-                                settle.await?;
-                            }
-                            fetching = Some(self.fetch(fetching_token.clone()).boxed());
-                            continue;
-                        }
+                        Err(Answer::Status { code: 410, .. }) => return Ok(PassEnd::Expired),
                         Err(answer) => return Err(self.list_error(answer.to_string())),
                     };
                     expired_in_a_row = 0;

@@ -322,3 +322,23 @@ fn a_live_crd_already_switched_by_the_policy_is_valid() {
         "while it is still the storage version",
     );
 }
+
+/// Found by the simulation (tests/simulation): once the example's last removal landed, the
+/// CRD has v1 alone, and v1 is introduced after the first store. The versions the policy
+/// removed were served before v1 was: the policy stays valid (it used to turn
+/// `InvalidPolicy` at the next reconcile, "no version would be served").
+#[test]
+fn a_policy_stays_valid_after_its_removals_landed() {
+    let example = policy(include_str!("../../examples/widgets/policy.yaml"));
+    let only_v1 = crd(&crd_yaml(&[("v1", true, true)]));
+    let after_everything = ts("2026-09-01T00:00:00Z");
+    let found = fixtures::problems(&example.spec, &only_v1, after_everything);
+    assert_eq!(
+        found,
+        [],
+        "the example's policy against its CRD after its last removal"
+    );
+    // Before a version's removal is due, its absence from the CRD is still a problem.
+    let found = fixtures::problems(&example.spec, &only_v1, ts("2026-06-01T00:00:00Z"));
+    assert_problem(&found, "spec.versions[0].name", "its removal is not due");
+}

@@ -30,7 +30,7 @@ use super::job::Job;
 use super::{MAX_RERUNS, Migrations, RunEnd};
 use crate::api::{MigrationPhase, MigrationStatus, VersionPolicy};
 use crate::migrate::builtin::{self, CreatedFor, Migration, State};
-use crate::migrate::{self, GuardStart, Outcome, StorageGuard, Target, Verdict};
+use crate::migrate::{self, GuardStart, Outcome, StorageGuard, Verdict};
 use crate::sync::lock;
 
 /// How long a failed migration is followed until Kubernetes has processed its end (and
@@ -456,11 +456,13 @@ impl Migrations {
                     .await?;
             }
         }
-        let current: CustomResourceDefinition = Api::all(self.client.clone())
-            .get(crd)
+        // Settled before the migration is created, as the internal migrator settles before
+        // its first rewrite: Kubernetes' migrator re-encodes each object through whichever
+        // apiserver answers, and one that has not acted on the switch yet writes the old
+        // version; the migration would still succeed and trim `storedVersions`.
+        let now = migrate::settled_target(&self.client, crd, settings)
             .await
-            .map_err(|e| format!("cannot read CustomResourceDefinition {crd}: {e}"))?;
-        let now = Target::from_crd(&current)?;
+            .map_err(|e| format!("cannot confirm the storage version of {crd}: {e}"))?;
         if now.storage_version != storage_version {
             return Err(format!(
                 "the storage version of {crd} is {}, not {storage_version}",

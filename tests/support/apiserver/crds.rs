@@ -54,6 +54,9 @@ pub(super) fn patch_crd(state: &mut State, name: &str, body: Value) -> (u16, Val
         .unwrap_or_default();
     for (i, stored_version) in stored.iter().enumerate() {
         if !versions.iter().any(|v| v["name"] == *stored_version) {
+            state
+                .refused_stored_version_drops
+                .push(format!("{name}: {stored_version} dropped from spec.versions"));
             let message = format!(
                 "CustomResourceDefinition.apiextensions.k8s.io \"{name}\" is invalid: status.storedVersions[{i}]: \
                  Invalid value: {stored_version}: must appear in spec.versions"

@@ -79,6 +79,8 @@ fn condition(at: jiff::Timestamp, kind: &str, status: &str, reason: &str, messag
 }
 
 fn advance(state: &mut State, mut object: Value) -> Value {
+    let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    let ours = object["metadata"]["labels"]["crdlifecycle.io/policy"].is_string();
     let conditions = object["status"]["conditions"]
         .as_array()
         .cloned()
@@ -113,6 +115,7 @@ fn advance(state: &mut State, mut object: Value) -> Value {
     // The end of a failed migration processed: storedVersions trimmed, nothing rewritten.
     if failed {
         trim_stored_versions(state, &crd_name);
+        state.step(&format!("kubernetes: failed StorageVersionMigration {name}"));
         let mut conditions = conditions;
         conditions.retain(|c| c["type"] != "Running");
         conditions.insert(
@@ -128,7 +131,11 @@ fn advance(state: &mut State, mut object: Value) -> Value {
         object["status"]["conditions"] = json!(conditions);
         return object;
     }
-    if let Some(message) = state.svm_fail.clone() {
+    if let Some(message) = state
+        .svm_fail
+        .clone()
+        .or_else(|| state.svm_fail_by_name.get(&name).cloned())
+    {
         object["status"]["conditions"] = json!([
             condition(
                 now,
@@ -147,13 +154,33 @@ fn advance(state: &mut State, mut object: Value) -> Value {
         ]);
         return object;
     }
-    if let Some(storage) = storage_version(state, &crd_name) {
-        for ((crd, _, _), stored) in state.objects.iter_mut() {
-            if *crd == crd_name {
-                stored.encoded_as = storage.clone();
+    if storage_version(state, &crd_name).is_some() {
+        // Each object is written through an apiserver, which encodes it in the storage
+        // version as it sees it (`switch_lag`: one that has not acted on a switch yet).
+        let keys: Vec<_> = state
+            .objects
+            .keys()
+            .filter(|(crd, _, _)| *crd == crd_name)
+            .cloned()
+            .collect();
+        for key in keys {
+            let storage = state.effective_crd(&crd_name).and_then(|crd| {
+                crd["spec"]["versions"]
+                    .as_array()?
+                    .iter()
+                    .find(|v| v["storage"] == true)
+                    .and_then(|v| v["name"].as_str())
+                    .map(str::to_owned)
+            });
+            if let (Some(storage), Some(stored)) = (storage, state.objects.get_mut(&key)) {
+                stored.encoded_as = storage;
             }
         }
         trim_stored_versions(state, &crd_name);
+        let whose = if ours { "the controller's" } else { "another's" };
+        state.step(&format!(
+            "kubernetes: {whose} StorageVersionMigration {name} succeeded"
+        ));
     }
     object["status"]["conditions"] = json!([
         condition(
@@ -192,6 +219,20 @@ fn trim_stored_versions(state: &mut State, crd_name: &str) {
     ) {
         crd["status"]["storedVersions"] = json!([storage]);
         state.store_crd(crd, false);
+    }
+}
+
+impl State {
+    /// The kube-controller-manager's svm controller takes its next step on every
+    /// migration (as it does on its own, whether or not anyone reads them).
+    pub fn svm_controller_tick(&mut self) {
+        let names: Vec<String> = self.svms.keys().cloned().collect();
+        for name in names {
+            if let Some(object) = self.svms.get(&name).cloned() {
+                let advanced = advance(self, object);
+                self.svms.insert(name, advanced);
+            }
+        }
     }
 }
 

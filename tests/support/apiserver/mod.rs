@@ -148,6 +148,9 @@ pub struct State {
     pub svm_paused: bool,
     /// The next migrations fail with this message.
     pub svm_fail: Option<String>,
+    /// The migrations of these names fail with these messages (another's migration that
+    /// fails while ours do not).
+    pub svm_fail_by_name: BTreeMap<String, String>,
     /// The built-in migrator succeeds without trimming `storedVersions` (so that the
     /// operator's own trim shows).
     pub svm_leaves_stored_versions: bool,
@@ -165,9 +168,42 @@ pub struct State {
     crd_watchers: Vec<CrdWatcher>,
     /// Watches from a resourceVersion before this one answer 410 Expired.
     watch_history_from: u64,
+    /// Who made the change being processed: `controller` for every request the fake
+    /// answers; tests acting as other writers (a GitOps tool, Kubernetes' own migrator) name
+    /// themselves while they change the state (see `step`).
+    pub actor: String,
+    /// Called after every step (a request answered, or another writer's change), with the
+    /// state as that step left it: the simulation's invariants.
+    pub checker: Option<Box<dyn FnMut(&State) + Send>>,
+    /// Steps taken so far.
+    pub steps: u64,
+    /// How much later than its effect the answer to a write (any method but GET) reaches
+    /// the client: a slow network on the way back, so that a client stopped meanwhile has
+    /// written without learning it.
+    pub write_answer_delay: std::time::Duration,
+    /// CRD patches refused because `status.storedVersions` would name a version the patch
+    /// drops (sample 04): each is a write the controller should never have sent.
+    pub refused_stored_version_drops: Vec<String>,
 }
 
 impl State {
+    /// One step taken by `actor`: the invariants (`checker`) see the state it left.
+    pub fn step(&mut self, actor: &str) {
+        self.steps += 1;
+        let previous = std::mem::replace(&mut self.actor, actor.to_owned());
+        if let Some(mut check) = self.checker.take() {
+            check(self);
+            self.checker = Some(check);
+        }
+        self.actor = previous;
+    }
+
+    /// Sets the apiserver's clock to `wall` at tokio's instant now (a simulation starts every
+    /// run at the same instant, so that a seed replays exactly).
+    pub fn set_clock(&mut self, wall: jiff::Timestamp) {
+        self.clock_base = Some((wall, tokio::time::Instant::now()));
+    }
+
     /// Every continue token issued so far expires (etcd compacted them away).
     pub fn expire_continue_tokens(&mut self) {
         self.list_epoch += 1;
@@ -249,11 +285,18 @@ impl State {
 #[derive(Clone, Default)]
 pub struct FakeApiserver {
     pub state: Arc<Mutex<State>>,
+    /// Who sends the requests of this handle's clients (`step`): `controller` unless named.
+    actor: Option<&'static str>,
 }
 
 impl FakeApiserver {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Creates a StorageVersionMigration as another client would (`kubectl create`).
+    pub fn create_svm(&self, body: Value) -> (u16, Value) {
+        migrations::create(&mut self.lock(), body)
     }
 
     /// A kube client talking to this fake (watches included).
@@ -269,6 +312,16 @@ impl FakeApiserver {
             }
         });
         Client::new(service, "default")
+    }
+
+    /// A kube client whose requests are `actor`'s steps, not the controller's (another
+    /// writer: a user's client, a GitOps tool).
+    pub fn client_as(&self, actor: &'static str) -> Client {
+        Self {
+            state: self.state.clone(),
+            actor: Some(actor),
+        }
+        .client()
     }
 
     /// Fails the test if any request went to a route the fake does not serve.
@@ -532,7 +585,20 @@ impl FakeApiserver {
             self.lock().requests.push(watch.clone());
             return watch_crd(self, &watch);
         }
+        let write = watch.method != "GET";
         let mut response = self.answer(request).await;
+        let delay = {
+            let mut state = self.lock();
+            state.step(self.actor.unwrap_or("controller"));
+            if write {
+                state.write_answer_delay
+            } else {
+                std::time::Duration::ZERO
+            }
+        };
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         let date = http_date(self.lock().now());
         if let Ok(value) = date.parse() {
             response.headers_mut().insert(http::header::DATE, value);

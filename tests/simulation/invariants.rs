@@ -1,0 +1,233 @@
+//! What must hold after every step, read from the fake's storage (its etcd: which version each
+//! object's bytes are encoded in, the CRD as stored), never from what the controller
+//! believes. The checker runs inside the fake after every request it answers and after every
+//! change another writer makes (`State::step`), so a state that lasts one step is seen.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+
+use crate::apiserver::State;
+
+pub const CRD: &str = "widgets.example.com";
+
+/// What a run found, shared by the checker and the run.
+#[derive(Default)]
+pub struct Findings {
+    /// Broken invariants, each with the second it broke at.
+    pub violations: Vec<String>,
+    /// Every change of the CRD's versions, storage or `storedVersions`, and every fault and
+    /// write of another actor, in order: what a violation is explained by.
+    pub trace: Vec<String>,
+    /// The seconds since the start, as the run last set them (for the trace).
+    pub now: f64,
+}
+
+impl Findings {
+    pub fn note(&mut self, line: String) {
+        let line = format!("{:>8.3}s {line}", self.now);
+        self.trace.push(line);
+    }
+
+    fn violation(&mut self, what: String) {
+        let line = format!("{:>8.3}s VIOLATION {what}", self.now);
+        self.trace.push(line.clone());
+        self.violations.push(line);
+    }
+}
+
+/// The CRD as far as the invariants care.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Shape {
+    /// Every version in `spec.versions`, with (served, storage).
+    versions: BTreeMap<String, (bool, bool)>,
+    stored: Vec<String>,
+}
+
+impl Shape {
+    fn of(crd: &Value) -> Shape {
+        let versions = crd["spec"]["versions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|v| {
+                (
+                    v["name"].as_str().unwrap_or_default().to_owned(),
+                    (v["served"] == true, v["storage"] == true),
+                )
+            })
+            .collect();
+        let stored = crd["status"]["storedVersions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect();
+        Shape { versions, stored }
+    }
+
+    fn storage(&self) -> Vec<&str> {
+        self.versions
+            .iter()
+            .filter(|(_, (_, storage))| *storage)
+            .map(|(name, _)| name.as_str())
+            .collect()
+    }
+
+    fn describe(&self) -> String {
+        let served: Vec<&str> = self
+            .versions
+            .iter()
+            .filter(|(_, (served, _))| *served)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        format!(
+            "versions [{}] served [{}] storage [{}] storedVersions [{}]",
+            self.versions.keys().cloned().collect::<Vec<_>>().join(", "),
+            served.join(", "),
+            self.storage().join(", "),
+            self.stored.join(", ")
+        )
+    }
+}
+
+/// Objects of the CRD by the version they are encoded in, and the versions their
+/// managedFields name.
+fn encodings(state: &State) -> (BTreeMap<String, usize>, BTreeSet<String>) {
+    let mut counts = BTreeMap::new();
+    let mut named = BTreeSet::new();
+    for ((crd, _, _), object) in &state.objects {
+        if crd != CRD {
+            continue;
+        }
+        *counts.entry(object.encoded_as.clone()).or_default() += 1;
+        for entry in &object.managed_fields {
+            if let Some((_, version)) = entry["apiVersion"].as_str().and_then(|a| a.rsplit_once('/')) {
+                named.insert(version.to_owned());
+            }
+        }
+    }
+    (counts, named)
+}
+
+/// Whether `actor`'s trims are the controller's doing: its own requests, and Kubernetes'
+/// migrator finishing a migration the controller created and that succeeded (it trims
+/// `storedVersions` on the controller's word). A failed migration's trim is Kubernetes' own
+/// (recorded: tests/fixtures/svm-failed-trims-stored-versions.txt); what the controller owes
+/// after it is never to remove the version, checked below.
+fn answers_for_trims(actor: &str) -> bool {
+    actor == "controller" || actor.starts_with("kubernetes: the controller's StorageVersionMigration")
+}
+
+/// The checker the fake calls after every step.
+pub fn checker(findings: Arc<Mutex<Findings>>) -> Box<dyn FnMut(&State) + Send> {
+    let mut last: Option<Shape> = None;
+    let mut refusals = 0;
+    Box::new(move |state: &State| {
+        let mut findings = findings.lock().unwrap_or_else(|p| p.into_inner());
+        let actor = state.actor.clone();
+        if state.refused_stored_version_drops.len() > refusals {
+            for refusal in &state.refused_stored_version_drops[refusals..] {
+                findings.violation(format!(
+                    "the apiserver refused a CRD patch that drops a stored version ({refusal})"
+                ));
+            }
+            refusals = state.refused_stored_version_drops.len();
+        }
+        let Some(crd) = state.crds.get(CRD) else {
+            return;
+        };
+        let shape = Shape::of(crd);
+        if last.as_ref() == Some(&shape) {
+            return;
+        }
+        findings.note(format!("{actor}: {}", shape.describe()));
+        let (objects, named) = encodings(state);
+        let storage = shape.storage();
+        if actor == "controller" {
+            match storage.as_slice() {
+                [one] if shape.versions[*one].0 => {}
+                [one] => findings.violation(format!("the controller left storage version {one} unserved")),
+                many => findings.violation(format!("storage versions [{}]", many.join(", "))),
+            }
+        }
+        if let Some(before) = &last {
+            for version in before.stored.iter().filter(|v| !shape.stored.contains(v)) {
+                let held = objects.get(version).copied().unwrap_or(0);
+                if held == 0 {
+                    continue;
+                }
+                if answers_for_trims(&actor) {
+                    findings.violation(format!(
+                        "{actor} trimmed {version} from status.storedVersions while {held} objects are stored in it"
+                    ));
+                } else {
+                    findings.note(format!(
+                        "{actor} trimmed {version} from status.storedVersions while {held} objects are stored in it \
+                         (not the controller's doing: it must never remove {version} now)"
+                    ));
+                }
+            }
+            for version in before
+                .versions
+                .keys()
+                .filter(|v| !shape.versions.contains_key(*v))
+            {
+                let held = objects.get(version).copied().unwrap_or(0);
+                if held > 0 {
+                    findings.violation(format!(
+                        "{actor} removed {version} from spec.versions while {held} objects are stored in it (they \
+                         can no longer be read)"
+                    ));
+                }
+                if named.contains(version) && actor == "controller" {
+                    findings.violation(format!(
+                        "{actor} removed {version} while managedFields name it: server-side apply fails for every \
+                         manager of those objects (apiserver-samples/29)"
+                    ));
+                }
+            }
+        }
+        last = Some(shape);
+    })
+}
+
+/// The end state the policy schedules once every milestone passed: v1 alone, served and
+/// stored, and every object in it. `None` when it holds, else what differs.
+pub fn scheduled_end_missed(state: &State) -> Option<String> {
+    let crd = state.crds.get(CRD)?;
+    let shape = Shape::of(crd);
+    let (objects, named) = encodings(state);
+    let want_versions: BTreeMap<String, (bool, bool)> = [("v1".to_owned(), (true, true))].into();
+    let mut missed = Vec::new();
+    if shape.versions != want_versions || shape.stored != ["v1"] {
+        missed.push(shape.describe());
+    }
+    if objects.keys().any(|v| v != "v1") {
+        missed.push(format!("objects stored as {objects:?}"));
+    }
+    if named.iter().any(|v| v != "v1") {
+        missed.push(format!("managedFields name {named:?}"));
+    }
+    (!missed.is_empty()).then(|| missed.join("; "))
+}
+
+/// Objects stored in a version `status.storedVersions` does not list, or the CRD does not
+/// have (unreadable): at the end, whoever trimmed, nothing may be left so.
+pub fn stored_outside(state: &State) -> Option<String> {
+    let crd = state.crds.get(CRD)?;
+    let shape = Shape::of(crd);
+    let (objects, _) = encodings(state);
+    let outside: Vec<String> = objects
+        .iter()
+        .filter(|(v, _)| !shape.stored.contains(v) || !shape.versions.contains_key(*v))
+        .map(|(v, n)| format!("{n} in {v}"))
+        .collect();
+    (!outside.is_empty()).then(|| {
+        format!(
+            "objects stored outside status.storedVersions: {}",
+            outside.join(", ")
+        )
+    })
+}

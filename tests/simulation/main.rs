@@ -1,0 +1,191 @@
+//! A deterministic, adversarial simulation of the controller (FoundationDB-style, with Sieve's
+//! three plans: crashes at any point, stale views, other writers), checked against the fake
+//! apiserver's storage after every step.
+//!
+//! Each seed draws a workload and a fault schedule (`workload`), runs the real controller
+//! against the fake on tokio's paused clock and one thread (`world`), and checks the
+//! invariants (`invariants`). A violation prints the seed, the shortest fault schedule found
+//! that still breaks it, the trace leading to it, and the command that replays it.
+//!
+//! - `cargo test --test simulation`: `SIM_SEEDS` seeds (default 500) from `SIM_FIRST` (0).
+//! - `SIM_SEED=N cargo test --test simulation`: replays seed N and prints its whole trace;
+//!   `SIM_FAULTS=0,3` keeps only those faults of its schedule (what the shrinker printed).
+
+#[path = "../support/apiserver/mod.rs"]
+mod apiserver;
+mod invariants;
+mod workload;
+mod world;
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::Instant;
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+fn main() -> ExitCode {
+    // `cargo test -- --list` (and nextest) ask for the tests' names.
+    if std::env::args().any(|a| a == "--list") {
+        println!("simulation: test");
+        return ExitCode::SUCCESS;
+    }
+    if let Some(seed) = env_u64("SIM_SEED") {
+        return replay(seed);
+    }
+    let seeds = env_u64("SIM_SEEDS").unwrap_or(500);
+    let first = env_u64("SIM_FIRST").unwrap_or(0);
+    let started = Instant::now();
+    let mut steps = 0;
+    let mut faults: BTreeMap<&str, usize> = ["stale", "crash", "writer", "skew"].map(|k| (k, 0)).into();
+    let mut failed = Vec::new();
+    for seed in first..first + seeds {
+        let draw = workload::draw(seed);
+        let outcome = world::run(seed, &draw, &|_| true);
+        steps += outcome.steps;
+        for kind in &outcome.faults {
+            *faults.entry(kind).or_default() += 1;
+        }
+        if !outcome.violations.is_empty() {
+            report(seed, &draw, &outcome);
+            failed.push(seed);
+            // One violation is enough to act on; SIM_KEEP_GOING=1 counts them all.
+            if std::env::var("SIM_KEEP_GOING").is_err() {
+                println!(
+                    "simulation: stopped at the first violating seed ({} seeds run)",
+                    seed - first + 1
+                );
+                summary(seed - first + 1, steps, &faults, failed.len(), started);
+                println!(
+                    "simulation: first violation at seed {seed} after {} seeds",
+                    seed - first + 1
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    summary(seeds, steps, &faults, failed.len(), started);
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        println!("simulation: violating seeds {failed:?}");
+        ExitCode::FAILURE
+    }
+}
+
+fn summary(seeds: u64, steps: u64, faults: &BTreeMap<&str, usize>, violations: usize, started: Instant) {
+    println!(
+        "simulation: {seeds} seeds, {steps} steps, faults {{stale: {}, crash: {}, writer: {}, skew: {}}}, violations {violations} ({:.0}s)",
+        faults["stale"],
+        faults["crash"],
+        faults["writer"],
+        faults["skew"],
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "simulation: {} passed, {violations} failed",
+        seeds as usize - violations
+    );
+}
+
+/// Prints a violating seed: the violation, its shrunk fault schedule, the trace, the
+/// replay command.
+fn report(seed: u64, draw: &workload::Draw, outcome: &world::Outcome) {
+    println!("simulation: seed {seed} VIOLATED: {}", outcome.violations[0]);
+    let kept = shrink(seed, draw);
+    let shrunk = world::run(seed, draw, &|i| kept.contains(&i));
+    println!(
+        "simulation: seed {seed}: the faults that still break it ({} of {}):",
+        kept.len(),
+        draw.faults.len()
+    );
+    for i in &kept {
+        let (at, fault) = &draw.faults[*i];
+        println!("  #{i} at {at}s: {fault}");
+    }
+    let trace = if shrunk.violations.is_empty() {
+        outcome
+    } else {
+        &shrunk
+    };
+    let end = trace
+        .trace
+        .iter()
+        .position(|l| l.contains("VIOLATION"))
+        .map_or(trace.trace.len(), |p| p + 1);
+    let begin = end.saturating_sub(60);
+    println!("simulation: seed {seed}: the trace up to the violation:");
+    for line in &trace.trace[begin..end] {
+        println!("  {line}");
+    }
+    let faults: Vec<String> = kept.iter().map(ToString::to_string).collect();
+    println!(
+        "simulation: replay with: SIM_SEED={seed} SIM_FAULTS={} cargo test --test simulation",
+        if faults.is_empty() {
+            "none".to_owned()
+        } else {
+            faults.join(",")
+        }
+    );
+}
+
+/// The fewest faults of the schedule (greedily, one at a time) that still give a
+/// violation: the shortest trace a person has to read.
+fn shrink(seed: u64, draw: &workload::Draw) -> Vec<usize> {
+    let mut kept: Vec<usize> = (0..draw.faults.len()).collect();
+    let mut i = 0;
+    while i < kept.len() {
+        let candidate: Vec<usize> = kept.iter().copied().filter(|k| *k != kept[i]).collect();
+        let outcome = world::run(seed, draw, &|f| candidate.contains(&f));
+        if outcome.violations.is_empty() {
+            i += 1;
+        } else {
+            kept = candidate;
+        }
+    }
+    kept
+}
+
+fn replay(seed: u64) -> ExitCode {
+    // SIM_LOG=debug: the controller's own log (tracing), interleaved with the trace.
+    if let Ok(filter) = std::env::var("SIM_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .without_time()
+            .init();
+    }
+    let draw = workload::draw(seed);
+    let keep: Option<Vec<usize>> = std::env::var("SIM_FAULTS")
+        .ok()
+        .map(|list| list.split(',').filter_map(|f| f.trim().parse().ok()).collect());
+    let keep_fn = |i: usize| keep.as_ref().is_none_or(|k| k.contains(&i));
+    println!("simulation: seed {seed}: {:?}", draw.workload);
+    for (i, (at, fault)) in draw.faults.iter().enumerate() {
+        let mark = if keep_fn(i) { "" } else { " (left out)" };
+        println!("  fault #{i} at {at}s: {fault}{mark}");
+    }
+    let outcome = world::run(seed, &draw, &keep_fn);
+    for line in &outcome.trace {
+        println!("  {line}");
+    }
+    let again = world::run(seed, &draw, &keep_fn);
+    println!(
+        "simulation: seed {seed}: {} steps, trace digest {:016x} ({})",
+        outcome.steps,
+        outcome.digest,
+        if again.digest == outcome.digest {
+            "replayed identically"
+        } else {
+            "a second run differed"
+        }
+    );
+    if outcome.violations.is_empty() {
+        println!("simulation: seed {seed}: no violation");
+        println!("simulation: 1 passed, 0 failed");
+        ExitCode::SUCCESS
+    } else {
+        println!("simulation: 0 passed, 1 failed");
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,234 @@
+//! What one seed draws: the workload (the policy's timeline, the engine, the objects and their
+//! writers) and the fault schedule. Drawn once, before the run, from the seed alone: the same
+//! seed draws the same run, and the shrinker replays a seed with some faults left out.
+
+use std::fmt;
+
+/// SplitMix64: small, fast, and the same numbers on every machine.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `low..=high`.
+    pub fn between(&mut self, low: u64, high: u64) -> u64 {
+        low + self.next() % (high - low + 1)
+    }
+
+    /// True with probability `percent` in 100.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[(self.next() % items.len() as u64) as usize]
+    }
+}
+
+/// The versions of the simulated CRD, oldest first.
+pub const VERSIONS: [&str; 3] = ["v1alpha1", "v1beta1", "v1"];
+
+/// The policy's milestones, in seconds after the start: v1beta1 store, v1 introduce, v1
+/// store, v1alpha1 deprecate, v1beta1 deprecate, v1alpha1 unserve, v1alpha1 remove, v1beta1
+/// unserve, v1beta1 remove (the bundled example's order).
+pub const MILESTONES: [&str; 9] = [
+    "v1beta1.store",
+    "v1.introduce",
+    "v1.store",
+    "v1alpha1.deprecate",
+    "v1beta1.deprecate",
+    "v1alpha1.unserve",
+    "v1alpha1.remove",
+    "v1beta1.unserve",
+    "v1beta1.remove",
+];
+
+/// How the controller migrates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    Internal,
+    /// Kubernetes' StorageVersionMigration (the kube-controller-manager's svm controller).
+    Builtin,
+}
+
+/// Everything a seed runs, but the faults.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    pub engine: Engine,
+    /// Whether `storagemigration.k8s.io` is served (always with the built-in engine).
+    pub svm_served: bool,
+    /// Seconds after the start of each of `MILESTONES`, ascending.
+    pub milestones: [u64; 9],
+    /// Objects created before the start (stored as v1alpha1).
+    pub objects: usize,
+    /// Seconds between two writes of the writers (0: no writers).
+    pub write_every: u64,
+    /// The policy's engine is switched at this second (a user editing the policy).
+    pub engine_switch_at: Option<u64>,
+}
+
+/// One fault, at its second.
+#[derive(Clone, Debug)]
+pub enum Fault {
+    /// The controller process is killed wherever it is and started again `down` seconds
+    /// later with nothing in memory.
+    Crash { down: u64 },
+    /// Watches deliver every change `delay` seconds late, for `lasting` seconds (a loaded
+    /// apiserver: what the controller keeps is that much behind).
+    WatchDelay { delay: u64, lasting: u64 },
+    /// The next `requests` requests for the CRD's objects and discovery are answered by an
+    /// apiserver that has not acted on the CRD's last change of versions yet (HA).
+    SwitchLag { requests: u32 },
+    /// The apiserver restarts after a compaction: watches end and resume with a 410.
+    ExpireWatches,
+    /// A GitOps tool re-applies the CRD as it was first applied (storage back on
+    /// v1alpha1, every version back).
+    ReapplyOldCrd,
+    /// `kubectl edit`: the storage version moved to another version the CRD still has.
+    FlipStorage { to: &'static str },
+    /// Someone else's StorageVersionMigration of the CRD, which succeeds or fails.
+    ForeignMigration { fails: bool },
+    /// The built-in migrator fails every migration for `lasting` seconds.
+    MigrationsFail { lasting: u64 },
+    /// The controller's clock moves `seconds` (ahead or behind) against the apiserver's.
+    Skew { seconds: i64 },
+    /// Write answers come back `millis` late for `lasting` seconds (a crash in between
+    /// wrote without learning it).
+    SlowAnswers { millis: u64, lasting: u64 },
+}
+
+impl Fault {
+    /// The summary's kind of fault.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::WatchDelay { .. } | Fault::SwitchLag { .. } | Fault::ExpireWatches => "stale",
+            Fault::Crash { .. } | Fault::SlowAnswers { .. } => "crash",
+            Fault::ReapplyOldCrd
+            | Fault::FlipStorage { .. }
+            | Fault::ForeignMigration { .. }
+            | Fault::MigrationsFail { .. } => "writer",
+            Fault::Skew { .. } => "skew",
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::Crash { down } => write!(f, "crash the controller ({down}s down)"),
+            Fault::WatchDelay { delay, lasting } => write!(f, "watches {delay}s late for {lasting}s"),
+            Fault::SwitchLag { requests } => {
+                write!(f, "a lagging apiserver answers the next {requests} requests")
+            }
+            Fault::ExpireWatches => write!(f, "apiserver restart after a compaction (watches 410)"),
+            Fault::ReapplyOldCrd => write!(f, "GitOps re-applies the CRD as first applied"),
+            Fault::FlipStorage { to } => write!(f, "kubectl edit: storage version {to}"),
+            Fault::ForeignMigration { fails } => {
+                write!(
+                    f,
+                    "another's StorageVersionMigration that {}",
+                    if *fails { "fails" } else { "succeeds" }
+                )
+            }
+            Fault::MigrationsFail { lasting } => {
+                write!(f, "every StorageVersionMigration fails for {lasting}s")
+            }
+            Fault::Skew { seconds } => write!(f, "controller clock skew {seconds:+}s"),
+            Fault::SlowAnswers { millis, lasting } => {
+                write!(f, "write answers {millis}ms late for {lasting}s")
+            }
+        }
+    }
+}
+
+/// A seed's draw.
+#[derive(Clone, Debug)]
+pub struct Draw {
+    pub workload: Workload,
+    /// (second, fault), in time order.
+    pub faults: Vec<(u64, Fault)>,
+}
+
+impl Draw {
+    /// The second after which no fault starts (the liveness bound counts from the end of
+    /// the last one).
+    pub fn horizon(&self) -> u64 {
+        self.workload.milestones[8] + 30
+    }
+}
+
+pub fn draw(seed: u64) -> Draw {
+    let mut rng = Rng::new(seed);
+    let engine = if rng.chance(50) {
+        Engine::Builtin
+    } else {
+        Engine::Internal
+    };
+    let svm_served = engine == Engine::Builtin || rng.chance(60);
+    // Milestones close together (the faults land between and during them), in the bundled
+    // example's order, each after the one before (a valid policy: two stores at one instant
+    // are not).
+    let mut milestones = [0u64; 9];
+    let mut at = rng.between(5, 30);
+    for slot in &mut milestones {
+        *slot = at;
+        at += rng.between(1, 60);
+    }
+    let workload = Workload {
+        engine,
+        svm_served,
+        milestones,
+        objects: rng.between(1, 24) as usize,
+        write_every: if rng.chance(70) { rng.between(1, 8) } else { 0 },
+        engine_switch_at: (svm_served && rng.chance(30)).then(|| rng.between(0, milestones[6])),
+    };
+    let horizon = milestones[8] + 30;
+    let count = rng.between(0, 12);
+    let mut faults = Vec::new();
+    for _ in 0..count {
+        let at = rng.between(0, horizon);
+        let fault = match rng.between(0, 11) {
+            0 | 1 => Fault::Crash {
+                down: rng.between(0, 20),
+            },
+            2 | 3 => Fault::WatchDelay {
+                delay: rng.between(1, 30),
+                lasting: rng.between(5, 120),
+            },
+            4 => Fault::SwitchLag {
+                requests: rng.between(1, 40) as u32,
+            },
+            5 => Fault::ExpireWatches,
+            6 => Fault::ReapplyOldCrd,
+            7 => Fault::FlipStorage {
+                to: *rng.pick(&VERSIONS),
+            },
+            8 => Fault::ForeignMigration {
+                fails: rng.chance(70),
+            },
+            9 => Fault::MigrationsFail {
+                lasting: rng.between(5, 90),
+            },
+            10 => Fault::Skew {
+                seconds: rng.between(0, 60) as i64 - 30,
+            },
+            _ => Fault::SlowAnswers {
+                millis: rng.between(10, 3000),
+                lasting: rng.between(5, 60),
+            },
+        };
+        faults.push((at, fault));
+    }
+    faults.sort_by_key(|(at, _)| *at);
+    Draw { workload, faults }
+}

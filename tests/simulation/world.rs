@@ -1,0 +1,465 @@
+//! One run: the real controller (`controller::controller`: its watches, reconciles,
+//! migrations, managedFields cleanup, the built-in engine) against the fake apiserver, on
+//! tokio's paused clock and one thread, driven second by second by the seed's workload and
+//! faults.
+
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crd_lifecycle::controller::http::Health;
+use crd_lifecycle::controller::metrics::Metrics;
+use crd_lifecycle::controller::{Clock, RunSettings, controller};
+use jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+
+use crate::apiserver::FakeApiserver;
+use crate::invariants::{self, CRD, Findings};
+use crate::workload::{Draw, Engine, Fault, MILESTONES, VERSIONS};
+
+const EXAMPLE_CRD: &str = include_str!("../../examples/widgets/crd.yaml");
+
+/// How long after the last fault (and the last milestone) the policy must have reached
+/// its scheduled end: a failed migration waits 5 minutes before it is tried again, a
+/// failed StorageVersionMigration's end up to a minute, a crash up to a lease.
+pub const LIVENESS_BOUND: u64 = 900;
+
+/// How long a run stays at its scheduled end: longer than a resync (120 s).
+const REST: u64 = 130;
+
+/// What one run found.
+pub struct Outcome {
+    pub violations: Vec<String>,
+    pub trace: Vec<String>,
+    pub steps: u64,
+    /// A digest of the trace: the same seed and faults give the same digest.
+    pub digest: u64,
+    /// Faults applied, by kind.
+    pub faults: Vec<&'static str>,
+}
+
+fn start() -> Timestamp {
+    "2026-01-01T00:00:00Z".parse().expect("instant")
+}
+
+fn at(seconds: u64) -> String {
+    (start() + SignedDuration::from_secs(seconds as i64)).to_string()
+}
+
+fn policy(draw: &Draw, engine: Engine) -> Value {
+    let m = |i: usize| json!({"at": at(draw.workload.milestones[i])});
+    let deprecate = |i: usize, version: &str| json!({"at": at(draw.workload.milestones[i]), "warning": format!("example.com/{version} Widget is deprecated")});
+    let engine = match engine {
+        Engine::Internal => "Internal",
+        Engine::Builtin => "StorageVersionMigration",
+    };
+    json!({"apiVersion": "crdlifecycle.io/v1alpha1", "kind": "VersionPolicy",
+           "metadata": {"name": "widgets", "uid": "uid-widgets", "creationTimestamp": "2025-12-01T00:00:00Z"},
+           "spec": {"crdName": CRD,
+                    "versions": [
+                        {"name": "v1alpha1", "deprecate": deprecate(3, "v1alpha1"), "unserve": m(5), "remove": m(6)},
+                        {"name": "v1beta1", "store": m(0), "deprecate": deprecate(4, "v1beta1"), "unserve": m(7), "remove": m(8)},
+                        {"name": "v1", "introduce": m(1), "store": m(2)}],
+                    "migration": {"enabled": true, "engine": engine, "concurrency": 2, "pageSize": 4, "qps": 0}}})
+}
+
+/// The controller process: started, killed, started again.
+struct Process {
+    fake: FakeApiserver,
+    clock: Clock,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Process {
+    fn start(&mut self) {
+        let settings = RunSettings {
+            metrics_address: "127.0.0.1:0".parse().expect("address"),
+            lease: None,
+            resync: Duration::from_secs(120),
+            identity: "simulation".into(),
+            parallel_migrations: 2,
+            traffic_sample_interval: Duration::from_secs(60),
+            webhook: None,
+            svm_pending_deadline: Duration::from_secs(120),
+        };
+        let running = controller(
+            self.fake.client(),
+            settings,
+            Arc::new(Metrics::default()),
+            Arc::new(Health::default()),
+            None,
+            self.clock.clone(),
+            std::future::pending(),
+        );
+        self.task = Some(tokio::spawn(async move {
+            let _ = running.await;
+        }));
+    }
+
+    fn kill(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Runs `draw` with the faults whose index `keep` allows.
+pub fn run(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outcome {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    runtime.block_on(simulate(seed, draw, keep))
+}
+
+async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outcome {
+    let workload = &draw.workload;
+    let fake = FakeApiserver::new();
+    let findings = Arc::new(Mutex::new(Findings::default()));
+    let origin = tokio::time::Instant::now();
+    let first_crd: Value = serde_saphyr::from_str(EXAMPLE_CRD).expect("the example CRD");
+    {
+        let mut state = fake.lock();
+        state.set_clock(start());
+        state.svm_served = workload.svm_served;
+        state.checker = Some(invariants::checker(findings.clone()));
+    }
+    fake.create_crd(first_crd.clone());
+    fake.add_objects(CRD, workload.objects, 2, "v1alpha1");
+    fake.create_policy(policy(draw, workload.engine));
+    note(&findings, origin, format!("seed {seed}: {workload:?}"));
+
+    let skew = Arc::new(AtomicI64::new(0));
+    let clock: Clock = {
+        let skew = skew.clone();
+        Arc::new(move || {
+            start()
+                + SignedDuration::try_from(origin.elapsed()).expect("a short run")
+                + SignedDuration::from_millis(skew.load(Ordering::Relaxed))
+        })
+    };
+    let mut process = Process {
+        fake: fake.clone(),
+        clock,
+        task: None,
+    };
+    process.start();
+    let writer = fake.client_as("a user's client");
+
+    let horizon = draw.horizon();
+    let mut restart_at: Option<u64> = None;
+    let mut ends: Vec<(u64, Fault)> = Vec::new();
+    let mut applied = Vec::new();
+    let mut engine = workload.engine;
+    let mut foreign = 0;
+    let mut second = 0u64;
+    let mut quiet_since = None;
+    loop {
+        set_now(&findings, origin);
+        for (i, (when, fault)) in draw.faults.iter().enumerate() {
+            if *when != second || !keep(i) {
+                continue;
+            }
+            note(&findings, origin, format!("fault #{i}: {fault}"));
+            applied.push(fault.kind());
+            match fault {
+                Fault::Crash { down } => {
+                    process.kill();
+                    restart_at = Some(second + down);
+                }
+                Fault::WatchDelay { delay, lasting } => {
+                    fake.lock().watch_delay = Duration::from_secs(*delay);
+                    ends.push((second + lasting, fault.clone()));
+                }
+                Fault::SwitchLag { requests } => fake.lock().switch_lag = *requests,
+                Fault::ExpireWatches => fake.lock().expire_watch_history(),
+                Fault::ReapplyOldCrd => {
+                    let mut state = fake.lock();
+                    if let Some(mut crd) = state.crds.get(CRD).cloned() {
+                        crd["spec"] = first_crd["spec"].clone();
+                        let stored = crd["status"]["storedVersions"]
+                            .as_array_mut()
+                            .expect("storedVersions");
+                        if !stored.iter().any(|v| v == "v1alpha1") {
+                            stored.push(json!("v1alpha1"));
+                        }
+                        state.store_crd(crd, true);
+                        state.step("gitops: re-applied the CRD as first applied");
+                    }
+                }
+                Fault::FlipStorage { to } => {
+                    let mut state = fake.lock();
+                    let has = state.crds[CRD]["spec"]["versions"]
+                        .as_array()
+                        .is_some_and(|vs| vs.iter().any(|v| v["name"] == *to && v["served"] == true));
+                    if has {
+                        state.switch_storage(CRD, to);
+                        state.step("kubectl edit");
+                    }
+                }
+                Fault::ForeignMigration { fails } => {
+                    foreign += 1;
+                    let name = format!("someone-else-{foreign}");
+                    if *fails {
+                        fake.lock()
+                            .svm_fail_by_name
+                            .insert(name.clone(), "conversion webhook failed".into());
+                    }
+                    fake.create_svm(json!({
+                        "apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
+                        "metadata": {"name": name},
+                        "spec": {"resource": {"group": "example.com", "resource": "widgets"}}}));
+                }
+                Fault::MigrationsFail { lasting } => {
+                    fake.lock().svm_fail = Some("conversion webhook failed".into());
+                    ends.push((second + lasting, fault.clone()));
+                }
+                Fault::Skew { seconds } => skew.store(seconds * 1000, Ordering::Relaxed),
+                Fault::SlowAnswers { millis, lasting } => {
+                    fake.lock().write_answer_delay = Duration::from_millis(*millis);
+                    ends.push((second + lasting, fault.clone()));
+                }
+            }
+        }
+        // Faults that last end.
+        ends.retain(|(until, fault)| {
+            if *until > second {
+                return true;
+            }
+            let mut state = fake.lock();
+            match fault {
+                Fault::WatchDelay { .. } => state.watch_delay = Duration::ZERO,
+                Fault::MigrationsFail { .. } => state.svm_fail = None,
+                Fault::SlowAnswers { .. } => state.write_answer_delay = Duration::ZERO,
+                _ => {}
+            }
+            false
+        });
+        if restart_at.is_some_and(|at| at <= second) {
+            restart_at = None;
+            note(&findings, origin, "controller started again".into());
+            process.start();
+        }
+        if workload.engine_switch_at == Some(second) {
+            engine = match engine {
+                Engine::Internal => Engine::Builtin,
+                Engine::Builtin => Engine::Internal,
+            };
+            note(
+                &findings,
+                origin,
+                format!("the policy's engine switched to {engine:?}"),
+            );
+            let spec = policy(draw, engine)["spec"].clone();
+            fake.edit_policy("widgets", |p| p["spec"] = spec);
+        }
+        if workload.svm_served && second % 2 == 0 {
+            let mut state = fake.lock();
+            state.svm_controller_tick();
+        }
+        if workload.write_every > 0 && second % workload.write_every == 0 && second < horizon {
+            write_one(&writer, &fake, &findings, origin, seed, second).await;
+        }
+        if second == horizon {
+            // Faults stop: what is still on ends, a stopped controller starts.
+            let mut state = fake.lock();
+            state.watch_delay = Duration::ZERO;
+            state.switch_lag = 0;
+            state.svm_fail = None;
+            state.write_answer_delay = Duration::ZERO;
+            drop(state);
+            ends.clear();
+            if restart_at.take().is_some() {
+                process.start();
+            }
+            note(&findings, origin, "faults stop".into());
+        }
+        if second >= horizon {
+            let reached = invariants::scheduled_end_missed(&fake.lock()).is_none();
+            if reached {
+                quiet_since.get_or_insert(second);
+            }
+            // At rest for longer than a resync, to see that it stays there (and that the
+            // policy still reads as valid and done).
+            if quiet_since.is_some_and(|since| second >= since + REST) {
+                let conditions = fake.policy("widgets")["status"]["conditions"].clone();
+                let ready = conditions
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                if !ready {
+                    let mut f = findings.lock().unwrap_or_else(|p| p.into_inner());
+                    let line = format!(
+                        "{:>8.3}s VIOLATION the policy reached its scheduled end but is not Ready: {conditions}",
+                        f.now
+                    );
+                    f.trace.push(line.clone());
+                    f.violations.push(line);
+                }
+                break;
+            }
+            if second >= horizon + LIVENESS_BOUND {
+                let state = fake.lock();
+                let foreign_failed = state.svm_fail_by_name.keys().any(|n| state.svms.contains_key(n));
+                let missed = invariants::scheduled_end_missed(&state);
+                drop(state);
+                let policy_status = fake.policy("widgets")["status"]["conditions"].clone();
+                if let Some(missed) = missed {
+                    let mut f = findings.lock().unwrap_or_else(|p| p.into_inner());
+                    if foreign_failed {
+                        // Someone else's failed migration holds removals until a person
+                        // acts (the hold's message says how): not the controller's to end.
+                        f.note(format!(
+                            "held by someone else's failed StorageVersionMigration: {missed}"
+                        ));
+                    } else {
+                        let line = format!(
+                            "{:>8.3}s VIOLATION liveness: {}s after the faults stopped the policy has not reached its \
+                             scheduled end: {missed}; conditions {policy_status}",
+                            f.now, LIVENESS_BOUND
+                        );
+                        f.trace.push(line.clone());
+                        f.violations.push(line);
+                    }
+                }
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        second += 1;
+    }
+    set_now(&findings, origin);
+    let outside = invariants::stored_outside(&fake.lock());
+    if let Some(outside) = outside {
+        let foreign_failed = {
+            let state = fake.lock();
+            state.svm_fail_by_name.keys().any(|n| state.svms.contains_key(n))
+        };
+        let mut f = findings.lock().unwrap_or_else(|p| p.into_inner());
+        if foreign_failed {
+            f.note(format!(
+                "{outside} (someone else's failed StorageVersionMigration trimmed them)"
+            ));
+        } else {
+            f.violation_at_end(outside);
+        }
+    }
+    process.kill();
+    // SIM_REQUESTS=1 (with SIM_SEED): every request the fake answered, with its second.
+    if std::env::var("SIM_REQUESTS").is_ok() {
+        for r in fake.requests() {
+            let body = if r.method == "GET" {
+                String::new()
+            } else {
+                r.body.to_string()
+            };
+            let body: String = body.chars().take(300).collect();
+            println!(
+                "  {:>8.3}s {} {}?{} {body}",
+                (r.at - origin).as_secs_f64(),
+                r.method,
+                r.path,
+                r.query
+            );
+        }
+    }
+    let steps = fake.lock().steps;
+    // Everything the fake holds refers to itself through its checker: break the cycle.
+    fake.lock().checker = None;
+    let findings = std::mem::take(&mut *findings.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    findings.trace.hash(&mut hasher);
+    Outcome {
+        violations: findings.violations,
+        trace: findings.trace,
+        steps,
+        digest: hasher.finish(),
+        faults: applied,
+    }
+}
+
+impl Findings {
+    fn violation_at_end(&mut self, what: String) {
+        let line = format!("{:>8.3}s VIOLATION at the end: {what}", self.now);
+        self.trace.push(line.clone());
+        self.violations.push(line);
+    }
+}
+
+fn set_now(findings: &Mutex<Findings>, origin: tokio::time::Instant) {
+    findings.lock().unwrap_or_else(|p| p.into_inner()).now = origin.elapsed().as_secs_f64();
+}
+
+fn note(findings: &Mutex<Findings>, origin: tokio::time::Instant, line: String) {
+    let mut f = findings.lock().unwrap_or_else(|p| p.into_inner());
+    f.now = origin.elapsed().as_secs_f64();
+    f.note(line);
+}
+
+/// A user's client writes one object through a version the CRD has: an update (stored in
+/// the storage version of the apiserver answering) or a server-side apply (which also
+/// leaves a managedFields entry naming the version). Refusals (an unserved version) are
+/// what such a client gets; they are ignored.
+async fn write_one(
+    client: &kube::Client,
+    fake: &FakeApiserver,
+    findings: &Mutex<Findings>,
+    origin: tokio::time::Instant,
+    seed: u64,
+    second: u64,
+) {
+    let keys = fake.object_keys(CRD);
+    if keys.is_empty() {
+        return;
+    }
+    let mut rng = crate::workload::Rng::new(seed.wrapping_mul(31).wrapping_add(second));
+    let (namespace, name) = rng.pick(&keys).clone();
+    let version = *rng.pick(&VERSIONS);
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.com", version, "Widget"),
+        "widgets",
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &resource);
+    let (how, answer) = if rng.chance(50) {
+        let patch = json!({"spec": {"size": second}});
+        (
+            "update",
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await,
+        )
+    } else {
+        let patch = json!({"apiVersion": format!("example.com/{version}"), "kind": "Widget", "spec": {"size": second}});
+        (
+            "server-side apply",
+            api.patch(
+                &name,
+                &PatchParams::apply("writer").force(),
+                &Patch::Apply(&patch),
+            )
+            .await,
+        )
+    };
+    if answer.is_ok() {
+        let stored = fake
+            .lock()
+            .objects
+            .get(&(CRD.to_owned(), namespace.clone(), name.clone()))
+            .map(|o| o.encoded_as.clone())
+            .unwrap_or_default();
+        note(
+            findings,
+            origin,
+            format!("a user's client: {how} of {namespace}/{name} through {version}, stored as {stored}"),
+        );
+    }
+}
+
+#[allow(dead_code)]
+fn milestone_name(i: usize) -> &'static str {
+    MILESTONES[i]
+}
