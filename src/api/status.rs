@@ -278,6 +278,12 @@ pub struct MigrationStatus {
     /// the built-in migrator runs (storagemigration.k8s.io).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_version_migration: Option<String>,
+    /// Whether the run listed every object and rewrote each into the storage version (or
+    /// Kubernetes' migrator did). False for a run that found `status.storedVersions`
+    /// already trimmed and rewrote nothing: only a run that rewrote every object releases
+    /// a failed StorageVersionMigration's hold on removals.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rewrote_all: bool,
 }
 
 impl MigrationStatus {
@@ -301,6 +307,7 @@ impl MigrationStatus {
             failures: Vec::new(),
             message: None,
             storage_version_migration: None,
+            rewrote_all: false,
         }
     }
 }

@@ -136,12 +136,15 @@ impl Migrations {
             warn!(crd, error = %error, "cannot list StorageVersionMigrations");
             format!("cannot list StorageVersionMigrations: {error}")
         })?;
-        // This policy's last full run, if it succeeded into the storage version of now (on
-        // the controller's clock, against the kube-controller-manager's: both the cluster's).
+        // This policy's last full run (one that rewrote every object: a run that found
+        // storedVersions trimmed already, by the very failure it would release, did not), if
+        // it succeeded into the storage version of now (on the controller's clock, against
+        // the kube-controller-manager's: both the cluster's).
         let last_run = Job::Migrate
             .previous(policy)
             .filter(|run| {
                 run.phase == MigrationPhase::Succeeded
+                    && run.rewrote_all
                     && Some(run.storage_version.as_str()) == storage_version
             })
             .and_then(|run| run.started_at.map(|at| at.0));
@@ -387,6 +390,10 @@ impl Migrations {
             )
             .await
             .map_err(|e| format!("StorageVersionMigration {} succeeded, but: {e}", migration.name))?;
+            // Kubernetes' migrator rewrote every object (settled before it was created).
+            if let Outcome::Trimmed { .. } = outcome {
+                status.rewrote_all = true;
+            }
             match outcome {
                 Outcome::Trimmed { previous } if previous.is_empty() => {
                     status.message = Some(format!(

@@ -547,6 +547,8 @@ impl Migrations {
         status.checkpoint = None;
         status.failures = report.failures.iter().map(ToString::to_string).collect();
         status.message = Some(report.summary());
+        // A run that found storedVersions trimmed already decided that from the CRD alone.
+        status.rewrote_all = matches!(report.outcome, migrate::Outcome::Trimmed { .. });
         let labels = CrdLabels { crd: crd.clone() };
         self.metrics
             .objects_failed
