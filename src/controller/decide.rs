@@ -135,13 +135,16 @@ pub fn decide(
 
 /// The versions (other than the storage version) whose managedFields entries no cleanup has
 /// rewritten yet. Served ones count too: a version unserved and removed at the same instant
-/// is unserved first, and removed only after the cleanup.
+/// is unserved first, and removed only after the cleanup. A cleanup counts only for the CRD
+/// generation it started at: any spec change since may have served a version again (a GitOps
+/// tool re-applying an older CRD), and clients may have named it again meanwhile.
 pub fn managed_fields_pending(policy: &VersionPolicy, crd: &CrdState) -> Vec<String> {
     let cleaned: Vec<String> = policy
         .status
         .as_ref()
         .and_then(|s| s.managed_fields_cleanup.as_ref())
         .filter(|c| c.phase == MigrationPhase::Succeeded)
+        .filter(|c| c.crd_generation.is_some() && c.crd_generation == crd.generation)
         .map(|c| c.versions.clone())
         .unwrap_or_default();
     crd.versions

@@ -13,7 +13,7 @@ use kube::core::{DeserializeGuard, error_boundary::InvalidObject};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::Store;
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::conditions::{ConditionReason, ConditionState, ConditionType};
 use super::context::{Context, get_crd, get_crd_seen};
@@ -209,6 +209,12 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
                     ),
                 ));
                 unavailable_recheck = true;
+            } else if !stored_versions_untrimmed(ctx, &crd_name).await? {
+                // Decided on a kept copy the CRD watch has not caught up with: etcd's CRD is
+                // trimmed already. Nothing to start (a run would find nothing to do, and its
+                // end would reconcile on the same copy again, at once); the watch's event
+                // reconciles.
+                debug!(crd = crd_name, "status.storedVersions is trimmed already; no migration started");
             } else {
                 match engine {
                     MigrationEngine::Internal => {
@@ -378,6 +384,18 @@ struct Applied {
     crd_resource_version: Option<String>,
     /// Whether this reconcile patched the CRD (`crd_resource_version` is then the patch's).
     patched: bool,
+}
+
+/// Whether etcd's copy of the CRD lists a version other than its storage version in
+/// `status.storedVersions` (a quorum read, which refreshes the kept copy): a migration starts
+/// only then, never on a kept copy alone.
+async fn stored_versions_untrimmed(ctx: &Context, crd_name: &str) -> Result<bool, Error> {
+    Ok(get_crd(ctx, crd_name).await?.is_some_and(|crd| {
+        let state = CrdState::from_crd(&crd);
+        state
+            .storage_version()
+            .is_some_and(|storage| state.stored_versions.iter().any(|v| v != storage))
+    }))
 }
 
 /// Reads the CRD, evaluates the policy and applies the guarded patch, recomputing it when

@@ -18,6 +18,8 @@ pub struct CrdVersion {
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct CrdState {
     pub name: String,
+    /// `metadata.generation`: every change of the spec moves it.
+    pub generation: Option<i64>,
     pub versions: Vec<CrdVersion>,
     pub stored_versions: Vec<String>,
     /// Versions that objects' `metadata.managedFields` may still name (no cleanup has
@@ -38,6 +40,7 @@ impl CrdState {
     pub fn from_crd(crd: &CustomResourceDefinition) -> Self {
         Self {
             name: crd.metadata.name.clone().unwrap_or_default(),
+            generation: crd.metadata.generation,
             versions: crd
                 .spec
                 .versions

@@ -114,6 +114,7 @@ fn build(choices: &[VersionChoice]) -> Case {
     }
     let crd = CrdState {
         name: "widgets.example.com".into(),
+        generation: None,
         versions: names
             .iter()
             .enumerate()

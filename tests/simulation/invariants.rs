@@ -12,6 +12,9 @@ use crate::apiserver::State;
 
 pub const CRD: &str = "widgets.example.com";
 
+/// More steps than this at one instant of the paused clock is a loop that never waits.
+const HOT_LOOP_STEPS: u64 = 5_000;
+
 /// What a run found, shared by the checker and the run.
 #[derive(Default)]
 pub struct Findings {
@@ -124,8 +127,25 @@ fn answers_for_trims(actor: &str) -> bool {
 pub fn checker(findings: Arc<Mutex<Findings>>) -> Box<dyn FnMut(&State) + Send> {
     let mut last: Option<Shape> = None;
     let mut refusals = 0;
+    let mut instant = (tokio::time::Instant::now(), 0u64);
     Box::new(move |state: &State| {
         let mut findings = findings.lock().unwrap_or_else(|p| p.into_inner());
+        // Steps at one instant of the paused clock: a loop that never waits for time.
+        let now = tokio::time::Instant::now();
+        if instant.0 == now {
+            instant.1 += 1;
+        } else {
+            instant = (now, 1);
+        }
+        if instant.1 == HOT_LOOP_STEPS {
+            findings.violation(format!(
+                "{HOT_LOOP_STEPS} steps at one instant: a loop that never waits (last actor {})",
+                state.actor
+            ));
+            drop(findings);
+            // Ends the task looping (the controller's, usually); the run goes on without it.
+            panic!("simulation: a hot loop");
+        }
         let actor = state.actor.clone();
         if state.refused_stored_version_drops.len() > refusals {
             for refusal in &state.refused_stored_version_drops[refusals..] {

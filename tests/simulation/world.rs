@@ -262,7 +262,8 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             state.svm_controller_tick();
         }
         if workload.write_every > 0 && second % workload.write_every == 0 && second < horizon {
-            write_one(&writer, &fake, &findings, origin, seed, second).await;
+            // On its own task: a write answered late must not hold the driver's clock.
+            tokio::spawn(write_one(writer.clone(), fake.clone(), findings.clone(), origin, seed, second));
         }
         if second == horizon {
             // Faults stop: what is still on ends, a stopped controller starts.
@@ -406,9 +407,9 @@ fn note(findings: &Mutex<Findings>, origin: tokio::time::Instant, line: String) 
 /// leaves a managedFields entry naming the version). Refusals (an unserved version) are
 /// what such a client gets; they are ignored.
 async fn write_one(
-    client: &kube::Client,
-    fake: &FakeApiserver,
-    findings: &Mutex<Findings>,
+    client: kube::Client,
+    fake: FakeApiserver,
+    findings: Arc<Mutex<Findings>>,
     origin: tokio::time::Instant,
     seed: u64,
     second: u64,
@@ -424,7 +425,7 @@ async fn write_one(
         &GroupVersionKind::gvk("example.com", version, "Widget"),
         "widgets",
     );
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &resource);
+    let api: Api<DynamicObject> = Api::namespaced_with(client, &namespace, &resource);
     let (how, answer) = if rng.chance(50) {
         let patch = json!({"spec": {"size": second}});
         (
@@ -452,7 +453,7 @@ async fn write_one(
             .map(|o| o.encoded_as.clone())
             .unwrap_or_default();
         note(
-            findings,
+            &findings,
             origin,
             format!("a user's client: {how} of {namespace}/{name} through {version}, stored as {stored}"),
         );
