@@ -277,7 +277,10 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
                 .check_permissions(policy, Mode::CleanManagedFields)
                 .await
             {
-                Ok(()) => observation.cleaning = ctx.migrations.ensure_cleanup(policy, storage, awaiting),
+                Ok(()) => {
+                    let generation = crd_after.as_ref().and_then(|crd| crd.generation);
+                    observation.cleaning = ctx.migrations.ensure_cleanup(policy, storage, awaiting, generation);
+                }
                 Err(message) => missing_permissions.push(message),
             }
         }

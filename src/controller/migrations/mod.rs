@@ -238,27 +238,41 @@ impl Migrations {
     /// Starts migrating the policy's CRD into `storage_version` unless that already runs
     /// or the last run failed recently. Returns whether a migration is running now.
     pub fn ensure(self: &Arc<Self>, policy: &VersionPolicy, storage_version: &str) -> bool {
-        self.start(policy, storage_version, Job::Migrate)
+        self.start(policy, storage_version, Job::Migrate, None)
     }
 
     /// Starts rewriting the managedFields entries that name `versions` (versions whose
     /// removal is due) into the storage version, unless that already runs or failed
     /// recently; the result goes to `status.managedFieldsCleanup`.
     /// Returns whether a cleanup is under way now.
+    /// `crd_generation`: the CRD's generation now; a cleanup that succeeded at another
+    /// one does not count (`decide::managed_fields_pending`).
     pub fn ensure_cleanup(
         self: &Arc<Self>,
         policy: &VersionPolicy,
         storage_version: &str,
         versions: Vec<String>,
+        crd_generation: Option<i64>,
     ) -> bool {
-        self.start(policy, storage_version, Job::CleanManagedFields { versions })
+        self.start(
+            policy,
+            storage_version,
+            Job::CleanManagedFields { versions },
+            crd_generation,
+        )
     }
 
     /// Starts `job` for the policy's CRD towards `storage_version` unless the same run is
     /// under way (a run towards another goal can only end in a restart: it is aborted) or
     /// the last one failed recently (by the policy's status). Returns whether a run is under
     /// way now.
-    fn start(self: &Arc<Self>, policy: &VersionPolicy, storage_version: &str, job: Job) -> bool {
+    fn start(
+        self: &Arc<Self>,
+        policy: &VersionPolicy,
+        storage_version: &str,
+        job: Job,
+        crd_generation: Option<i64>,
+    ) -> bool {
         let key = job.key(&policy.spec.crd_name);
         let goal = job.goal(storage_version);
         let held = self.failed_recently(&job, policy, storage_version);
@@ -269,7 +283,7 @@ impl Migrations {
             key,
             goal,
             held,
-            async move { this.run(policy, storage, job).await },
+            async move { this.run(policy, storage, job, crd_generation).await },
         )
     }
 
@@ -289,12 +303,14 @@ impl Migrations {
         })
     }
 
-    /// Whether a cleanup like `job` towards `storage_version` already succeeded, by the
-    /// policy's status.
-    fn cleaned(job: &Job, policy: &VersionPolicy, storage_version: &str) -> bool {
+    /// Whether a cleanup like `job` towards `storage_version` already succeeded at the CRD's
+    /// generation `crd_generation`, by the policy's status.
+    fn cleaned(job: &Job, policy: &VersionPolicy, storage_version: &str, crd_generation: Option<i64>) -> bool {
         matches!(job, Job::CleanManagedFields { .. })
             && job.previous(policy).is_some_and(|previous| {
                 previous.phase == MigrationPhase::Succeeded
+                    && previous.crd_generation.is_some()
+                    && previous.crd_generation == crd_generation
                     && previous.storage_version == storage_version
                     && job.versions().iter().all(|v| previous.versions.contains(v))
             })
@@ -382,13 +398,13 @@ impl Migrations {
         self.metrics.job_objects_per_second.clear();
     }
 
-    async fn run(self: Arc<Self>, policy: VersionPolicy, storage_version: String, job: Job) {
+    async fn run(self: Arc<Self>, policy: VersionPolicy, storage_version: String, job: Job, crd_generation: Option<i64>) {
         // Decided again on the status as it is (a run that failed or a cleanup that
         // succeeded moments ago may not show in the cache yet), and resumed from its
         // latest checkpoint.
         let policy = self.fresh(policy).await;
         if self.failed_recently(&job, &policy, &storage_version)
-            || Self::cleaned(&job, &policy, &storage_version)
+            || Self::cleaned(&job, &policy, &storage_version, crd_generation)
         {
             return;
         }
