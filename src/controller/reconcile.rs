@@ -214,7 +214,10 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
                 // trimmed already. Nothing to start (a run would find nothing to do, and its
                 // end would reconcile on the same copy again, at once); the watch's event
                 // reconciles.
-                debug!(crd = crd_name, "status.storedVersions is trimmed already; no migration started");
+                debug!(
+                    crd = crd_name,
+                    "status.storedVersions is trimmed already; no migration started"
+                );
             } else {
                 match engine {
                     MigrationEngine::Internal => {
@@ -251,26 +254,22 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         // A due removal waits until no object's managedFields names the version: rewrite
         // those entries in the background (after unserve, so that no client adds more).
         // It starts as soon as such a version is unserved, so that the removal lands on time.
-        let awaiting: Vec<String> = crd_after
+        let awaiting = crd_after
             .as_ref()
-            .map(|crd| {
-                let scheduled_removals: Vec<&str> = policy
-                    .spec
-                    .versions
-                    .iter()
-                    .filter(|v| v.remove.is_some())
-                    .map(|v| v.name.as_str())
-                    .collect();
-                managed_fields_pending(policy, crd)
-                    .into_iter()
-                    .filter(|v| crd.version(v).is_some_and(|v| !v.served))
-                    .filter(|v| scheduled_removals.contains(&v.as_str()))
-                    .collect()
-            })
+            .map(|crd| cleanup_awaiting(policy, crd))
             .unwrap_or_default();
-        if !awaiting.is_empty()
-            && !policy.spec.dry_run
-            && let Some(storage) = crd_after.as_ref().and_then(CrdState::storage_version)
+        // Confirmed on etcd's copy of the CRD, never on a kept copy alone: a cleanup decided
+        // on a copy the watch has not caught up with (a version served again meanwhile)
+        // ends at once, its end reconciles on the same copy, and the next starts at once.
+        let fresh = if awaiting.is_empty() || policy.spec.dry_run {
+            None
+        } else {
+            get_crd(ctx, &crd_name).await?.map(|crd| CrdState::from_crd(&crd))
+        };
+        if let Some(crd) = &fresh
+            && let awaiting = cleanup_awaiting(policy, crd)
+            && !awaiting.is_empty()
+            && let Some(storage) = crd.storage_version()
         {
             match ctx
                 .migrations
@@ -278,8 +277,9 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
                 .await
             {
                 Ok(()) => {
-                    let generation = crd_after.as_ref().and_then(|crd| crd.generation);
-                    observation.cleaning = ctx.migrations.ensure_cleanup(policy, storage, awaiting, generation);
+                    observation.cleaning =
+                        ctx.migrations
+                            .ensure_cleanup(policy, storage, awaiting, crd.generation);
                 }
                 Err(message) => missing_permissions.push(message),
             }
@@ -387,6 +387,23 @@ struct Applied {
     crd_resource_version: Option<String>,
     /// Whether this reconcile patched the CRD (`crd_resource_version` is then the patch's).
     patched: bool,
+}
+
+/// The versions whose managedFields entries a cleanup must rewrite now: pending
+/// (`managed_fields_pending`), unserved, and due for removal by the policy.
+fn cleanup_awaiting(policy: &VersionPolicy, crd: &CrdState) -> Vec<String> {
+    let scheduled_removals: Vec<&str> = policy
+        .spec
+        .versions
+        .iter()
+        .filter(|v| v.remove.is_some())
+        .map(|v| v.name.as_str())
+        .collect();
+    managed_fields_pending(policy, crd)
+        .into_iter()
+        .filter(|v| crd.version(v).is_some_and(|v| !v.served))
+        .filter(|v| scheduled_removals.contains(&v.as_str()))
+        .collect()
 }
 
 /// Whether etcd's copy of the CRD lists a version other than its storage version in

@@ -157,6 +157,7 @@ fn a_removal_waits_for_the_managed_fields_cleanup() {
         c["spec"]["versions"][2]["storage"] = json!(true);
         c["spec"]["versions"][2]["served"] = json!(true);
         c["status"] = json!({"storedVersions": ["v1"]});
+        c["metadata"]["generation"] = json!(3);
     });
     let held = decide(
         &policy(|_| {}),
@@ -173,9 +174,25 @@ fn a_removal_waits_for_the_managed_fields_cleanup() {
         held.blocked
     );
     assert!(!held.ops.iter().any(|op| op["op"] == "remove"));
-    // Once a cleanup of v1alpha1 succeeded, the removal is in the patch.
+    // A cleanup that succeeded at an earlier generation of the CRD does not count: any spec
+    // change since may have served v1alpha1 again (found by the simulation: a GitOps tool
+    // re-applied the older CRD, a client applied through v1alpha1, the controller unserved
+    // it again and removed it under the new entry).
+    let earlier = policy(|p| {
+        p["status"] = json!({"managedFieldsCleanup": {"phase": "Succeeded", "storageVersion": "v1", "versions": ["v1alpha1"], "crdGeneration": 2}});
+    });
+    let still_held = decide(
+        &earlier,
+        &crd,
+        &GateInputs::default(),
+        &WebhookConversion::NotWanted,
+        at("2026-06-29T00:00:00Z"),
+        None,
+    );
+    assert_eq!(reasons(&still_held.blocked), ["AwaitingManagedFieldsCleanup"]);
+    // Once a cleanup of v1alpha1 succeeded at this generation, the removal is in the patch.
     let cleaned = policy(|p| {
-        p["status"] = json!({"managedFieldsCleanup": {"phase": "Succeeded", "storageVersion": "v1", "versions": ["v1alpha1"]}});
+        p["status"] = json!({"managedFieldsCleanup": {"phase": "Succeeded", "storageVersion": "v1", "versions": ["v1alpha1"], "crdGeneration": 3}});
     });
     let removal = decide(
         &cleaned,
@@ -210,9 +227,10 @@ fn removals_are_one_patch_highest_index_first() {
         c["spec"]["versions"][1]["deprecationWarning"] =
             json!("example.com/v1beta1 Widget is deprecated; use example.com/v1");
         c["status"] = json!({"storedVersions": ["v1"]});
+        c["metadata"]["generation"] = json!(5);
     });
     let cleaned = policy(|p| {
-        p["status"] = json!({"managedFieldsCleanup": {"phase": "Succeeded", "storageVersion": "v1", "versions": ["v1alpha1", "v1beta1"]}});
+        p["status"] = json!({"managedFieldsCleanup": {"phase": "Succeeded", "storageVersion": "v1", "versions": ["v1alpha1", "v1beta1"], "crdGeneration": 5}});
     });
     let decision = decide(
         &cleaned,

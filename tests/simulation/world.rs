@@ -263,7 +263,14 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
         }
         if workload.write_every > 0 && second % workload.write_every == 0 && second < horizon {
             // On its own task: a write answered late must not hold the driver's clock.
-            tokio::spawn(write_one(writer.clone(), fake.clone(), findings.clone(), origin, seed, second));
+            tokio::spawn(write_one(
+                writer.clone(),
+                fake.clone(),
+                findings.clone(),
+                origin,
+                seed,
+                second,
+            ));
         }
         if second == horizon {
             // Faults stop: what is still on ends, a stopped controller starts.

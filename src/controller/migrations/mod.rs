@@ -279,12 +279,9 @@ impl Migrations {
         let this = self.clone();
         let policy = policy.clone();
         let storage = storage_version.to_owned();
-        self.launch(
-            key,
-            goal,
-            held,
-            async move { this.run(policy, storage, job, crd_generation).await },
-        )
+        self.launch(key, goal, held, async move {
+            this.run(policy, storage, job, crd_generation).await
+        })
     }
 
     /// Whether the last run of `job` towards `storage_version` failed less than
@@ -305,7 +302,12 @@ impl Migrations {
 
     /// Whether a cleanup like `job` towards `storage_version` already succeeded at the CRD's
     /// generation `crd_generation`, by the policy's status.
-    fn cleaned(job: &Job, policy: &VersionPolicy, storage_version: &str, crd_generation: Option<i64>) -> bool {
+    fn cleaned(
+        job: &Job,
+        policy: &VersionPolicy,
+        storage_version: &str,
+        crd_generation: Option<i64>,
+    ) -> bool {
         matches!(job, Job::CleanManagedFields { .. })
             && job.previous(policy).is_some_and(|previous| {
                 previous.phase == MigrationPhase::Succeeded
@@ -398,7 +400,13 @@ impl Migrations {
         self.metrics.job_objects_per_second.clear();
     }
 
-    async fn run(self: Arc<Self>, policy: VersionPolicy, storage_version: String, job: Job, crd_generation: Option<i64>) {
+    async fn run(
+        self: Arc<Self>,
+        policy: VersionPolicy,
+        storage_version: String,
+        job: Job,
+        crd_generation: Option<i64>,
+    ) {
         // Decided again on the status as it is (a run that failed or a cleanup that
         // succeeded moments ago may not show in the cache yet), and resumed from its
         // latest checkpoint.
