@@ -9,7 +9,11 @@
 //!
 //! - `cargo test --test simulation`: `SIM_SEEDS` seeds (default 500) from `SIM_FIRST` (0).
 //! - `SIM_SEED=N cargo test --test simulation`: replays seed N and prints its whole trace;
-//!   `SIM_FAULTS=0,3` keeps only those faults of its schedule (what the shrinker printed).
+//!   `SIM_FAULTS=0,3` keeps only those faults of its schedule (what the shrinker printed);
+//!   `SIM_LOG=info` adds the controller's log, `SIM_REQUESTS=1` every request it sent.
+//! - `SIM_KEEP_GOING=1` runs every seed of the budget even after a violation;
+//!   `SIM_NO_SHRINK=1` reports a violation without shrinking its schedule.
+//! - `scripts/mutants.sh`: every known bug (`tests/mutants/*.patch`) must be caught.
 
 #[path = "../support/apiserver/mod.rs"]
 mod apiserver;
@@ -93,7 +97,12 @@ fn summary(seeds: u64, steps: u64, faults: &BTreeMap<&str, usize>, violations: u
 /// replay command.
 fn report(seed: u64, draw: &workload::Draw, outcome: &world::Outcome) {
     println!("simulation: seed {seed} VIOLATED: {}", outcome.violations[0]);
-    let kept = shrink(seed, draw);
+    // SIM_NO_SHRINK=1 (the mutants' script): the whole schedule, no shrinking.
+    let kept = if std::env::var("SIM_NO_SHRINK").is_ok() {
+        (0..draw.faults.len()).collect()
+    } else {
+        shrink(seed, draw)
+    };
     let shrunk = world::run(seed, draw, &|i| kept.contains(&i));
     println!(
         "simulation: seed {seed}: the faults that still break it ({} of {}):",
