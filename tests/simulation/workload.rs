@@ -105,13 +105,19 @@ pub enum Fault {
     /// Write answers come back `millis` late for `lasting` seconds (a crash in between
     /// wrote without learning it).
     SlowAnswers { millis: u64, lasting: u64 },
+    /// Every request takes `millis` before the apiserver acts on it, for `lasting` seconds
+    /// (other writers act between a read and the write decided on it).
+    SlowApiserver { millis: u64, lasting: u64 },
 }
 
 impl Fault {
     /// The summary's kind of fault.
     pub fn kind(&self) -> &'static str {
         match self {
-            Fault::WatchDelay { .. } | Fault::SwitchLag { .. } | Fault::ExpireWatches => "stale",
+            Fault::WatchDelay { .. }
+            | Fault::SwitchLag { .. }
+            | Fault::ExpireWatches
+            | Fault::SlowApiserver { .. } => "stale",
             Fault::Crash { .. } | Fault::SlowAnswers { .. } => "crash",
             Fault::ReapplyOldCrd
             | Fault::FlipStorage { .. }
@@ -146,6 +152,9 @@ impl fmt::Display for Fault {
             Fault::Skew { seconds } => write!(f, "controller clock skew {seconds:+}s"),
             Fault::SlowAnswers { millis, lasting } => {
                 write!(f, "write answers {millis}ms late for {lasting}s")
+            }
+            Fault::SlowApiserver { millis, lasting } => {
+                write!(f, "every request {millis}ms slow for {lasting}s")
             }
         }
     }
@@ -197,7 +206,7 @@ pub fn draw(seed: u64) -> Draw {
     let mut faults = Vec::new();
     for _ in 0..count {
         let at = rng.between(0, horizon);
-        let fault = match rng.between(0, 11) {
+        let fault = match rng.between(0, 12) {
             0 | 1 => Fault::Crash {
                 down: rng.between(0, 20),
             },
@@ -221,6 +230,10 @@ pub fn draw(seed: u64) -> Draw {
             },
             10 => Fault::Skew {
                 seconds: rng.between(0, 60) as i64 - 30,
+            },
+            11 => Fault::SlowApiserver {
+                millis: rng.between(10, 2000),
+                lasting: rng.between(5, 90),
             },
             _ => Fault::SlowAnswers {
                 millis: rng.between(10, 3000),

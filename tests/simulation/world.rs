@@ -223,6 +223,10 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                     fake.lock().write_answer_delay = Duration::from_millis(*millis);
                     ends.push((second + lasting, fault.clone()));
                 }
+                Fault::SlowApiserver { millis, lasting } => {
+                    fake.lock().request_latency = Duration::from_millis(*millis);
+                    ends.push((second + lasting, fault.clone()));
+                }
             }
         }
         // Faults that last end.
@@ -235,6 +239,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                 Fault::WatchDelay { .. } => state.watch_delay = Duration::ZERO,
                 Fault::MigrationsFail { .. } => state.svm_fail = None,
                 Fault::SlowAnswers { .. } => state.write_answer_delay = Duration::ZERO,
+                Fault::SlowApiserver { .. } => state.request_latency = Duration::ZERO,
                 _ => {}
             }
             false
@@ -279,6 +284,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             state.switch_lag = 0;
             state.svm_fail = None;
             state.write_answer_delay = Duration::ZERO;
+            state.request_latency = Duration::ZERO;
             drop(state);
             ends.clear();
             if restart_at.take().is_some() {

@@ -181,6 +181,9 @@ pub struct State {
     /// the client: a slow network on the way back, so that a client stopped meanwhile has
     /// written without learning it.
     pub write_answer_delay: std::time::Duration,
+    /// How long every request (but a watch) waits before the fake acts on it (a loaded
+    /// apiserver or a slow network on the way there: other writers act meanwhile).
+    pub request_latency: std::time::Duration,
     /// CRD patches refused because `status.storedVersions` would name a version the patch
     /// drops (sample 04): each is a write the controller should never have sent.
     pub refused_stored_version_drops: Vec<String>,
@@ -586,6 +589,10 @@ impl FakeApiserver {
             return watch_crd(self, &watch);
         }
         let write = watch.method != "GET";
+        let latency = self.lock().request_latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
         let mut response = self.answer(request).await;
         let delay = {
             let mut state = self.lock();
