@@ -420,6 +420,13 @@ pub async fn controller(
                     Err(error @ kube::runtime::controller::Error::ObjectNotFound(_)) => {
                         tracing::debug!(error = %error, "policy gone before its reconcile");
                     }
+                    // A watch resumed from a resourceVersion etcd compacted away answers
+                    // 410 Expired: routine, the watcher lists again.
+                    Err(kube::runtime::controller::Error::QueueError(
+                        kube::runtime::watcher::Error::WatchError(status),
+                    )) if status.code == 410 => {
+                        tracing::debug!(error = %status.message, "a watch expired (410); listing again");
+                    }
                     // A watch that keeps failing (no VersionPolicy CRD, no permission) is
                     // retried with backoff; saying so once a minute is enough.
                     Err(kube::runtime::controller::Error::QueueError(error)) => {

@@ -133,6 +133,8 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
                 .await;
         }
         drop(on_the_way);
+        // The CRD after this reconcile's own patch is etcd's: no read needed to confirm it.
+        let patched = outcome.patched;
         crd_after = outcome.crd_after;
         evaluation = outcome.evaluation;
         writers_recheck = outcome.writers_recheck;
@@ -209,7 +211,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
                     ),
                 ));
                 unavailable_recheck = true;
-            } else if !stored_versions_untrimmed(ctx, &crd_name).await? {
+            } else if !patched && !stored_versions_untrimmed(ctx, &crd_name).await {
                 // Decided on a kept copy the CRD watch has not caught up with: etcd's CRD is
                 // trimmed already. Nothing to start (a run would find nothing to do, and its
                 // end would reconcile on the same copy again, at once); the watch's event
@@ -263,8 +265,16 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         // ends at once, its end reconciles on the same copy, and the next starts at once.
         let fresh = if awaiting.is_empty() || policy.spec.dry_run {
             None
+        } else if patched {
+            crd_after.clone()
         } else {
-            get_crd(ctx, &crd_name).await?.map(|crd| CrdState::from_crd(&crd))
+            match get_crd(ctx, &crd_name).await {
+                Ok(crd) => crd.map(|crd| CrdState::from_crd(&crd)),
+                Err(error) => {
+                    warn!(crd = crd_name, error = %error, "cannot read the CRD before starting a managedFields cleanup");
+                    None
+                }
+            }
         };
         if let Some(crd) = &fresh
             && let awaiting = cleanup_awaiting(policy, crd)
@@ -408,14 +418,20 @@ fn cleanup_awaiting(policy: &VersionPolicy, crd: &CrdState) -> Vec<String> {
 
 /// Whether etcd's copy of the CRD lists a version other than its storage version in
 /// `status.storedVersions` (a quorum read, which refreshes the kept copy): a migration starts
-/// only then, never on a kept copy alone.
-async fn stored_versions_untrimmed(ctx: &Context, crd_name: &str) -> Result<bool, Error> {
-    Ok(get_crd(ctx, crd_name).await?.is_some_and(|crd| {
-        let state = CrdState::from_crd(&crd);
-        state
-            .storage_version()
-            .is_some_and(|storage| state.stored_versions.iter().any(|v| v != storage))
-    }))
+/// only then, never on a kept copy alone. A read that fails starts nothing this time.
+async fn stored_versions_untrimmed(ctx: &Context, crd_name: &str) -> bool {
+    match get_crd(ctx, crd_name).await {
+        Ok(crd) => crd.is_some_and(|crd| {
+            let state = CrdState::from_crd(&crd);
+            state
+                .storage_version()
+                .is_some_and(|storage| state.stored_versions.iter().any(|v| v != storage))
+        }),
+        Err(error) => {
+            warn!(crd = crd_name, error = %error, "cannot read the CRD before starting a migration");
+            false
+        }
+    }
 }
 
 /// Reads the CRD, evaluates the policy and applies the guarded patch, recomputing it when

@@ -170,13 +170,17 @@ pub async fn migrate(
             check_permissions(client, crd_name, settings).await?;
             permitted = true;
         }
-        // A checkpoint is only valid for the CRD it was taken from.
+        // A checkpoint is only valid for the CRD it was taken from. A managedFields cleanup's
+        // also only at the generation it started at: a spec change since may have served a
+        // version it cleans again, and clients may have named it again in objects already
+        // passed (a rewrite's guard replays its history instead, below).
         if let Some(previous) = resume.take_if(|r| {
             r.storage_version != target.storage_version
                 || (!r.conversion.is_empty() && r.conversion != target.conversion)
+                || (settings.mode == Mode::CleanManagedFields && r.crd_generation != target.generation)
         }) {
             let reason = format!(
-                "the CRD's storage version or conversion changed since the checkpoint (storing {}, now {}); starting a fresh run",
+                "the CRD changed since the checkpoint (storing {}, now {}); starting a fresh run",
                 previous.storage_version, target.storage_version
             );
             warn!(crd = crd_name, "{reason}");

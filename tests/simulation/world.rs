@@ -117,6 +117,8 @@ pub fn run(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outcome {
 }
 
 async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outcome {
+    // Retry jitter (backon draws from fastrand's thread-local generator) from the seed.
+    fastrand::seed(seed);
     let workload = &draw.workload;
     let fake = FakeApiserver::new();
     let findings = Arc::new(Mutex::new(Findings::default()));
@@ -293,7 +295,8 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             note(&findings, origin, "faults stop".into());
         }
         if second >= horizon {
-            let reached = invariants::scheduled_end_missed(&fake.lock()).is_none();
+            let excused = excused(&findings);
+            let reached = invariants::scheduled_end_missed(&fake.lock(), &excused).is_none();
             if reached {
                 quiet_since.get_or_insert(second);
             }
@@ -320,7 +323,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             if second >= horizon + LIVENESS_BOUND {
                 let state = fake.lock();
                 let foreign_failed = someone_elses_failed(&state);
-                let missed = invariants::scheduled_end_missed(&state);
+                let missed = invariants::scheduled_end_missed(&state, &excused);
                 drop(state);
                 let policy_status = fake.policy("widgets")["status"]["conditions"].clone();
                 if let Some(missed) = missed {
@@ -348,7 +351,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
         second += 1;
     }
     set_now(&findings, origin);
-    let outside = invariants::stored_outside(&fake.lock());
+    let outside = invariants::stored_outside(&fake.lock(), &excused(&findings));
     if let Some(outside) = outside {
         let foreign_failed = someone_elses_failed(&fake.lock());
         let mut f = findings.lock().unwrap_or_else(|p| p.into_inner());
@@ -383,8 +386,12 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
     // Everything the fake holds refers to itself through its checker: break the cycle.
     fake.lock().checker = None;
     let findings = std::mem::take(&mut *findings.lock().unwrap_or_else(|p| p.into_inner()));
+    // The trace and every request in order, with its instant: a replay must match both.
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     findings.trace.hash(&mut hasher);
+    for r in fake.requests() {
+        (r.method, r.path, r.query, (r.at - origin).as_nanos()).hash(&mut hasher);
+    }
     Outcome {
         violations: findings.violations,
         trace: findings.trace,
@@ -402,17 +409,35 @@ impl Findings {
     }
 }
 
-/// Whether someone else's StorageVersionMigration of the CRD failed: it holds removals
-/// until a person acts (the hold's message says how), by design.
+/// Whether someone else's StorageVersionMigration of the CRD failed and no migration created
+/// after it succeeded: it holds removals until a person acts (the hold's message says how),
+/// by design.
 fn someone_elses_failed(state: &crate::apiserver::State) -> bool {
-    state.svms.values().any(|m| {
-        m["metadata"]["labels"]["crdlifecycle.io/policy"].is_null()
-            && m["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Failed" && c["status"] == "True")
+    let condition = |m: &Value, kind: &str| {
+        m["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == kind && c["status"] == "True")
+    };
+    let created = |m: &Value| {
+        m["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|rv| rv.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    state.svms.values().any(|failed| {
+        failed["metadata"]["labels"]["crdlifecycle.io/policy"].is_null()
+            && condition(failed, "Failed")
+            && !state
+                .svms
+                .values()
+                .any(|later| created(later) > created(failed) && condition(later, "Succeeded"))
     })
+}
+
+fn excused(findings: &Mutex<Findings>) -> std::collections::BTreeSet<String> {
+    findings.lock().unwrap_or_else(|p| p.into_inner()).excused.clone()
 }
 
 fn set_now(findings: &Mutex<Findings>, origin: tokio::time::Instant) {

@@ -101,6 +101,12 @@ fn advance(state: &mut State, mut object: Value) -> Value {
     let now = state.now();
     if !running {
         object["status"]["conditions"] = json!([condition(now, "Running", "True", "MigrationRunning", "")]);
+        // The generation it runs for: its end trims storedVersions only if it did not move.
+        let generation = state
+            .crds
+            .get(&crd_of(&object))
+            .map(|crd| crd["metadata"]["generation"].clone());
+        state.svm_generations.insert(name, generation.unwrap_or_default());
         return object;
     }
     let group = object["spec"]["resource"]["group"]
@@ -114,7 +120,7 @@ fn advance(state: &mut State, mut object: Value) -> Value {
     let crd_name = format!("{resource}.{group}");
     // The end of a failed migration processed: storedVersions trimmed, nothing rewritten.
     if failed {
-        trim_stored_versions(state, &crd_name);
+        trim_stored_versions(state, &crd_name, &name);
         state.step(&format!("kubernetes: failed StorageVersionMigration {name}"));
         let mut conditions = conditions;
         conditions.retain(|c| c["type"] != "Running");
@@ -176,7 +182,7 @@ fn advance(state: &mut State, mut object: Value) -> Value {
                 stored.encoded_as = storage;
             }
         }
-        trim_stored_versions(state, &crd_name);
+        trim_stored_versions(state, &crd_name, &name);
         let whose = if ours { "the controller's" } else { "another's" };
         state.step(&format!(
             "kubernetes: {whose} StorageVersionMigration {name} succeeded"
@@ -196,6 +202,17 @@ fn advance(state: &mut State, mut object: Value) -> Value {
     object
 }
 
+/// The CRD a migration is for (`<resource>.<group>`).
+fn crd_of(object: &Value) -> String {
+    format!(
+        "{}.{}",
+        object["spec"]["resource"]["resource"]
+            .as_str()
+            .unwrap_or_default(),
+        object["spec"]["resource"]["group"].as_str().unwrap_or_default()
+    )
+}
+
 fn storage_version(state: &State, crd_name: &str) -> Option<String> {
     state.crds.get(crd_name).and_then(|crd| {
         crd["spec"]["versions"]
@@ -208,9 +225,19 @@ fn storage_version(state: &State, crd_name: &str) -> Option<String> {
 }
 
 /// `finishCRDMigration`: a status write of the CRD, as any, trimming `storedVersions` to
-/// the storage version, whether the migration succeeded or failed.
-fn trim_stored_versions(state: &mut State, crd_name: &str) {
+/// the storage version, whether the migration succeeded or failed, when the CRD's
+/// generation did not move since the migration started running (the fixture's note).
+fn trim_stored_versions(state: &mut State, crd_name: &str, migration: &str) {
     if state.svm_leaves_stored_versions {
+        return;
+    }
+    let now = state
+        .crds
+        .get(crd_name)
+        .map(|crd| crd["metadata"]["generation"].clone());
+    if let (Some(started), Some(now)) = (state.svm_generations.get(migration), now)
+        && *started != now
+    {
         return;
     }
     if let (Some(storage), Some(mut crd)) = (

@@ -148,6 +148,9 @@ pub struct State {
     pub svm_paused: bool,
     /// The next migrations fail with this message.
     pub svm_fail: Option<String>,
+    /// The CRD generation each migration started running at (`finishCRDMigration` trims
+    /// only if it did not move).
+    pub svm_generations: BTreeMap<String, Value>,
     /// The migrations of these names fail with these messages (another's migration that
     /// fails while ours do not).
     pub svm_fail_by_name: BTreeMap<String, String>,
@@ -173,8 +176,12 @@ pub struct State {
     /// themselves while they change the state (see `step`).
     pub actor: String,
     /// Called after every step (a request answered, or another writer's change), with the
-    /// state as that step left it: the simulation's invariants.
-    pub checker: Option<Box<dyn FnMut(&State) + Send>>,
+    /// state as that step left it: the simulation's invariants. It answers `true` to halt:
+    /// from then on no request gets an answer (a client looping without waiting is stopped,
+    /// and time goes on).
+    pub checker: Option<Box<dyn FnMut(&State) -> bool + Send>>,
+    /// Set when the checker halted the fake.
+    pub halted: bool,
     /// Steps taken so far.
     pub steps: u64,
     /// How much later than its effect the answer to a write (any method but GET) reaches
@@ -195,7 +202,9 @@ impl State {
         self.steps += 1;
         let previous = std::mem::replace(&mut self.actor, actor.to_owned());
         if let Some(mut check) = self.checker.take() {
-            check(self);
+            if check(self) {
+                self.halted = true;
+            }
             self.checker = Some(check);
         }
         self.actor = previous;
@@ -589,6 +598,9 @@ impl FakeApiserver {
             return watch_crd(self, &watch);
         }
         let write = watch.method != "GET";
+        if self.lock().halted {
+            std::future::pending::<()>().await;
+        }
         let latency = self.lock().request_latency;
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
