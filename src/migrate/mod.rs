@@ -179,10 +179,21 @@ pub async fn migrate(
                 || (!r.conversion.is_empty() && r.conversion != target.conversion)
                 || (settings.mode == Mode::CleanManagedFields && r.crd_generation != target.generation)
         }) {
-            let reason = format!(
-                "the CRD changed since the checkpoint (storing {}, now {}); starting a fresh run",
-                previous.storage_version, target.storage_version
-            );
+            let reason = if settings.mode == Mode::CleanManagedFields
+                && previous.storage_version == target.storage_version
+                && (previous.conversion.is_empty() || previous.conversion == target.conversion)
+            {
+                format!(
+                    "the CRD's generation moved since the checkpoint ({:?}, now {:?}): a version it cleans may have been \
+                     served again; starting a fresh run",
+                    previous.crd_generation, target.generation
+                )
+            } else {
+                format!(
+                    "the CRD's storage version or conversion changed since the checkpoint (storing {}, now {}); starting a fresh run",
+                    previous.storage_version, target.storage_version
+                )
+            };
             warn!(crd = crd_name, "{reason}");
             observer.restarted(&reason);
         }

@@ -1787,11 +1787,10 @@ async fn a_crd_unchanged_for_a_minute_is_confirmed_with_one_answer() {
     assert_eq!(fake.encodings(CRD), [("v1".to_owned(), 30)].into());
 }
 
-/// A CRD changed moments ago gets the whole check (answers in a row), and the first page is
-/// listed meanwhile: only the writes wait for it. Unchanged at the trim, it is not checked
-/// again.
+/// A CRD changed moments ago gets the whole check (answers in a row) before the first page
+/// is listed. Unchanged at the trim, it is not checked again.
 #[tokio::test(start_paused = true)]
-async fn a_fresh_switch_is_confirmed_while_the_first_page_is_listed() {
+async fn a_fresh_switch_is_confirmed_before_the_first_page_is_listed() {
     let fake = migrated_after_a_change(jiff::SignedDuration::from_secs(2)).await;
     let requests = fake.requests();
     let is_discovery = |r: &&apiserver::Recorded| r.path == "/apis/example.com/v1";
@@ -1818,9 +1817,11 @@ async fn a_fresh_switch_is_confirmed_while_the_first_page_is_listed() {
         last_discovery < first_write,
         "no write before the switch is confirmed"
     );
+    // Found by the simulation: a page listed while the check ran let an object that a lagging
+    // apiserver wrote meanwhile (in the old version) pass for one written since (409: skipped).
     assert!(
-        first_page < last_discovery,
-        "the first page is listed while the check runs"
+        last_discovery < first_page,
+        "nothing is listed before the switch is confirmed"
     );
 }
 
