@@ -127,7 +127,7 @@ fn answers_for_trims(actor: &str) -> bool {
 }
 
 /// The checker the fake calls after every step.
-pub fn checker(findings: Arc<Mutex<Findings>>) -> Box<dyn FnMut(&State) -> bool + Send> {
+pub fn checker(findings: Arc<Mutex<Findings>>) -> crate::apiserver::Checker {
     let mut last: Option<Shape> = None;
     let mut refusals = 0;
     let mut instant = (tokio::time::Instant::now(), 0u64);

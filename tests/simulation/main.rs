@@ -97,12 +97,12 @@ fn main() -> ExitCode {
             }
         }
     }
-    summary(seeds, steps, &faults, failed.len(), started);
     if known_open > 0 {
         println!(
             "simulation: {known_open} seed(s) reproduced a known open finding (KNOWN_OPEN in tests/simulation/main.rs)"
         );
     }
+    summary(seeds, steps, &faults, failed.len(), started);
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {

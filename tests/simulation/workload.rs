@@ -219,9 +219,10 @@ pub fn draw(seed: u64) -> Draw {
             },
             5 => Fault::ExpireWatches,
             6 => Fault::ReapplyOldCrd,
-            7 => Fault::FlipStorage {
-                to: *rng.pick(&VERSIONS),
-            },
+            7 => {
+                let to = *rng.pick(&VERSIONS);
+                Fault::FlipStorage { to }
+            }
             8 => Fault::ForeignMigration {
                 fails: rng.chance(70),
             },

@@ -264,11 +264,11 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             let spec = policy(draw, engine)["spec"].clone();
             fake.edit_policy("widgets", |p| p["spec"] = spec);
         }
-        if workload.svm_served && second % 2 == 0 {
+        if workload.svm_served && second.is_multiple_of(2) {
             let mut state = fake.lock();
             state.svm_controller_tick();
         }
-        if workload.write_every > 0 && second % workload.write_every == 0 && second < horizon {
+        if workload.write_every > 0 && second.is_multiple_of(workload.write_every) && second < horizon {
             // On its own task: a write answered late must not hold the driver's clock.
             tokio::spawn(write_one(
                 writer.clone(),

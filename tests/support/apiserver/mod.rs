@@ -60,6 +60,9 @@ impl Recorded {
 
 type Hook = Box<dyn FnOnce(&mut State) + Send>;
 
+/// The simulation's invariants, called after every step; `true` halts the fake.
+pub type Checker = Box<dyn FnMut(&State) -> bool + Send>;
+
 #[derive(Default)]
 pub struct State {
     pub crds: BTreeMap<String, Value>,
@@ -179,7 +182,7 @@ pub struct State {
     /// state as that step left it: the simulation's invariants. It answers `true` to halt:
     /// from then on no request gets an answer (a client looping without waiting is stopped,
     /// and time goes on).
-    pub checker: Option<Box<dyn FnMut(&State) -> bool + Send>>,
+    pub checker: Option<Checker>,
     /// Set when the checker halted the fake.
     pub halted: bool,
     /// Steps taken so far.
