@@ -170,14 +170,7 @@ fn advance(state: &mut State, mut object: Value) -> Value {
             .cloned()
             .collect();
         for key in keys {
-            let storage = state.effective_crd(&crd_name).and_then(|crd| {
-                crd["spec"]["versions"]
-                    .as_array()?
-                    .iter()
-                    .find(|v| v["storage"] == true)
-                    .and_then(|v| v["name"].as_str())
-                    .map(str::to_owned)
-            });
+            let storage = state.effective_crd(&crd_name).as_ref().and_then(storage_of);
             if let (Some(storage), Some(stored)) = (storage, state.objects.get_mut(&key)) {
                 stored.encoded_as = storage;
             }
@@ -214,14 +207,17 @@ fn crd_of(object: &Value) -> String {
 }
 
 fn storage_version(state: &State, crd_name: &str) -> Option<String> {
-    state.crds.get(crd_name).and_then(|crd| {
-        crd["spec"]["versions"]
-            .as_array()?
-            .iter()
-            .find(|v| v["storage"] == true)
-            .and_then(|v| v["name"].as_str())
-            .map(str::to_owned)
-    })
+    state.crds.get(crd_name).and_then(storage_of)
+}
+
+/// The version a CRD marks `storage: true`.
+fn storage_of(crd: &Value) -> Option<String> {
+    crd["spec"]["versions"]
+        .as_array()?
+        .iter()
+        .find(|v| v["storage"] == true)
+        .and_then(|v| v["name"].as_str())
+        .map(str::to_owned)
 }
 
 /// `finishCRDMigration`: a status write of the CRD, as any, trimming `storedVersions` to
