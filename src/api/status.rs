@@ -287,6 +287,15 @@ pub struct MigrationStatus {
 }
 
 impl MigrationStatus {
+    /// Whether this run succeeded while the CRD was at `generation`. A managedFields
+    /// cleanup counts only there: a spec change since may have served a version it cleaned
+    /// again, and clients may have named it again meanwhile.
+    pub fn succeeded_at(&self, generation: Option<i64>) -> bool {
+        self.phase == MigrationPhase::Succeeded
+            && self.crd_generation.is_some()
+            && self.crd_generation == generation
+    }
+
     /// A run that starts now (or started at `started_at`) towards `storage_version`,
     /// nothing counted yet.
     pub fn running(storage_version: &str, started_at: Time) -> MigrationStatus {

@@ -143,8 +143,7 @@ pub fn managed_fields_pending(policy: &VersionPolicy, crd: &CrdState) -> Vec<Str
         .status
         .as_ref()
         .and_then(|s| s.managed_fields_cleanup.as_ref())
-        .filter(|c| c.phase == MigrationPhase::Succeeded)
-        .filter(|c| c.crd_generation.is_some() && c.crd_generation == crd.generation)
+        .filter(|c| c.succeeded_at(crd.generation))
         .map(|c| c.versions.clone())
         .unwrap_or_default();
     crd.versions

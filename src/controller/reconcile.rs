@@ -168,7 +168,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         // is after the patch, whose storedVersions the apiserver has updated.
         if let Some(crd) = &crd_after
             && let Some(storage) = crd.storage_version()
-            && crd.stored_versions.iter().any(|v| v != storage)
+            && crd.stores_other_versions()
             && policy.spec.migration.enabled
             && !policy.spec.dry_run
         {
@@ -421,12 +421,7 @@ fn cleanup_awaiting(policy: &VersionPolicy, crd: &CrdState) -> Vec<String> {
 /// only then, never on a kept copy alone. A read that fails starts nothing this time.
 async fn stored_versions_untrimmed(ctx: &Context, crd_name: &str) -> bool {
     match get_crd(ctx, crd_name).await {
-        Ok(crd) => crd.is_some_and(|crd| {
-            let state = CrdState::from_crd(&crd);
-            state
-                .storage_version()
-                .is_some_and(|storage| state.stored_versions.iter().any(|v| v != storage))
-        }),
+        Ok(crd) => crd.is_some_and(|crd| CrdState::from_crd(&crd).stores_other_versions()),
         Err(error) => {
             warn!(crd = crd_name, error = %error, "cannot read the CRD before starting a migration");
             false

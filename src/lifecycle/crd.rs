@@ -73,6 +73,13 @@ impl CrdState {
         }
     }
 
+    /// Whether `status.storedVersions` lists a version other than the storage version:
+    /// objects may still be stored in it, and a migration is due.
+    pub fn stores_other_versions(&self) -> bool {
+        self.storage_version()
+            .is_some_and(|storage| self.stored_versions.iter().any(|v| v != storage))
+    }
+
     pub fn version(&self, name: &str) -> Option<&CrdVersion> {
         self.versions.iter().find(|v| v.name == name)
     }

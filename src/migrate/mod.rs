@@ -32,7 +32,6 @@ mod storage_guard;
 mod target;
 mod trim;
 
-use futures::FutureExt as _;
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Mutex;
@@ -237,18 +236,13 @@ pub async fn migrate(
                 .map(Expect::Unserved)
                 .collect(),
         };
-        // Reads are safe before the settle check: it runs while the first page is listed,
-        // and only the first write (or read through a new version) waits for it.
-        let settle_wait = Mutex::new(Duration::ZERO);
-        let settle = async {
-            let settling = Instant::now();
-            for expect in expect {
-                discovery::wait(&requester, &target, expect, &settings.settle).await?;
-            }
-            *crate::sync::lock(&settle_wait) = settling.elapsed();
-            Ok(())
-        };
         info!(crd = crd_name, storage = %target.storage_version, mode = ?settings.mode, "migration started");
+        // Nothing is listed before the settle check passed (`Run::all_objects` says why).
+        let settling = Instant::now();
+        for expect in expect {
+            discovery::wait(&requester, &target, expect, &settings.settle).await?;
+        }
+        let settle_wait = settling.elapsed();
         let run = Run {
             requester: &requester,
             target: &target,
@@ -267,7 +261,7 @@ pub async fn migrate(
                 .filter(|_| settings.mode == Mode::Preflight && settings.preflight_conversion.is_some())
                 .map(crate::schema::Schema::parse),
         };
-        let pass = run.all_objects(resume.take(), settle.boxed()).await?;
+        let pass = run.all_objects(resume.take()).await?;
         restarts += pass.restarts;
         expired_tokens += pass.expired_tokens;
         let counts = pass.counts;
@@ -282,7 +276,7 @@ pub async fn migrate(
             expired_tokens,
             dry_run: settings.managed_fields.dry_run,
             elapsed: started.elapsed(),
-            settle_wait: *crate::sync::lock(&settle_wait),
+            settle_wait,
             objects_digest: pass.digest.map(|d| d.value()),
             checked_objects: pass.checked.clone(),
         };

@@ -53,8 +53,9 @@ pub struct Report {
     /// A managedFields cleanup that only counted (wrote nothing).
     pub dry_run: bool,
     pub elapsed: Duration,
-    /// How long the settle check before the first list took (`discovery::wait`): on a CRD changed less than a minute ago, every apiserver
-    /// must be seen acting on the change several times a second apart.
+    /// How long the settle check before the first list took (`discovery::wait`): on a CRD
+    /// changed less than a minute ago, every apiserver must be seen acting on the change
+    /// several times a second apart.
     pub settle_wait: Duration,
     /// A digest of every object listed (`ObjectsDigest::value`), when one pass listed them
     /// all (not after a resume from a checkpoint).

@@ -62,19 +62,14 @@ pub(super) struct Passes {
 }
 
 impl Run<'_> {
-    /// Every listing pass until one completes, each after `settle` succeeded. Nothing is
-    /// listed before: what a page says of an object (its resourceVersion, its managedFields)
-    /// must be no older than the settle check, or a write that an apiserver not yet acting on
-    /// the change made meanwhile (stored in the old version, or naming a version being
-    /// cleaned) would pass for one made after it: a rewrite answered 409 is skipped as
-    /// "written since, so stored in the storage version", and a cleanup decides on the
-    /// entries it listed.
-    pub(super) async fn all_objects(
-        &self,
-        resume: Option<Resume>,
-        settle: BoxFuture<'_, Result<(), Error>>,
-    ) -> Result<Passes, Error> {
-        settle.await?;
+    /// Every listing pass until one completes. The caller runs the settle check first, and
+    /// nothing is listed before it passed: what a page says of an object (its
+    /// resourceVersion, its managedFields) must be no older than the check, or a write that
+    /// an apiserver not yet acting on the change made meanwhile (stored in the old version,
+    /// or naming a version being cleaned) would pass for one made after it: a rewrite
+    /// answered 409 is skipped as "written since, so stored in the storage version", and a
+    /// cleanup decides on the entries it listed.
+    pub(super) async fn all_objects(&self, resume: Option<Resume>) -> Result<Passes, Error> {
         let mut passes = Passes {
             counts: Counts::default(),
             restarts: 0,

@@ -310,9 +310,7 @@ impl Migrations {
     ) -> bool {
         matches!(job, Job::CleanManagedFields { .. })
             && job.previous(policy).is_some_and(|previous| {
-                previous.phase == MigrationPhase::Succeeded
-                    && previous.crd_generation.is_some()
-                    && previous.crd_generation == crd_generation
+                previous.succeeded_at(crd_generation)
                     && previous.storage_version == storage_version
                     && job.versions().iter().all(|v| previous.versions.contains(v))
             })
