@@ -38,7 +38,8 @@ impl Rng {
         self.next_u64() % 100 < percent
     }
 
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+    /// One of `items` (not empty).
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
         &items[self.next_u64() as usize % items.len()]
     }
 }

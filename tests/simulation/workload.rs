@@ -4,34 +4,27 @@
 
 use std::fmt;
 
-/// SplitMix64: small, fast, and the same numbers on every machine.
-pub struct Rng(u64);
+/// The crate's seeded generator (`schema::Rng`, SplitMix64: the same numbers on every
+/// machine), over the unsigned ranges a draw needs.
+pub struct Rng(crd_lifecycle::schema::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
-    }
-
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        Rng(crd_lifecycle::schema::Rng::new(seed ^ 0x9E37_79B9_7F4A_7C15))
     }
 
     /// A number in `low..=high`.
     pub fn between(&mut self, low: u64, high: u64) -> u64 {
-        low + self.next() % (high - low + 1)
+        self.0.between(low as i64, high as i64) as u64
     }
 
     /// True with probability `percent` in 100.
     pub fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
+        self.0.chance(percent)
     }
 
     pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[(self.next() % items.len() as u64) as usize]
+        self.0.pick(items)
     }
 }
 
