@@ -600,3 +600,59 @@ async fn a_failed_migration_whose_end_comes_late_is_restored_at_the_next_reconci
         "true"
     );
 }
+
+/// Issue 34, finding 1: someone else's failed migration trimmed `storedVersions` with objects
+/// still stored in what it dropped. A run of this policy's own that started after the failure
+/// ended releases that hold only if it rewrote every object: one that found `storedVersions`
+/// trimmed already (by that very failure) rewrote nothing, and used to release it.
+#[tokio::test(start_paused = true)]
+async fn only_a_run_that_rewrote_every_object_releases_a_failed_migrations_hold() {
+    let mut h = unserved_with_its_removal_due().await;
+    {
+        let mut state = h.fake.lock();
+        state.svm_served = true;
+        state.svm_paused = true;
+        state.svms.insert(
+            "someone-elses".into(),
+            json!({"apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
+                   "metadata": {"name": "someone-elses", "creationTimestamp": "2026-06-27T00:00:00Z"},
+                   "spec": {"resource": {"group": "example.com", "resource": "widgets"}},
+                   "status": {"conditions": [
+                       {"type": "Running", "status": "False", "reason": "MigrationCompleted",
+                        "lastTransitionTime": "2026-06-27T00:10:00Z"},
+                       {"type": "Failed", "status": "True", "reason": "StorageVersionMigrationFailed",
+                        "lastTransitionTime": "2026-06-27T00:10:00Z",
+                        "message": "migration encountered unhandled error: denied"}]}}),
+        );
+    }
+    h.trim_stored_versions(&["v1"]);
+    let run = |rewrote_all: bool| {
+        json!({"migration": {"phase": "Succeeded", "storageVersion": "v1",
+                             "startedAt": "2026-06-28T00:00:00Z", "finishedAt": "2026-06-28T00:00:01Z",
+                             "rewroteAll": rewrote_all}})
+    };
+    // A run after the failure that found storedVersions trimmed: it rewrote nothing.
+    h.apply_status_as(
+        crd_lifecycle::controller::migrations::MIGRATION_FIELD_MANAGER,
+        run(false),
+    )
+    .await;
+    h.at("2026-06-29T00:00:00Z");
+    h.reconcile_through_cleanup("widgets").await;
+    assert_eq!(
+        h.flags(),
+        "v1alpha1:d v1beta1:sd v1:sS",
+        "v1alpha1 is not removed"
+    );
+    let (_, reason, message) = h.condition("widgets", "Blocked");
+    assert_eq!(reason, "AwaitingMigration");
+    assert!(message.contains("someone-elses, which failed"), "{message}");
+    // A run after the failure that rewrote every object: the removal lands.
+    h.apply_status_as(
+        crd_lifecycle::controller::migrations::MIGRATION_FIELD_MANAGER,
+        run(true),
+    )
+    .await;
+    h.reconcile_through_cleanup("widgets").await;
+    assert_eq!(h.flags(), "v1beta1:sd v1:sS");
+}
