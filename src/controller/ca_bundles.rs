@@ -120,6 +120,7 @@ pub async fn keep_ca_bundles(client: Client, endpoint: Arc<WebhookEndpoint>) {
             }
         }
         tokio::select! {
+            biased;
             _ = changes.changed() => {}
             () = tokio::time::sleep(LOOK_AGAIN_EVERY) => {}
         }

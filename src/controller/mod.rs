@@ -202,9 +202,10 @@ async fn lead(
         // A standby replica is healthy and ready; it just does not reconcile.
         health.ready.store(true, Ordering::Relaxed);
         tokio::select! {
-            sent = elector.acquire() => acquired = sent,
+            biased;
             () = shutdown.clone() => return Ok(()),
             failed = supervisor.first_failure() => return Err(failed.into()),
+            sent = elector.acquire() => acquired = sent,
         }
         metrics.leader.set(1);
         // The leader is ready once it has listed the policies (see `controller`).
@@ -237,16 +238,18 @@ async fn lead(
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         }
     };
+    // A lost lease first: a controller that ended at the same instant still reports it.
     let result = tokio::select! {
-        result = controller => result,
-        () = deadline => {
-            warn!("the controller did not stop within {SHUTDOWN_GRACE:?} of the shutdown signal; stopping it anyway");
-            Ok(())
-        }
+        biased;
         lost = hold => {
             error!(error = %lost, "lost leadership; stopped every writer, exiting so that another replica takes over");
             health.alive.store(false, Ordering::Relaxed);
             Err(RunError::LeaseLost(lost))
+        }
+        result = controller => result,
+        () = deadline => {
+            warn!("the controller did not stop within {SHUTDOWN_GRACE:?} of the shutdown signal; stopping it anyway");
+            Ok(())
         }
         failed = supervisor.first_failure() => {
             error!(error = %failed, "an essential task stopped; exiting");
@@ -448,8 +451,9 @@ pub async fn controller(
     let mut sampler_only = Supervisor::default();
     sampler_only.extend(stop_writers.sampler.take());
     let result = tokio::select! {
-        () = running => Ok(()),
+        biased;
         failed = sampler_only.first_failure() => Err(failed.into()),
+        () = running => Ok(()),
         () = async { ready_when_listed.await; std::future::pending::<()>().await } => Ok(()),
     };
     drop(stop_writers);

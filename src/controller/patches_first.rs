@@ -54,7 +54,10 @@ impl PatchesFirst {
             if self.on_the_way.load(Ordering::Acquire) == 0 {
                 return;
             }
+            // `biased`: a fixed order (here and in every select of the controller) makes a
+            // run on tokio's paused clock replay exactly (tests/simulation).
             tokio::select! {
+                biased;
                 () = arrived => {}
                 () = tokio::time::sleep_until(deadline) => return,
             }

@@ -71,6 +71,7 @@ impl Webhook {
         let bound = self.connections.drain + self.connections.in_flight_deadline + Duration::from_secs(2);
         info!("waiting for the conversion webhook to drain");
         tokio::select! {
+            biased;
             _ = self.stopped => {}
             failed = supervisor.first_failure() => {
                 warn!(error = %failed, "an essential task stopped while the conversion webhook drained");

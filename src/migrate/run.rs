@@ -154,7 +154,10 @@ impl Run<'_> {
             if in_flight.is_empty() && fetching.is_none() && queue.is_empty() {
                 return Ok(PassEnd::Finished);
             }
+            // `biased`: objects done before the next page (the queue bounds both), in a
+            // fixed order that a run on tokio's paused clock replays exactly.
             tokio::select! {
+                biased;
                 Some((page, processed, key)) = in_flight.next(), if !in_flight.is_empty() => {
                     let result = match processed {
                         Processed::Done => ObjectResult::Rewritten,

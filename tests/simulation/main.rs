@@ -29,15 +29,10 @@ use std::time::Instant;
 /// violation contains and the finding. They are reported on every run, never hidden; any
 /// other violation fails the run (and so does a listed seed that stops reproducing it, so
 /// that the list is kept true).
-const KNOWN_OPEN: &[(u64, &str, &str)] = &[(
-    378,
-    "StorageVersionMigration crd-lifecycle.widgets.example.com-v1beta1-2 succeeded trimmed v1beta1",
-    "open: the built-in engine's migration, created and settled for v1beta1, starts running only after the \
-     controller's next store (v1) while an HA apiserver still lags behind that switch; Kubernetes' migrator \
-     rewrites through it (v1beta1) and trims to [v1] (the generation did not move after it started). \
-     Not yet confirmed on a real HA control plane; a fix would hold a store while the policy's own \
-     StorageVersionMigration is unfinished.",
-)];
+const KNOWN_OPEN: &[(u64, &str, &str)] = &[];
+
+/// Every this many seeds, the seed runs twice: the two digests must match (replay is exact).
+const REPLAY_EVERY: u64 = 25;
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
@@ -59,10 +54,21 @@ fn main() -> ExitCode {
     let mut faults: BTreeMap<&str, usize> = ["stale", "crash", "writer", "skew"].map(|k| (k, 0)).into();
     let mut failed = Vec::new();
     let mut known_open = 0;
+    let mut replays = 0;
     for seed in first..first + seeds {
         let draw = workload::draw(seed);
         let outcome = world::run(seed, &draw, &|_| true);
         steps += outcome.steps;
+        if seed % REPLAY_EVERY == 0 {
+            replays += 1;
+            let again = world::run(seed, &draw, &|_| true);
+            if again.digest != outcome.digest {
+                println!("simulation: seed {seed} did not replay identically");
+                where_runs_part(&outcome, &again);
+                failed.push(seed);
+                continue;
+            }
+        }
         for kind in &outcome.faults {
             *faults.entry(kind).or_default() += 1;
         }
@@ -102,6 +108,7 @@ fn main() -> ExitCode {
             "simulation: {known_open} seed(s) reproduced a known open finding (KNOWN_OPEN in tests/simulation/main.rs)"
         );
     }
+    println!("simulation: {replays} seeds run twice, each replayed identically unless listed above");
     summary(seeds, steps, &faults, failed.len(), started);
     if failed.is_empty() {
         ExitCode::SUCCESS
@@ -189,6 +196,23 @@ fn shrink(seed: u64, draw: &workload::Draw) -> Vec<usize> {
     kept
 }
 
+/// Where two runs of one seed first differ, if they do.
+fn where_runs_part(one: &world::Outcome, other: &world::Outcome) {
+    let first = |a: &[String], b: &[String]| a.iter().zip(b).position(|(x, y)| x != y);
+    if let Some(i) = first(&one.trace, &other.trace) {
+        println!(
+            "  the traces part at line {i}: {:?} / {:?}",
+            one.trace[i], other.trace[i]
+        );
+    }
+    if let Some(i) = first(&one.requests, &other.requests) {
+        println!(
+            "  the requests part at #{i}: {:?} / {:?}",
+            one.requests[i], other.requests[i]
+        );
+    }
+}
+
 fn replay(seed: u64) -> ExitCode {
     // SIM_LOG=debug: the controller's own log (tracing), interleaved with the trace.
     if let Ok(filter) = std::env::var("SIM_LOG") {
@@ -212,6 +236,7 @@ fn replay(seed: u64) -> ExitCode {
         println!("  {line}");
     }
     let again = world::run(seed, &draw, &keep_fn);
+    where_runs_part(&outcome, &again);
     println!(
         "simulation: seed {seed}: {} steps, trace digest {:016x} ({})",
         outcome.steps,

@@ -132,8 +132,9 @@ pub struct State {
     resource_version: u64,
     /// Every change of a VersionPolicy or CRD, oldest first, for watches (`watches`).
     pub changes: Vec<Change>,
-    /// The resourceVersion of the latest change, for open watches to wake on.
-    changed: tokio::sync::watch::Sender<u64>,
+    /// Wakes the open watches after a change (`Notify` wakes its waiters in a fixed order,
+    /// a `watch` channel's receivers in a random one: a simulation must replay exactly).
+    changed: std::sync::Arc<tokio::sync::Notify>,
     /// Run just before the next CRD patch is applied: another writer racing us.
     before_crd_patch: VecDeque<Hook>,
     /// Run just before the next patch of a CRD's status is applied.
@@ -545,6 +546,14 @@ impl FakeApiserver {
 
     pub fn after_next_list_page(&self, hook: impl FnOnce(&mut State) + Send + 'static) {
         self.lock().after_list_page.push_back(Box::new(hook));
+    }
+
+    /// Forgets every hook not run yet (a simulation's faults stop).
+    pub fn clear_hooks(&self) {
+        let mut state = self.lock();
+        state.after_list_page.clear();
+        state.before_crd_patch.clear();
+        state.before_crd_status_patch.clear();
     }
 
     /// The custom-object requests (lists, reads, rewrites) received; discovery is not one.

@@ -190,7 +190,9 @@ pub(super) fn watch_crd(fake: &FakeApiserver, request: &Recorded) -> Response<Fa
                         None => phase = Phase::Live,
                     },
                     Phase::Live => {
+                        // `biased`: an event before the deadline, in an order a simulation replays.
                         tokio::select! {
+                            biased;
                             event = receiver.recv() => match event {
                                 Some(event) => return Some((line(&event), (phase, receiver, fake))),
                                 // The apiserver went away (see `expire_watch_history`).

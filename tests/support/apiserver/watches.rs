@@ -63,7 +63,7 @@ impl State {
             resource_version,
             at: tokio::time::Instant::now(),
         });
-        self.changed.send_replace(resource_version);
+        self.changed.notify_waiters();
     }
 
     /// The resourceVersion of the latest write, as a list answers it.
@@ -148,14 +148,17 @@ impl FakeApiserver {
         } else {
             from
         };
-        let changes = state.changed.subscribe();
+        let changes = state.changed.clone();
         drop(state);
         let fake = self.clone();
         let live = futures::stream::unfold(
             (fake, cursor, changes),
-            move |(fake, mut cursor, mut changes)| async move {
+            move |(fake, mut cursor, changes)| async move {
                 loop {
-                    changes.borrow_and_update();
+                    // Waiting before looking: a change made after the look still wakes it.
+                    let changed = changes.clone().notified_owned();
+                    tokio::pin!(changed);
+                    changed.as_mut().enable();
                     let next = fake
                         .lock()
                         .changes
@@ -178,8 +181,10 @@ impl FakeApiserver {
                             None => std::future::pending().await,
                         }
                     };
+                    // `biased`: an event before the deadline, in an order a simulation replays.
                     tokio::select! {
-                        changed = changes.changed() => if changed.is_err() { return None },
+                        biased;
+                        () = changed => {}
                         () = ended => return None,
                     }
                 }
