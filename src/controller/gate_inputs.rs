@@ -79,6 +79,9 @@ pub fn gates(policy: &VersionPolicy, crd: &CustomResourceDefinition, traffic: &T
             preflight,
             // Read by `writers` (it needs the objects), where a writers gate waits.
             writers: Default::default(),
+            // Asked by the reconcile where a store is due (a list of the resource's
+            // StorageVersionMigrations).
+            migration_under_way: None,
         },
         traffic: traffic_status,
         invalid_approvals,

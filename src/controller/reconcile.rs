@@ -140,7 +140,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         writers_recheck = outcome.writers_recheck;
         // A removal held by a StorageVersionMigration waits on a change nothing watched
         // here announces.
-        unavailable_recheck |= outcome.removal_held;
+        unavailable_recheck |= outcome.removal_held || outcome.store_held;
         observation.blocked = outcome.blocked;
         observation.applied = outcome.applied;
         observation.dry_run_patch = outcome.dry_run_patch;
@@ -393,6 +393,8 @@ struct Applied {
     writers_recheck: Option<Timestamp>,
     /// Whether a removal waits for a StorageVersionMigration (`Migrations::removal_hold`).
     removal_held: bool,
+    /// Whether a store waits for a StorageVersionMigration (`GateInputs::migration_under_way`).
+    store_held: bool,
     /// The CRD's resourceVersion the decision was made on (after the patch, if any).
     crd_resource_version: Option<String>,
     /// Whether this reconcile patched the CRD (`crd_resource_version` is then the patch's).
@@ -473,6 +475,27 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             },
         };
         let mut decision = decide(policy, &crd, &gates.inputs, &webhook, now, None);
+        // A store about to land waits while a StorageVersionMigration of the resource is
+        // unfinished (ours too, or while that cannot be told): the migration may start or go
+        // on through an apiserver that still stores the version of before, and then trim it.
+        if decision
+            .pending
+            .iter()
+            .any(|t| t.milestone == MilestoneKind::Store)
+        {
+            gates.inputs.migration_under_way = match ctx.migrations.unfinished_migration(policy, false).await
+            {
+                Ok(None) => None,
+                Ok(Some(name)) => Some(format!("StorageVersionMigration {name} has finished")),
+                Err(reason) => Some(format!(
+                    "it is known whether a StorageVersionMigration of it runs ({reason})"
+                )),
+            };
+            if gates.inputs.migration_under_way.is_some() {
+                outcome.store_held = true;
+                decision = decide(policy, &crd, &gates.inputs, &webhook, now, None);
+            }
+        }
         // A removal about to land waits while a StorageVersionMigration of the CRD holds it
         // (or while that cannot be told): Kubernetes' migrator can trim storedVersions
         // before it has rewritten the objects, as a migration starts and as a failed one ends.
@@ -540,6 +563,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             what: "patch",
             source,
         })?;
+        let ticket = ctx.crds_seen.ticket();
         match api
             .patch(crd_name, &PatchParams::default(), &Patch::Json::<()>(patch))
             .await
@@ -566,7 +590,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 outcome.crd_after = Some(CrdState::from_crd(&patched));
                 outcome.fingerprints = preflight::fingerprints(&patched);
                 outcome.crd_resource_version = patched.metadata.resource_version.clone();
-                ctx.crds_seen.keep(&patched);
+                ctx.crds_seen.keep(&patched, ticket);
                 outcome.patched = true;
                 outcome.evaluation = Some(evaluation);
                 info!(crd = crd_name, ops = ops.len(), "patched CRD");

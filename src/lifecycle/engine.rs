@@ -45,7 +45,8 @@ impl DesiredVersion {
 /// Why something the schedule says is due does not happen yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BlockReason {
-    /// A removal waits until the version is gone from `status.storedVersions`.
+    /// A removal waits until the version is gone from `status.storedVersions`, or a
+    /// removal or store waits for a StorageVersionMigration to finish.
     AwaitingMigration,
     /// The resulting CRD would break an invariant; nothing is changed.
     UnsafeState,

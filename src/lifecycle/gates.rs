@@ -53,6 +53,12 @@ pub struct GateInputs {
     /// Per version with a writers gate: what is known of the field managers' writes
     /// through it (managedFields); absent before the objects are read.
     pub writers: BTreeMap<String, WritersRead>,
+    /// A StorageVersionMigration of the CRD's resource that has not finished (its name), or
+    /// why that cannot be told; `None` when none runs. Every `store` waits while one is set:
+    /// Kubernetes' migrator rewrites each object through whichever apiserver answers, and
+    /// one still encoding in the storage version of before a switch stores it there, in a
+    /// version the migration then trims from `status.storedVersions`.
+    pub migration_under_way: Option<String>,
 }
 
 /// What the controller read of the writes through one version (its objects'
@@ -321,37 +327,62 @@ impl Schedule {
                 ));
             }
         }
-        if kind == MilestoneKind::Store && self.migration.enabled && self.migration.preflight {
-            let store_at = version.at(MilestoneKind::Store).unwrap_or(at);
-            return match gates.preflight.get(name) {
-                Some(PreflightResult::Passed(pass)) if pass.stands(store_at, at) => None,
-                Some(PreflightResult::Passed(pass)) if pass.store_at != store_at => Some((
-                    BlockReason::AwaitingPreflight,
-                    format!(
-                        "{name} store waits for its conversion preflight: the last one through {name} ran for a store at {}, not this one at {store_at}",
-                        pass.store_at
-                    ),
-                )),
-                Some(PreflightResult::Passed(pass)) => Some((
-                    BlockReason::AwaitingPreflight,
-                    format!(
-                        "{name} store waits for its conversion preflight's objects to be checked again: they were last checked at {}, more than {:#} before now",
-                        pass.checked_at, pass.stands_for
-                    ),
-                )),
-                Some(PreflightResult::Failed(message)) => Some((
-                    BlockReason::ConversionPreflightFailed,
-                    format!("{name} store is held: reading the objects through {name} failed: {message}"),
-                )),
-                Some(PreflightResult::Running) | None => Some((
-                    BlockReason::AwaitingPreflight,
-                    format!(
-                        "{name} store waits for the conversion preflight (every object read through {name})"
-                    ),
-                )),
-            };
+        if kind == MilestoneKind::Store
+            && self.migration.enabled
+            && self.migration.preflight
+            && let Some(hold) = self.preflight_gate(version, gates, at)
+        {
+            return Some(hold);
+        }
+        if kind == MilestoneKind::Store
+            && let Some(migration) = &gates.migration_under_way
+        {
+            return Some((
+                BlockReason::AwaitingMigration,
+                format!(
+                    "{name} store waits until {migration}: a storage switch under a StorageVersionMigration lets it \
+                     rewrite objects through an apiserver that still stores the version of before, then trim that \
+                     version from status.storedVersions"
+                ),
+            ));
         }
         None
+    }
+
+    /// What holds a `store` of `version` until its conversion preflight stands for it.
+    fn preflight_gate(
+        &self,
+        version: &super::schedule::ScheduledVersion,
+        gates: &GateInputs,
+        at: Timestamp,
+    ) -> Option<(BlockReason, String)> {
+        let name = &version.name;
+        let store_at = version.at(MilestoneKind::Store).unwrap_or(at);
+        match gates.preflight.get(name) {
+            Some(PreflightResult::Passed(pass)) if pass.stands(store_at, at) => None,
+            Some(PreflightResult::Passed(pass)) if pass.store_at != store_at => Some((
+                BlockReason::AwaitingPreflight,
+                format!(
+                    "{name} store waits for its conversion preflight: the last one through {name} ran for a store at {}, not this one at {store_at}",
+                    pass.store_at
+                ),
+            )),
+            Some(PreflightResult::Passed(pass)) => Some((
+                BlockReason::AwaitingPreflight,
+                format!(
+                    "{name} store waits for its conversion preflight's objects to be checked again: they were last checked at {}, more than {:#} before now",
+                    pass.checked_at, pass.stands_for
+                ),
+            )),
+            Some(PreflightResult::Failed(message)) => Some((
+                BlockReason::ConversionPreflightFailed,
+                format!("{name} store is held: reading the objects through {name} failed: {message}"),
+            )),
+            Some(PreflightResult::Running) | None => Some((
+                BlockReason::AwaitingPreflight,
+                format!("{name} store waits for the conversion preflight (every object read through {name})"),
+            )),
+        }
     }
 }
 

@@ -212,6 +212,18 @@ async fn no_migration_starts_while_another_migrator_runs() {
     }
     h.at("2026-01-05T00:00:00Z");
     h.reconcile_through_preflight("widgets").await;
+    // The store itself waits (seed 378 of the simulation): Kubernetes' migrator would
+    // rewrite through an apiserver still storing v1alpha1, then trim it.
+    let (_, reason, message) = h.condition("widgets", "Blocked");
+    assert_eq!(reason, "AwaitingMigration");
+    assert!(
+        message.contains("v1beta1 store waits until StorageVersionMigration someone-elses has finished"),
+        "{message}"
+    );
+    assert_eq!(h.flags(), "v1alpha1:sS v1beta1:s v1:-");
+    // Stored by hand meanwhile (kubectl edit): no migration of ours starts either.
+    h.fake.lock().switch_storage("widgets.example.com", "v1beta1");
+    h.reconcile_through_preflight("widgets").await;
     let blocked = h.status("widgets")["conditions"].clone();
     assert!(
         blocked.to_string().contains(
@@ -384,6 +396,17 @@ async fn no_migration_starts_while_other_migrators_cannot_be_listed() {
     }
     h.at("2026-01-05T00:00:00Z");
     h.reconcile_through_preflight("widgets").await;
+    // The store itself waits until it is known.
+    let (blocked, reason, message) = h.condition("widgets", "Blocked");
+    assert_eq!((blocked.as_str(), reason.as_str()), ("True", "AwaitingMigration"));
+    assert!(
+        message
+            .contains("v1beta1 store waits until it is known whether a StorageVersionMigration of it runs"),
+        "{message}"
+    );
+    // Stored by hand meanwhile: no migration of ours starts either.
+    h.fake.lock().switch_storage("widgets.example.com", "v1beta1");
+    h.reconcile_through_preflight("widgets").await;
     let (blocked, reason, message) = h.condition("widgets", "Blocked");
     assert_eq!((blocked.as_str(), reason.as_str()), ("True", "AwaitingMigration"));
     assert!(
@@ -443,6 +466,8 @@ async fn no_removal_lands_while_a_storage_version_migration_is_unfinished() {
                    "status": {"conditions": [{"type": "Running", "status": "True", "reason": "MigrationRunning"}]}}),
         );
     }
+    // The API was just enabled: the "not served" answer of the walk stands 5 s.
+    tokio::time::sleep(Duration::from_secs(5)).await;
     // It trimmed storedVersions as it started.
     h.trim_stored_versions(&["v1"]);
     h.at("2026-06-29T00:00:00Z");
@@ -502,6 +527,8 @@ async fn a_failed_storage_version_migration_holds_removals_until_what_it_trimmed
             ),
         );
     }
+    // The API was just enabled: the "not served" answer of the walk stands 5 s.
+    tokio::time::sleep(Duration::from_secs(5)).await;
     // Kubernetes trimmed storedVersions as ours failed.
     h.trim_stored_versions(&["v1"]);
     h.at("2026-06-29T00:00:00Z");
@@ -625,6 +652,8 @@ async fn only_a_run_that_rewrote_every_object_releases_a_failed_migrations_hold(
                         "message": "migration encountered unhandled error: denied"}]}}),
         );
     }
+    // The API was just enabled: the "not served" answer of the walk stands 5 s.
+    tokio::time::sleep(Duration::from_secs(5)).await;
     h.trim_stored_versions(&["v1"]);
     let run = |rewrote_all: bool| {
         json!({"migration": {"phase": "Succeeded", "storageVersion": "v1",

@@ -401,3 +401,46 @@ fn a_writers_gate_waits_until_nobody_writes_through_the_version() {
     let none = schedule.evaluate_with_gates(&crd, &[], &writes(&[]), at);
     assert!(none.version("v1beta1").is_some_and(|v| !v.served));
 }
+
+/// A store waits while a StorageVersionMigration of the resource is unfinished (anyone's,
+/// ours too): Kubernetes' migrator would rewrite objects through an apiserver that still
+/// stores the version of before, then trim it. The previous storage version keeps being
+/// served and stored meanwhile; the store lands once the migration finished.
+#[test]
+fn a_store_waits_while_a_storage_version_migration_is_unfinished() {
+    let crd = three_versions();
+    let mut text = policy_yaml(
+        "  - name: v1\n    introduce: {at: \"2026-01-15T00:00:00Z\"}\n    store: {at: \"2026-02-01T00:00:00Z\"}\n",
+    );
+    // No preflight, so that the migration is the only gate (it holds after a passed
+    // preflight the same way).
+    text.push_str("  migration: {enabled: true, preflight: false}\n");
+    let schedule = Schedule::new(&policy(&text).spec, &crd, ts("2026-01-01T00:00:00Z")).expect("valid");
+    let at = ts("2026-02-01T00:00:01Z");
+    let under_way = GateInputs {
+        migration_under_way: Some("StorageVersionMigration widgets-v1beta1-1 has finished".to_owned()),
+        ..GateInputs::default()
+    };
+    let held = schedule.evaluate_with_gates(&crd, &[], &under_way, at);
+    assert_eq!(held.blocked[0].reason, BlockReason::AwaitingMigration);
+    assert_eq!(held.blocked[0].milestone, Some(MilestoneKind::Store));
+    assert!(
+        held.blocked[0]
+            .message
+            .contains("v1 store waits until StorageVersionMigration widgets-v1beta1-1 has finished"),
+        "{}",
+        held.blocked[0].message
+    );
+    assert_eq!(
+        flags(&held),
+        "v1alpha1:sS v1beta1:s v1:s",
+        "introduced, not stored"
+    );
+    let done = schedule.evaluate_with_gates(&crd, &[], &GateInputs::default(), at);
+    assert!(done.blocked.is_empty(), "{:?}", done.blocked);
+    assert_eq!(flags(&done), "v1alpha1:s v1beta1:s v1:sS");
+    // Only a store waits: the introduction before it is not held.
+    let before = schedule.evaluate_with_gates(&crd, &[], &under_way, ts("2026-01-20T00:00:00Z"));
+    assert!(before.blocked.is_empty(), "{:?}", before.blocked);
+    assert_eq!(flags(&before), "v1alpha1:sS v1beta1:s v1:s");
+}

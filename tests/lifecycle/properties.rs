@@ -430,8 +430,8 @@ proptest! {
     }
 }
 
-/// Random gate inputs for the versions `v1`..`vN`: some approvals, preflight results and
-/// traffic observations.
+/// Random gate inputs for the versions `v1`..`vN`: some approvals, preflight results,
+/// traffic observations and, now and then, a StorageVersionMigration under way.
 fn gate_inputs(versions: usize) -> impl Strategy<Value = GateInputs> {
     (
         proptest::collection::vec(any::<bool>(), versions * 5),
@@ -440,8 +440,9 @@ fn gate_inputs(versions: usize) -> impl Strategy<Value = GateInputs> {
             proptest::option::of((0i64..400 * DAY, proptest::option::of(0i64..400 * DAY))),
             versions,
         ),
+        proptest::bool::weighted(0.2),
     )
-        .prop_map(move |(approved, preflight, traffic)| {
+        .prop_map(move |(approved, preflight, traffic, migrating)| {
             let name = |i: usize| format!("v{}", i + 1);
             GateInputs {
                 policy_name: "widgets".into(),
@@ -453,6 +454,7 @@ fn gate_inputs(versions: usize) -> impl Strategy<Value = GateInputs> {
                     .collect(),
                 applied: Default::default(),
                 writers: Default::default(),
+                migration_under_way: migrating.then(|| "StorageVersionMigration m has finished".to_owned()),
                 preflight: preflight
                     .iter()
                     .enumerate()

@@ -37,8 +37,12 @@ use crate::sync::lock;
 /// trimmed storedVersions), so that they can be restored at once.
 const FAILED_END_WAIT: Duration = Duration::from_secs(60);
 
-/// How long the answer to "is the built-in migrator's API served?" stands.
+/// How long the answer to "is the built-in migrator's API served?" stands: a yes for a
+/// minute; a no only briefly, since a store or removal due waits on any migration of the
+/// resource, and the API may just have been enabled (a burst of policies due at one
+/// instant still asks once).
 const API_ANSWER_STANDS_FOR: Duration = Duration::from_secs(60);
+const API_ABSENT_STANDS_FOR: Duration = Duration::from_secs(5);
 
 /// How to enable the API, for the Blocked message.
 pub const ENABLE_HINT: &str = "the apiserver does not serve storagemigration.k8s.io (StorageVersionMigration, beta and off by default in Kubernetes 1.35-1.36): \
@@ -67,11 +71,16 @@ enum Followed {
 
 impl Migrations {
     /// The built-in migrator's API at its newest served version, `None` when it is not
-    /// served (asked at most once a minute); `Err` when that cannot be told (asked again at
-    /// the next call).
+    /// served (asked at most once a minute, or every 5 s while it is not); `Err` when that
+    /// cannot be told (asked again at the next call).
     pub async fn builtin_api(&self) -> Result<Option<builtin::Migrations>, String> {
         if let Some((at, api)) = lock(&self.builtin_api).as_ref()
-            && at.elapsed() < API_ANSWER_STANDS_FOR
+            && at.elapsed()
+                < if api.is_some() {
+                    API_ANSWER_STANDS_FOR
+                } else {
+                    API_ABSENT_STANDS_FOR
+                }
         {
             return Ok(api.clone());
         }
