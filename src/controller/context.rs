@@ -60,9 +60,10 @@ impl Context {
 
 /// The CRD as it is now: a quorum read (etcd).
 pub async fn get_crd(ctx: &Context, name: &str) -> Result<Option<CustomResourceDefinition>, Error> {
+    let ticket = ctx.crds_seen.ticket();
     let crd = quorum_read(ctx, name).await?;
     if let Some(crd) = &crd {
-        ctx.crds_seen.refresh(crd);
+        ctx.crds_seen.refresh(crd, ticket);
     }
     Ok(crd)
 }
@@ -90,6 +91,7 @@ pub async fn get_crd_seen(ctx: &Context, name: &str) -> Result<Option<Arc<Custom
     if let Some(crd) = ctx.crds_seen.kept(name) {
         return Ok(Some(Arc::new(crd)));
     }
+    let ticket = ctx.crds_seen.ticket();
     let crd = match ctx.crds_seen.get(name) {
         Some(seen) => {
             let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
@@ -104,7 +106,7 @@ pub async fn get_crd_seen(ctx: &Context, name: &str) -> Result<Option<Arc<Custom
         None => quorum_read(ctx, name).await?,
     };
     if let Some(crd) = &crd {
-        ctx.crds_seen.keep(crd);
+        ctx.crds_seen.keep(crd, ticket);
     }
     Ok(crd.map(Arc::new))
 }

@@ -44,7 +44,20 @@ struct State {
     kept_bytes: usize,
     /// The most `kept` may hold (`KEPT_CRDS_AT_MOST` when unset).
     budget: Option<usize>,
+    /// How many deliveries the CRD watch made so far, and the number of each CRD's last
+    /// (for `Ticket`).
+    deliveries: u64,
+    delivered_at: HashMap<String, u64>,
 }
+
+/// Taken before a request for a CRD is sent (`CrdsSeen::ticket`): its answer is recorded
+/// and kept only if the CRD watch delivered nothing for that CRD while it was in flight. An
+/// answer overtaken by a watch event may be older than it (resourceVersions are opaque, so
+/// they cannot be compared): recording it would serve the older copy to the next reconcile,
+/// which would compute no change from it, and nothing would correct that until another
+/// write.
+#[derive(Clone, Copy, Debug)]
+pub struct Ticket(u64);
 
 /// The most the CRDs kept as last read may take (as JSON): past it, a CRD not kept yet is
 /// read from the apiserver's watch cache each time. 1,000 governed CRDs of 32 KiB fit.
@@ -83,6 +96,10 @@ impl CrdsSeen {
                     state.forget(name);
                     state.seen.remove(name);
                     state.watched.remove(name);
+                    // A request sent before the deletion may answer the CRD as it was.
+                    state.deliveries += 1;
+                    let number = state.deliveries;
+                    state.delivered_at.insert(name.clone(), number);
                 }
             }
         }
@@ -93,35 +110,51 @@ impl CrdsSeen {
         lock(&self.state).watched(name, resource_version);
     }
 
+    /// Taken before sending a request for a CRD whose answer goes to `refresh` or `keep`.
+    pub fn ticket(&self) -> Ticket {
+        Ticket(lock(&self.state).deliveries)
+    }
+
     /// The resourceVersion `name` was last seen at.
     pub fn get(&self, name: &str) -> Option<String> {
         lock(&self.state).seen.get(name).cloned()
     }
 
-    /// `crd` as just read by a quorum read: its resourceVersion is seen, and the object
-    /// replaces the one kept, if one is (a CRD that only `release` or a suspended policy
-    /// reads takes no room).
-    pub fn refresh(&self, crd: &CustomResourceDefinition) {
-        let kept = crd
-            .metadata
-            .name
-            .as_ref()
-            .is_some_and(|name| lock(&self.state).kept.contains_key(name));
+    /// `crd` as just read by a quorum read sent after `ticket`: its resourceVersion is seen,
+    /// and the object replaces the one kept, if one is (a CRD that only `release` or a
+    /// suspended policy reads takes no room); nothing if the watch delivered it meanwhile.
+    pub fn refresh(&self, crd: &CustomResourceDefinition, ticket: Ticket) {
+        let (Some(name), Some(version)) = (&crd.metadata.name, &crd.metadata.resource_version) else {
+            return;
+        };
+        let kept = {
+            let mut state = lock(&self.state);
+            if state.overtaken(name, ticket, version) {
+                return;
+            }
+            let kept = state.kept.contains_key(name);
+            if !kept {
+                record_in(&mut state.seen, name, version);
+            }
+            kept
+        };
         if kept {
-            self.keep(crd);
-        } else if let (Some(name), Some(version)) = (&crd.metadata.name, &crd.metadata.resource_version) {
-            record_in(&mut lock(&self.state).seen, name, version);
+            self.keep(crd, ticket);
         }
     }
 
-    /// `crd` as just read or patched for a decision: its resourceVersion is seen, and the
-    /// object kept while the budget allows.
-    pub fn keep(&self, crd: &CustomResourceDefinition) {
+    /// `crd` as just read or patched for a decision, in answer to a request sent after
+    /// `ticket`: its resourceVersion is seen, and the object kept while the budget allows;
+    /// nothing if the watch delivered it meanwhile.
+    pub fn keep(&self, crd: &CustomResourceDefinition, ticket: Ticket) {
         let (Some(name), Some(version)) = (&crd.metadata.name, &crd.metadata.resource_version) else {
             return;
         };
         let json = serde_json::to_vec(crd).unwrap_or_default();
         let mut state = lock(&self.state);
+        if state.overtaken(name, ticket, version) {
+            return;
+        }
         record_in(&mut state.seen, name, version);
         state.forget(name);
         let budget = state.budget.unwrap_or(KEPT_CRDS_AT_MOST);
@@ -178,10 +211,25 @@ impl State {
         if resource_version.is_empty() {
             return;
         }
+        self.deliveries += 1;
+        let number = self.deliveries;
+        match self.delivered_at.get_mut(name) {
+            Some(at) => *at = number,
+            None => {
+                self.delivered_at.insert(name.to_owned(), number);
+            }
+        }
         record_in(&mut self.seen, name, resource_version);
         record_in(&mut self.watched, name, resource_version);
         // Dropping a sender wakes its waiter; those whose wait ended go as well.
         forget_senders(&mut self.waiting, name, |version| version == resource_version);
+    }
+
+    /// Whether the watch delivered `name` after `ticket` was taken, last at another version
+    /// than `answered` (its delivery of the answer itself, a patch's own event, is no news).
+    fn overtaken(&self, name: &str, ticket: Ticket, answered: &str) -> bool {
+        self.delivered_at.get(name).is_some_and(|at| *at > ticket.0)
+            && self.watched.get(name).is_none_or(|last| last != answered)
     }
 
     fn forget(&mut self, name: &str) {
@@ -265,7 +313,7 @@ mod tests {
         let seen = CrdsSeen::default();
         up(&seen);
         assert!(seen.kept("a").is_none());
-        seen.keep(&crd("a", "5"));
+        seen.keep(&crd("a", "5"), seen.ticket());
         assert_eq!(seen.get("a").as_deref(), Some("5"));
         let kept = seen.kept("a").expect("kept");
         assert_eq!(kept.metadata.resource_version.as_deref(), Some("5"));
@@ -273,7 +321,7 @@ mod tests {
         seen.watched("a", "6");
         assert!(seen.kept("a").is_none());
         // Read again.
-        seen.keep(&crd("a", "6"));
+        seen.keep(&crd("a", "6"), seen.ticket());
         assert!(seen.kept("a").is_some());
         // The watch fails: nothing would tell it stale, so it is not served until the
         // watch listed again.
@@ -292,6 +340,58 @@ mod tests {
         assert!(seen.kept("a").is_none());
         assert!(seen.get("a").is_none());
         assert_eq!(lock(&seen.state).kept_bytes, 0);
+    }
+
+    /// Finding 2: an answer the watch overtook (a GitOps re-apply delivered while our patch
+    /// or read was in flight) is neither seen nor kept: the next reconcile reads the newer
+    /// state instead of deciding on the older copy.
+    #[test]
+    fn an_answer_the_watch_overtook_is_not_kept() {
+        let seen = CrdsSeen::default();
+        up(&seen);
+        seen.keep(&crd("a", "5"), seen.ticket());
+        // A patch is sent; meanwhile the watch delivers someone else's write, then the
+        // patch's answer arrives (older than that write).
+        let ticket = seen.ticket();
+        seen.watched("a", "7");
+        seen.keep(&crd("a", "6"), ticket);
+        assert_eq!(
+            seen.get("a").as_deref(),
+            Some("7"),
+            "the newer version stays seen"
+        );
+        assert!(seen.kept("a").is_none(), "no copy older than the watch is served");
+        // The same for a quorum read's answer.
+        let ticket = seen.ticket();
+        seen.watched("a", "9");
+        seen.refresh(&crd("a", "8"), ticket);
+        assert_eq!(seen.get("a").as_deref(), Some("9"));
+        // A watch event of the answer itself (a patch's own event, delivered before its
+        // answer) is no news: the answer is kept.
+        let ticket = seen.ticket();
+        seen.watched("a", "10");
+        seen.keep(&crd("a", "10"), ticket);
+        assert_eq!(
+            seen.kept("a")
+                .and_then(|c| c.metadata.resource_version)
+                .as_deref(),
+            Some("10")
+        );
+        // Events of other CRDs do not matter.
+        let ticket = seen.ticket();
+        seen.watched("b", "11");
+        seen.keep(&crd("a", "12"), ticket);
+        assert_eq!(seen.get("a").as_deref(), Some("12"));
+        // Deleted while a read was in flight: its answer does not bring it back.
+        let ticket = seen.ticket();
+        let deleted: PartialObjectMeta<CustomResourceDefinition> =
+            serde_json::from_value(serde_json::json!({"apiVersion": "apiextensions.k8s.io/v1",
+                "kind": "PartialObjectMetadata", "metadata": {"name": "a", "resourceVersion": "13"}}))
+            .expect("metadata");
+        seen.watch_event(&Ok(watcher::Event::Delete(deleted)));
+        seen.keep(&crd("a", "12"), ticket);
+        assert!(seen.get("a").is_none());
+        assert!(seen.kept("a").is_none());
     }
 
     #[tokio::test(start_paused = true)]
@@ -319,7 +419,7 @@ mod tests {
         let seen = CrdsSeen::default().with_budget(10 * size);
         up(&seen);
         for i in 0..20 {
-            seen.keep(&crd(&format!("c{i}"), "1"));
+            seen.keep(&crd(&format!("c{i}"), "1"), seen.ticket());
         }
         let state = lock(&seen.state);
         assert!(state.kept_bytes <= 10 * size, "{} bytes kept", state.kept_bytes);
@@ -332,11 +432,11 @@ mod tests {
     fn a_quorum_read_refreshes_a_kept_crd_and_keeps_no_other() {
         let seen = CrdsSeen::default();
         up(&seen);
-        seen.refresh(&crd("released", "3"));
+        seen.refresh(&crd("released", "3"), seen.ticket());
         assert!(seen.kept("released").is_none());
         assert_eq!(seen.get("released").as_deref(), Some("3"));
-        seen.keep(&crd("governed", "4"));
-        seen.refresh(&crd("governed", "5"));
+        seen.keep(&crd("governed", "4"), seen.ticket());
+        seen.refresh(&crd("governed", "5"), seen.ticket());
         let kept = seen.kept("governed").expect("kept");
         assert_eq!(kept.metadata.resource_version.as_deref(), Some("5"));
     }
@@ -344,7 +444,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn until_a_watch_listed_nothing_kept_is_served_and_nothing_waits() {
         let seen = CrdsSeen::default();
-        seen.keep(&crd("a", "5"));
+        seen.keep(&crd("a", "5"), seen.ticket());
         assert!(seen.kept("a").is_none());
         assert_eq!(seen.get("a").as_deref(), Some("5"));
         let started = tokio::time::Instant::now();
