@@ -89,6 +89,11 @@ pub enum Fault {
     ReapplyOldCrd,
     /// `kubectl edit`: the storage version moved to another version the CRD still has.
     FlipStorage { to: &'static str },
+    /// Sieve's intermediate state, triggered by the controller's own progress: right after
+    /// the `after_pages`-th page a run lists from now, `kubectl edit` moves the storage
+    /// version to another stored, served version and a client writes the first `writes`
+    /// objects (stored there, maybe after their rewrite), before the controller moves it back.
+    FlipDuringRun { after_pages: u32, writes: usize },
     /// Someone else's StorageVersionMigration of the CRD, which succeeds or fails.
     ForeignMigration { fails: bool },
     /// The built-in migrator fails every migration for `lasting` seconds.
@@ -114,6 +119,7 @@ impl Fault {
             Fault::Crash { .. } | Fault::SlowAnswers { .. } => "crash",
             Fault::ReapplyOldCrd
             | Fault::FlipStorage { .. }
+            | Fault::FlipDuringRun { .. }
             | Fault::ForeignMigration { .. }
             | Fault::MigrationsFail { .. } => "writer",
             Fault::Skew { .. } => "skew",
@@ -132,6 +138,10 @@ impl fmt::Display for Fault {
             Fault::ExpireWatches => write!(f, "apiserver restart after a compaction (watches 410)"),
             Fault::ReapplyOldCrd => write!(f, "GitOps re-applies the CRD as first applied"),
             Fault::FlipStorage { to } => write!(f, "kubectl edit: storage version {to}"),
+            Fault::FlipDuringRun { after_pages, writes } => write!(
+                f,
+                "after list page {after_pages} of a run: kubectl edit flips the storage version, {writes} object(s) written"
+            ),
             Fault::ForeignMigration { fails } => {
                 write!(
                     f,
@@ -199,7 +209,7 @@ pub fn draw(seed: u64) -> Draw {
     let mut faults = Vec::new();
     for _ in 0..count {
         let at = rng.between(0, horizon);
-        let fault = match rng.between(0, 12) {
+        let fault = match rng.between(0, 13) {
             0 | 1 => Fault::Crash {
                 down: rng.between(0, 20),
             },
@@ -224,6 +234,10 @@ pub fn draw(seed: u64) -> Draw {
             },
             10 => Fault::Skew {
                 seconds: rng.between(0, 60) as i64 - 30,
+            },
+            13 => Fault::FlipDuringRun {
+                after_pages: rng.between(1, 4) as u32,
+                writes: rng.between(1, 4) as usize,
             },
             11 => Fault::SlowApiserver {
                 millis: rng.between(10, 2000),

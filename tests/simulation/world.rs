@@ -37,6 +37,8 @@ pub struct Outcome {
     pub steps: u64,
     /// A digest of the trace: the same seed and faults give the same digest.
     pub digest: u64,
+    /// Every request in order, with its instant (what the digest covers besides the trace).
+    pub requests: Vec<String>,
     /// Faults applied, by kind.
     pub faults: Vec<&'static str>,
 }
@@ -203,6 +205,37 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                         state.step("kubectl edit");
                     }
                 }
+                Fault::FlipDuringRun { after_pages, writes } => {
+                    for _ in 1..*after_pages {
+                        fake.after_next_list_page(|_| {});
+                    }
+                    let writes = *writes;
+                    fake.after_next_list_page(move |state| {
+                        let Some(crd) = state.crds.get(CRD) else { return };
+                        let versions = crd["spec"]["versions"].as_array().cloned().unwrap_or_default();
+                        let storage = versions
+                            .iter()
+                            .find(|v| v["storage"] == true)
+                            .map(|v| v["name"].clone());
+                        let other = crd["status"]["storedVersions"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .find(|stored| {
+                                Some(*stored) != storage.as_ref()
+                                    && versions
+                                        .iter()
+                                        .any(|v| v["name"] == **stored && v["served"] == true)
+                            })
+                            .and_then(|v| v.as_str().map(str::to_owned));
+                        if let Some(other) = other {
+                            state.switch_storage(CRD, &other);
+                            state.step("kubectl edit (during a run)");
+                            state.write_objects(CRD, writes);
+                            state.step("a user's client (during a run)");
+                        }
+                    });
+                }
                 Fault::ForeignMigration { fails } => {
                     foreign += 1;
                     let name = format!("someone-else-{foreign}");
@@ -289,6 +322,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             state.request_latency = Duration::ZERO;
             drop(state);
             ends.clear();
+            fake.clear_hooks();
             if restart_at.take().is_some() {
                 process.start();
             }
@@ -389,14 +423,31 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
     // The trace and every request in order, with its instant: a replay must match both.
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     findings.trace.hash(&mut hasher);
-    for r in fake.requests() {
-        (r.method, r.path, r.query, (r.at - origin).as_nanos()).hash(&mut hasher);
-    }
+    let requests: Vec<String> = fake
+        .requests()
+        .into_iter()
+        .map(|r| {
+            // kube-runtime names an Event after the wall clock (`<object>.<nanoseconds>`),
+            // the one thing a replay cannot repeat: leave the suffix out.
+            let path = match r.path.split_once("/events/") {
+                Some((events, name)) => format!("{events}/events/{}", name.split('.').next().unwrap_or(name)),
+                None => r.path.clone(),
+            };
+            format!(
+                "{:.3}s {} {path}?{}",
+                (r.at - origin).as_secs_f64(),
+                r.method,
+                r.query
+            )
+        })
+        .collect();
+    requests.hash(&mut hasher);
     Outcome {
         violations: findings.violations,
         trace: findings.trace,
         steps,
         digest: hasher.finish(),
+        requests,
         faults: applied,
     }
 }
