@@ -238,6 +238,53 @@ async fn a_flux_like_upgrade_is_rejected_then_fixed() {
     assert_eq!(applied["spec"]["size"], 99);
 }
 
+/// The apply of the incoming CRD as the fake answers it: a JSON Patch dropping v1beta1
+/// (sample 04's request); the status code and message.
+async fn apply_answer(fake: &CheckedFake) -> (u16, String) {
+    let request = http::Request::patch(format!(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD}"
+    ))
+    .header("content-type", "application/json-patch+json")
+    .body(br#"[{"op": "remove", "path": "/spec/versions/0"}]"#.to_vec())
+    .expect("request");
+    match fake.client().request::<Value>(request).await {
+        Ok(_) => (200, String::new()),
+        Err(kube::Error::Api(status)) => (status.code, status.message),
+        Err(error) => panic!("{error}"),
+    }
+}
+
+/// Servers from 1.22 to 1.32 refuse a dropped stored version in v1.21's words (the samples'
+/// README: v1.24 answers as v1.21 does; the long form came with 1.33): `check` quotes what
+/// the apiserver then says.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_stored_version_is_quoted_as_the_servers_version_words_it() {
+    for (server, short) in [((1, 24), true), ((1, 32), true), ((1, 36), false)] {
+        let fake = flux_like(3);
+        fake.lock().server_version = Some(server);
+        let incoming = Incoming::parse(INCOMING_V1, "chart.yaml").expect("incoming");
+        let report = check::run(&fake.client(), None, &incoming, &settings(), None).await;
+        assert_eq!(
+            report.server_version.as_deref(),
+            Some(format!("{}.{}", server.0, server.1).as_str())
+        );
+        let missing = &report.crds[0].findings[0];
+        assert_eq!(missing.kind, "StoredVersionMissing");
+        let quoted = missing.message.split(" (").next().expect("words");
+        assert_eq!(
+            quoted.ends_with("must appear in spec.versions"),
+            short,
+            "{server:?}: {quoted}"
+        );
+        let (code, message) = apply_answer(&fake).await;
+        assert_eq!(code, 422);
+        assert!(
+            message.ends_with(quoted),
+            "{server:?}: check quoted {quoted:?}, the apiserver says {message:?}"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_writer_within_the_window_is_refused_and_nothing_is_written() {
     let fake = flux_like(6);

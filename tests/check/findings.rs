@@ -162,6 +162,27 @@ fn a_dropped_stored_version_is_rejected_in_the_apiservers_words_and_migrated_by_
         "{}",
         old.findings[0].message
     );
+    // So do 1.22 to 1.32: the long form came with 1.33 (kubernetes/kubernetes PR 128746;
+    // apiserver-samples/README: v1.24 answers as v1.21 does).
+    for (server, short) in [((1, 24), true), ((1, 32), true), ((1, 33), false)] {
+        let checked = check::check(
+            &incoming,
+            "chart.yaml",
+            &observed,
+            &Judgement {
+                server: Some(server),
+                ..judgement()
+            },
+        );
+        assert_eq!(
+            checked.findings[0]
+                .message
+                .contains("\"v1beta1\": must appear in spec.versions ("),
+            short,
+            "{server:?}: {}",
+            checked.findings[0].message
+        );
+    }
 }
 
 #[test]

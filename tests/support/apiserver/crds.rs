@@ -57,11 +57,12 @@ pub(super) fn patch_crd(state: &mut State, name: &str, body: Value) -> (u16, Val
             state
                 .refused_stored_version_drops
                 .push(format!("{name}: {stored_version} dropped from spec.versions"));
-            let message = format!(
-                "CustomResourceDefinition.apiextensions.k8s.io \"{name}\" is invalid: status.storedVersions[{i}]: \
-                 Invalid value: {stored_version}: must appear in spec.versions"
+            return stored_version_invalid(
+                state.version(),
+                name,
+                i,
+                stored_version.as_str().unwrap_or_default(),
             );
-            return (422, status_body(422, "Invalid", &message));
         }
     }
     if !stored.contains(&storage_name) {
@@ -75,6 +76,40 @@ pub(super) fn patch_crd(state: &mut State, name: &str, body: Value) -> (u16, Val
     let spec_changed = crd["spec"] != before;
     state.store_crd(crd, spec_changed);
     (200, state.crds[name].clone())
+}
+
+/// The 422 for a stored version missing from `spec.versions`, as the apiserver of `server`
+/// words it: up to 1.32 "must appear in spec.versions" (apiserver-samples/04, v1.21; the
+/// samples' README: v1.24 answers in the same words), from 1.33 (kubernetes/kubernetes PR
+/// 128746, ibid.) the long form of tests/fixtures/apiserver/crd-remove-stored-version-rejected-v1.36.txt.
+/// The cause names the field, as both recordings do.
+pub(super) fn stored_version_invalid(
+    server: (u32, u32),
+    name: &str,
+    index: usize,
+    version: &str,
+) -> (u16, Value) {
+    let words = if server < (1, 33) {
+        "must appear in spec.versions".to_owned()
+    } else {
+        format!(
+            "missing from spec.versions; {version} was previously a storage version, and must remain in spec.versions \
+             until a storage migration ensures no data remains persisted in {version} and removes {version} from \
+             status.storedVersions"
+        )
+    };
+    let field = format!("status.storedVersions[{index}]");
+    let cause = format!("Invalid value: \"{version}\": {words}");
+    let mut body = status_body(
+        422,
+        "Invalid",
+        &format!("CustomResourceDefinition.apiextensions.k8s.io \"{name}\" is invalid: {field}: {cause}"),
+    );
+    body["details"] = serde_json::json!({
+        "name": name, "group": "apiextensions.k8s.io", "kind": "CustomResourceDefinition",
+        "causes": [{"reason": "FieldValueInvalid", "message": cause, "field": field}],
+    });
+    (422, body)
 }
 
 /// The apiserver's deprecationWarning checks, with its messages: not empty (sample 23), at

@@ -197,6 +197,9 @@ pub struct State {
     /// CRD patches refused because `status.storedVersions` would name a version the patch
     /// drops (sample 04): each is a write the controller should never have sent.
     pub refused_stored_version_drops: Vec<String>,
+    /// The Kubernetes version the fake answers `/version` with and words its refusals as
+    /// (`None`: 1.21, the version of apiserver-samples/00).
+    pub server_version: Option<(u32, u32)>,
 }
 
 impl State {
@@ -246,6 +249,11 @@ impl State {
             self.lagging.remove(name);
         }
         self.crds.get(name).cloned()
+    }
+
+    /// The Kubernetes version the fake plays (`server_version`, else 1.21).
+    pub fn version(&self) -> (u32, u32) {
+        self.server_version.unwrap_or((1, 21))
     }
 
     fn next_resource_version(&mut self) -> String {
@@ -781,7 +789,14 @@ pub(super) fn plain_not_found() -> Response<Body> {
 
 fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) -> (u16, Value) {
     match (request.method.as_str(), segments) {
-        ("GET", ["version"]) => (200, json!({"major": "1", "minor": "21", "gitVersion": "v1.21.0"})),
+        // The shape of apiserver-samples/00 (v1.21), at the fake's version.
+        ("GET", ["version"]) => {
+            let (major, minor) = state.version();
+            (
+                200,
+                json!({"major": major.to_string(), "minor": minor.to_string(), "gitVersion": format!("v{major}.{minor}.0")}),
+            )
+        }
         // The list's resourceVersion is the store's (the latest write's, the one a watch
         // starts from); `fieldSelector=metadata.name=` keeps one
         // (tests/fixtures/apiserver/crd-list-by-name-after-compaction.txt); a metadata-only
