@@ -139,11 +139,25 @@ pub struct Governing {
     pub conversion: Option<crate::api::ConversionSpec>,
 }
 
+/// One cause of the apiserver's refusal (`details.causes[]` of its 422).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cause {
+    /// The field path, e.g. `status.storedVersions[0]`.
+    pub field: String,
+    /// The apiserver's words, e.g. `Invalid value: "v1beta1": must appear in spec.versions`.
+    pub message: String,
+}
+
 /// What was read of one CRD on one cluster.
 #[derive(Clone, Debug, Default)]
 pub struct Observed {
     /// The live CRD; `None` where it does not exist.
     pub live: Option<CustomResourceDefinition>,
+    /// The apiserver's answer to a dry run (`dryRun=All`) of updating the live CRD to the
+    /// incoming one, where it was asked (a stored version is missing) and allowed: the causes
+    /// of its refusal, empty where it accepts. `None`: the findings word the refusal by the
+    /// server's version.
+    pub dry_run: Option<Vec<Cause>>,
     pub governed_by: Option<Governing>,
     /// How many objects it has, when counted.
     pub objects: Option<u64>,
@@ -370,7 +384,17 @@ pub fn check(
     let missing = apiserver_rules::missing_stored_versions(&with_stored);
     let mut rewrite_needed = false;
     for (index, version) in &missing {
-        let rejection = apiserver_rules::stored_version_rejection(*index, version, judgement.server);
+        // The apiserver's own words where a dry run asked it, else its version's.
+        let field = format!("status.storedVersions[{index}]");
+        let rejection = observed
+            .dry_run
+            .iter()
+            .flatten()
+            .find(|cause| cause.field == field)
+            .map_or_else(
+                || apiserver_rules::stored_version_rejection(*index, version, judgement.server),
+                |cause| format!("{}: {}", cause.field, cause.message),
+            );
         let live_storage_name = live_storage.map(|v| v.name.as_str());
         let (explanation, fix) = match (live_storage_name, incoming_storage) {
             (Some(storage), _) if find(incoming_versions, storage).is_some() && storage != version => (

@@ -23,7 +23,7 @@ use kube::Client;
 
 pub use collect::ReadSettings;
 pub use findings::{
-    CrdCheck, Finding, FixPlan, FixStep, Governing, Judgement, ManagerWrite, ObjectProblem, Observed,
+    Cause, CrdCheck, Finding, FixPlan, FixStep, Governing, Judgement, ManagerWrite, ObjectProblem, Observed,
     Severity, Validated, check, human_duration, lost_without_conversion, plan_fix,
 };
 pub use fix::{FixObserver, StepResult, rollback_patch};

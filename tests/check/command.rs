@@ -254,34 +254,106 @@ async fn apply_answer(fake: &CheckedFake) -> (u16, String) {
     }
 }
 
+/// The JSON body of a recorded response (after its status line and headers).
+fn recorded_body(text: &str) -> Value {
+    let body = text
+        .split_once("\n\n{")
+        .map(|(_, rest)| format!("{{{rest}"))
+        .expect("a recorded body");
+    serde_json::from_str(&body).expect("JSON")
+}
+
+/// The fake's dry run of a CRD update answers as kube-apiserver v1.36.2 did, refused and
+/// forbidden (tests/fixtures/apiserver/crd-dry-run-update-*-v1.36.txt), and writes nothing.
+#[tokio::test(start_paused = true)]
+async fn the_fakes_dry_run_of_a_crd_update_answers_as_recorded() {
+    let recorded = [
+        (
+            false,
+            include_str!("../fixtures/apiserver/crd-dry-run-update-rejected-v1.36.txt"),
+        ),
+        (
+            true,
+            include_str!("../fixtures/apiserver/crd-dry-run-update-forbidden-v1.36.txt"),
+        ),
+    ];
+    for (forbidden, text) in recorded {
+        let fake = flux_like(1);
+        fake.lock().server_version = Some((1, 36));
+        fake.lock().crd_updates_forbidden = forbidden;
+        let before = fake.crd(CRD);
+        let mut release = serde_json::to_value(
+            Incoming::parse(INCOMING_V1, "chart.yaml").expect("incoming").crds[0]
+                .crd
+                .clone(),
+        )
+        .expect("JSON");
+        release["metadata"]["resourceVersion"] = before["metadata"]["resourceVersion"].clone();
+        let request = http::Request::put(format!(
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD}?dryRun=All&fieldManager=crd-lifecycle-check"
+        ))
+        .header("content-type", "application/json")
+        .body(kube::client::Body::from(serde_json::to_vec(&release).expect("body")))
+        .expect("request");
+        let response = fake.client().send(request).await.expect("answered");
+        let code = response.status().as_u16();
+        let body = response.into_body().collect_bytes().await.expect("body");
+        let answer: Value = serde_json::from_slice(&body).expect("JSON");
+        let recorded = recorded_body(text);
+        assert_eq!(u64::from(code), recorded["code"], "forbidden: {forbidden}");
+        assert_eq!(answer, recorded, "forbidden: {forbidden}");
+        assert_eq!(fake.crd(CRD), before, "nothing written");
+    }
+}
+
 /// Servers from 1.22 to 1.32 refuse a dropped stored version in v1.21's words (the samples'
 /// README: v1.24 answers as v1.21 does; the long form came with 1.33): `check` quotes what
-/// the apiserver then says.
+/// the apiserver then says, from a dry run of the update where it may update CRDs, else by
+/// the server's version.
 #[tokio::test(start_paused = true)]
 async fn a_dropped_stored_version_is_quoted_as_the_servers_version_words_it() {
     for (server, short) in [((1, 24), true), ((1, 32), true), ((1, 36), false)] {
-        let fake = flux_like(3);
-        fake.lock().server_version = Some(server);
-        let incoming = Incoming::parse(INCOMING_V1, "chart.yaml").expect("incoming");
-        let report = check::run(&fake.client(), None, &incoming, &settings(), None).await;
-        assert_eq!(
-            report.server_version.as_deref(),
-            Some(format!("{}.{}", server.0, server.1).as_str())
-        );
-        let missing = &report.crds[0].findings[0];
-        assert_eq!(missing.kind, "StoredVersionMissing");
-        let quoted = missing.message.split(" (").next().expect("words");
-        assert_eq!(
-            quoted.ends_with("must appear in spec.versions"),
-            short,
-            "{server:?}: {quoted}"
-        );
-        let (code, message) = apply_answer(&fake).await;
-        assert_eq!(code, 422);
-        assert!(
-            message.ends_with(quoted),
-            "{server:?}: check quoted {quoted:?}, the apiserver says {message:?}"
-        );
+        for forbidden in [false, true] {
+            let fake = flux_like(3);
+            fake.lock().server_version = Some(server);
+            fake.lock().crd_updates_forbidden = forbidden;
+            let incoming = Incoming::parse(INCOMING_V1, "chart.yaml").expect("incoming");
+            let report = check::run(&fake.client(), None, &incoming, &settings(), None).await;
+            assert_eq!(
+                report.server_version.as_deref(),
+                Some(format!("{}.{}", server.0, server.1).as_str())
+            );
+            let missing = &report.crds[0].findings[0];
+            assert_eq!(missing.kind, "StoredVersionMissing");
+            let quoted = missing.message.split(" (").next().expect("words");
+            assert_eq!(
+                quoted.ends_with("must appear in spec.versions"),
+                short,
+                "{server:?}: {quoted}"
+            );
+            // Asked once, at the live resourceVersion, with the incoming versions; a 403 is
+            // no gap in the check.
+            let dry_runs = fake.crd_dry_runs();
+            assert_eq!(dry_runs.len(), 1, "{server:?}");
+            assert_eq!(dry_runs[0].method, "PUT");
+            assert_eq!(
+                dry_runs[0].body["metadata"]["resourceVersion"],
+                fake.crd(CRD)["metadata"]["resourceVersion"]
+            );
+            assert_eq!(dry_runs[0].body["spec"]["versions"][0]["name"], "v1");
+            assert!(
+                report.crds[0].unchecked.is_empty(),
+                "{:?}",
+                report.crds[0].unchecked
+            );
+            assert!(fake.crd_writes().is_empty());
+            let (code, message) = apply_answer(&fake).await;
+            assert_eq!(code, 422);
+            assert!(
+                message.ends_with(quoted),
+                "{server:?}: check quoted {quoted:?}, the apiserver says {message:?}"
+            );
+        }
     }
 }
 
@@ -438,6 +510,10 @@ async fn a_schema_that_tightens_under_stored_objects_names_them() {
     );
     assert!(report.fixes[0].plan.refusals[0].starts_with("objects are invalid under the incoming schema"));
     assert!(fake.crd_writes().is_empty());
+    assert!(
+        fake.crd_dry_runs().is_empty(),
+        "no stored version is missing: no dry run"
+    );
     // Bodies were needed: full pages, paged.
     let full_pages = fake
         .object_requests()

@@ -162,6 +162,39 @@ fn a_dropped_stored_version_is_rejected_in_the_apiservers_words_and_migrated_by_
         "{}",
         old.findings[0].message
     );
+    // Where a dry run asked the apiserver, its words, whatever its version says.
+    let asked = Observed {
+        dry_run: Some(vec![
+            check::Cause {
+                field: "spec.versions[0].name".into(),
+                message: "Invalid value: \"x\": elsewhere".into(),
+            },
+            check::Cause {
+                field: "status.storedVersions[0]".into(),
+                message: "Invalid value: \"v1beta1\": must appear in spec.versions".into(),
+            },
+        ]),
+        ..observed.clone()
+    };
+    let words = check::check(&incoming, "chart.yaml", &asked, &judgement());
+    assert!(
+        words.findings[0].message.starts_with(
+            "status.storedVersions[0]: Invalid value: \"v1beta1\": must appear in spec.versions ("
+        ),
+        "{}",
+        words.findings[0].message
+    );
+    // A dry run that refused nothing about it leaves the version's words.
+    let accepted = Observed {
+        dry_run: Some(Vec::new()),
+        ..observed.clone()
+    };
+    let words = check::check(&incoming, "chart.yaml", &accepted, &judgement());
+    assert!(
+        words.findings[0].message.contains("missing from spec.versions;"),
+        "{}",
+        words.findings[0].message
+    );
     // So do 1.22 to 1.32: the long form came with 1.33 (kubernetes/kubernetes PR 128746;
     // apiserver-samples/README: v1.24 answers as v1.21 does).
     for (server, short) in [((1, 24), true), ((1, 32), true), ((1, 33), false)] {

@@ -83,6 +83,53 @@ async fn incoming(
     Ok(path)
 }
 
+/// The release's CRD (the first document of its file).
+fn release_crd(release: &std::path::Path) -> Result<Value, String> {
+    serde_saphyr::from_multiple::<Value>(&std::fs::read_to_string(release).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .next()
+        .ok_or_else(|| "no CRD in the release".to_owned())
+}
+
+/// A client of the kubeconfig at `path`.
+async fn client_of(path: &std::path::Path) -> Result<kube::Client, String> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| e.to_string())?;
+    kube::Client::try_from(config).map_err(|e| e.to_string())
+}
+
+/// What `check` asks where a stored version is missing: a dry run (`dryRun=All`) of
+/// updating the CRD to the release's, at the live resourceVersion, sent by `client`. The
+/// status code and the body.
+async fn dry_run_update(
+    env: &Env,
+    client: kube::Client,
+    crd: &TestCrd,
+    release: &std::path::Path,
+) -> Result<(u16, Value), String> {
+    let mut manifest = release_crd(release)?;
+    manifest["metadata"]["resourceVersion"] = json!(env.crd(&crd.name).await?.metadata.resource_version);
+    let request = http::Request::put(format!(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{}?dryRun=All&fieldManager=crd-lifecycle-check",
+        crd.name
+    ))
+    .header("content-type", "application/json")
+    .body(kube::client::Body::from(manifest.to_string().into_bytes()))
+    .map_err(|e| e.to_string())?;
+    let response = client.send(request).await.map_err(|e| e.to_string())?;
+    let code = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect_bytes()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((code, serde_json::from_slice(&body).unwrap_or(Value::Null)))
+}
+
 fn open_version(name: &str, served: bool, storage: bool) -> Value {
     json!({"name": name, "served": served, "storage": storage,
            "schema": {"openAPIV3Schema": {"type": "object", "properties": {
@@ -201,15 +248,27 @@ pub async fn flux_upgrade(env: &Env) -> Outcome {
         "names the managedFields entries: {report}"
     );
 
+    // check asked the apiserver: a dry run of the update answers in the words check quoted
+    // (recorded in tests/fixtures/apiserver/crd-dry-run-update-rejected-v1.36.txt), the
+    // status kept although the release's CRD has none, and nothing changes.
+    let unchanged = env.crd(&crd.name).await?.metadata.resource_version;
+    let (code, answer) = dry_run_update(env, env.clone_client(), &crd, &release).await?;
+    println!("e2e: check_flux_upgrade: a dry run of the update answered {code}: {answer}");
+    ensure!(
+        code == 422
+            && answer["details"]["causes"][0]["field"] == "status.storedVersions[0]"
+            && answer["message"].as_str().is_some_and(|m| m.ends_with(&wording)),
+        "a dry run is refused in the words check quoted ({wording}): {code} {answer}"
+    );
+    ensure!(
+        env.crd(&crd.name).await?.metadata.resource_version == unchanged,
+        "a dry run changes nothing"
+    );
+
     // The apply fails as check said, in the same words: the apiserver's answer to the
     // server-side apply a chart upgrade sends (recorded in
     // tests/fixtures/apiserver/crd-remove-stored-version-rejected-v1.36.txt), and kubectl's.
-    let manifest: Value =
-        serde_saphyr::from_multiple::<Value>(&std::fs::read_to_string(&release).map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .next()
-            .ok_or("no CRD in the release")?;
+    let manifest = release_crd(&release)?;
     let request = http::Request::patch(format!(
         "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{}?fieldManager=helm&force=true",
         crd.name
@@ -507,6 +566,17 @@ pub async fn least_privilege(env: &Env) -> Outcome {
     let kubeconfig = env.kubeconfig_as(&format!("system:serviceaccount:default:{account}"))?;
     let release = incoming(env, &crd, "rbac-release", json!([open_version("v1", true, true)])).await?;
     let file = release.display().to_string();
+    // The hook's account may not update CRDs: check's dry run is refused (recorded in
+    // tests/fixtures/apiserver/crd-dry-run-update-forbidden-v1.36.txt), and check words the
+    // refusal by the server's version instead.
+    let (code, answer) = dry_run_update(env, client_of(&kubeconfig).await?, &crd, &release).await?;
+    println!(
+        "e2e: check_least_privilege: a dry run of the update as the hook's account answered {code}: {answer}"
+    );
+    ensure!(
+        code == 403,
+        "the hook's account may not update CRDs: {code} {answer}"
+    );
     let output = run_check(
         env,
         Some(&kubeconfig),

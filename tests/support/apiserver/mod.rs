@@ -15,7 +15,7 @@ mod watches;
 
 pub use access::Denied;
 use access::review_access;
-use crds::{patch_crd, patch_crd_status};
+use crds::{dry_run_update_crd, patch_crd, patch_crd_status};
 use leases::{create_lease, replace_lease};
 use objects::{CustomRequest, custom_resource, discovery, is_discovery, serve_custom};
 pub use objects::{ListFault, ObjectFault, StoredObject};
@@ -200,6 +200,9 @@ pub struct State {
     /// The Kubernetes version the fake answers `/version` with and words its refusals as
     /// (`None`: 1.21, the version of apiserver-samples/00).
     pub server_version: Option<(u32, u32)>,
+    /// Updates of CRDs are refused (403) as RBAC refuses a caller without `update` on them
+    /// (see `crds::dry_run_update_crd`).
+    pub crd_updates_forbidden: bool,
 }
 
 impl State {
@@ -437,11 +440,23 @@ impl FakeApiserver {
         self.lock().requests.clear();
     }
 
-    /// The writes (anything but GET) to CRDs.
+    /// The writes (anything but GET, and but a dry run) to CRDs.
     pub fn crd_writes(&self) -> Vec<Recorded> {
         self.requests()
             .into_iter()
-            .filter(|r| r.method != "GET" && r.path.starts_with("/apis/apiextensions.k8s.io/"))
+            .filter(|r| {
+                r.method != "GET"
+                    && r.path.starts_with("/apis/apiextensions.k8s.io/")
+                    && r.query_param("dryRun") != "All"
+            })
+            .collect()
+    }
+
+    /// The dry runs (`dryRun=All`) of CRD writes.
+    pub fn crd_dry_runs(&self) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.path.starts_with("/apis/apiextensions.k8s.io/") && r.query_param("dryRun") == "All")
             .collect()
     }
 
@@ -856,6 +871,16 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
                 "status",
             ],
         ) => patch_crd_status(state, name, body),
+        (
+            "PUT",
+            [
+                "apis",
+                "apiextensions.k8s.io",
+                "v1",
+                "customresourcedefinitions",
+                name,
+            ],
+        ) if request.query_param("dryRun") == "All" => dry_run_update_crd(state, name, body),
         (
             "PATCH",
             [
