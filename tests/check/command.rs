@@ -99,6 +99,7 @@ fn settings() -> CheckSettings {
         },
         concurrency: 4,
         writers_window: Duration::from_secs(24 * 3600),
+        replaced_managers: Vec::new(),
     }
 }
 
@@ -357,18 +358,25 @@ async fn a_dropped_stored_version_is_quoted_as_the_servers_version_words_it() {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_writer_within_the_window_is_refused_and_nothing_is_written() {
-    let fake = flux_like(6);
-    let recent = (jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1))
+/// An hour ago, as managedFields times read.
+fn an_hour_ago() -> String {
+    (jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1))
         .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string();
+        .to_string()
+}
+
+/// A writer through the dropped version within the window: the check breaks (exit 1), and
+/// `--fix` migrates, trims and cleans all the same; the check after the fix still names the
+/// writer (the cleanup rewrote its entries, it did not stop it).
+#[tokio::test(start_paused = true)]
+async fn a_writer_within_the_window_breaks_the_check_but_the_fix_still_migrates_and_trims() {
+    let fake = flux_like(6);
     let (ns, name) = fake.object_keys(CRD)[2].clone();
     fake.set_managed_fields(
         CRD,
         &ns,
         &name,
-        vec![entry("v1beta1", "legacy-controller", &recent)],
+        vec![entry("v1beta1", "legacy-controller", &an_hour_ago())],
     );
     let incoming = Incoming::parse(INCOMING_V1, "chart.yaml").expect("incoming");
     let notes = Notes::default();
@@ -377,18 +385,71 @@ async fn a_writer_within_the_window_is_refused_and_nothing_is_written() {
         observer: &notes,
     };
     let report = check::run(&fake.client(), None, &incoming, &settings(), Some(&fix)).await;
+    assert!(report.fixes[0].plan.refusals.is_empty(), "{:?}", report.fixes[0]);
+    assert!(
+        report.fixes[0].results.iter().all(|r| r.done),
+        "{:?}",
+        report.fixes[0].results
+    );
+    assert_eq!(fake.encodings(CRD), [("v1".to_owned(), 6)].into());
+    assert_eq!(fake.crd(CRD)["status"]["storedVersions"], json!(["v1"]));
+    assert_eq!(
+        fake.managed_fields(CRD, &ns, &name)[0]["apiVersion"],
+        "example.com/v1",
+        "cleaned"
+    );
     let active = report.crds[0]
         .findings
         .iter()
         .find(|f| f.kind == "ActiveWriters")
-        .expect("active writer");
+        .expect("the writer, still named after the fix");
+    assert_eq!(active.severity, Severity::Breaking);
     assert_eq!(active.managers[0].manager, "legacy-controller");
-    assert!(report.fixes[0].plan.refusals[0].contains("legacy-controller"));
-    assert!(report.fixes[0].results.is_empty());
-    assert!(fake.crd_writes().is_empty(), "{:?}", fake.crd_writes());
-    assert_eq!(fake.encodings(CRD), [("v1beta1".to_owned(), 6)].into());
     let report = check::Report::new(1, 1, vec![report]);
     assert_eq!(report.exit_code(), 1);
+    assert_eq!(report.summary.fix_failed, 0);
+}
+
+/// The same writer named as the one the release replaces: the fix succeeds and nothing
+/// blocks (exit 0); the writer is reported as Info.
+#[tokio::test(start_paused = true)]
+async fn a_writer_the_release_replaces_lets_the_fixed_upgrade_pass() {
+    let fake = flux_like(6);
+    let (ns, name) = fake.object_keys(CRD)[2].clone();
+    fake.set_managed_fields(
+        CRD,
+        &ns,
+        &name,
+        vec![entry("v1beta1", "widgets-operator", &an_hour_ago())],
+    );
+    let incoming = Incoming::parse(INCOMING_V1, "chart.yaml").expect("incoming");
+    let notes = Notes::default();
+    let fix = FixSettings {
+        migrate: quick_migrate(),
+        observer: &notes,
+    };
+    let settings = CheckSettings {
+        replaced_managers: vec!["widgets-operator".to_owned()],
+        ..settings()
+    };
+    let report = check::run(&fake.client(), None, &incoming, &settings, Some(&fix)).await;
+    assert!(
+        report.fixes[0].results.iter().all(|r| r.done),
+        "{:?}",
+        report.fixes[0]
+    );
+    assert_eq!(fake.crd(CRD)["status"]["storedVersions"], json!(["v1"]));
+    assert!(!report.crds[0].blocking(), "{:?}", report.crds[0].findings);
+    assert!(
+        report.crds[0]
+            .findings
+            .iter()
+            .any(|f| f.kind == "ReplacedWriters" && f.managers[0].manager == "widgets-operator"),
+        "{:?}",
+        report.crds[0].findings
+    );
+    let report = check::Report::new(1, 1, vec![report]);
+    assert_eq!(report.exit_code(), 0);
 }
 
 /// v2 is stored now; the older release's CRD has only v1.
@@ -408,6 +469,13 @@ fn after_upgrade(objects: usize) -> CheckedFake {
 #[tokio::test(start_paused = true)]
 async fn a_rollback_moves_the_storage_version_back_and_migrates() {
     let fake = after_upgrade(15);
+    // The newer operator writes through v2 until the rollback replaces it.
+    let (ns, name) = fake.object_keys(CRD)[4].clone();
+    fake.set_managed_fields(CRD, &ns, &name, vec![entry("v2", "operator-v2", &an_hour_ago())]);
+    let settings = || CheckSettings {
+        replaced_managers: vec!["operator-v2".to_owned()],
+        ..settings()
+    };
     let incoming = Incoming::parse(INCOMING_V1, "old-chart.yaml").expect("incoming");
     let notes = Notes::default();
     let fix = FixSettings {
@@ -440,6 +508,34 @@ async fn a_rollback_moves_the_storage_version_back_and_migrates() {
         "{}",
         missing.message
     );
+    assert!(
+        report.crds[0]
+            .findings
+            .iter()
+            .any(|f| f.kind == "ReplacedWriters" && f.version.as_deref() == Some("v2")),
+        "{:?}",
+        report.crds[0].findings
+    );
+    // Not named: the same writer breaks the check.
+    let unnamed = check::run(
+        &fake.client(),
+        None,
+        &incoming,
+        &CheckSettings {
+            replaced_managers: Vec::new(),
+            ..settings()
+        },
+        None,
+    )
+    .await;
+    assert!(
+        unnamed.crds[0]
+            .findings
+            .iter()
+            .any(|f| f.kind == "ActiveWriters" && f.managers[0].manager == "operator-v2"),
+        "{:?}",
+        unnamed.crds[0].findings
+    );
     let report = check::run(&fake.client(), None, &incoming, &settings(), Some(&fix)).await;
     assert!(
         report.fixes[0].results.iter().all(|r| r.done),
@@ -458,6 +554,7 @@ async fn a_rollback_moves_the_storage_version_back_and_migrates() {
     assert_eq!(live["status"]["storedVersions"], json!(["v1"]));
     assert_eq!(fake.encodings(CRD), [("v1".to_owned(), 15)].into());
     assert!(!report.crds[0].blocking(), "{:?}", report.crds[0].findings);
+    assert_eq!(check::Report::new(1, 0, vec![report.clone()]).exit_code(), 0);
     // The flip was one guarded JSON Patch (sample 03's `test` ops).
     let patch = fake
         .crd_writes()
@@ -524,12 +621,94 @@ async fn a_schema_that_tightens_under_stored_objects_names_them() {
 }
 
 fn cli(kubeconfig: &std::path::Path, files: &[&str], extra: &[&str]) -> std::process::Output {
+    cli_with_env(kubeconfig, files, extra, &[])
+}
+
+fn cli_with_env(
+    kubeconfig: &std::path::Path,
+    files: &[&str],
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"));
-    command.arg("check").arg("--kubeconfig").arg(kubeconfig);
+    command
+        .arg("check")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env_remove("CRD_LIFECYCLE_REPLACED_MANAGERS")
+        .envs(env.iter().copied());
     for file in files {
         command.args(["-f", file]);
     }
     command.args(extra).output().expect("the binary runs")
+}
+
+/// `--replaced-manager` (repeatable) and `CRD_LIFECYCLE_REPLACED_MANAGERS` (comma-separated)
+/// name the writers the release replaces; an empty name is refused naming the flag (exit 2).
+#[tokio::test]
+async fn the_binary_takes_replaced_managers_by_flag_or_environment() {
+    let fake = flux_like(4);
+    let (ns, name) = fake.object_keys(CRD)[1].clone();
+    fake.set_managed_fields(
+        CRD,
+        &ns,
+        &name,
+        vec![entry("v1beta1", "widgets-operator", &an_hour_ago())],
+    );
+    let (kubeconfig, server) = serve_over_http(FakeApiserver::clone(&fake)).await;
+    let incoming = tempfile_path::write(INCOMING_V1);
+    let path = incoming.0.to_str().expect("path").to_owned();
+    let config = kubeconfig.0.clone();
+    let run = |extra: &'static [&'static str], env: &'static [(&'static str, &'static str)]| {
+        let (config, path) = (config.clone(), path.clone());
+        tokio::task::spawn_blocking(move || cli_with_env(&config, &[&path], extra, env))
+    };
+
+    let output = run(&[], &[]).await.expect("runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("\nBREAKS    widgets.example.com  ActiveWriters v1beta1 "),
+        "{stdout}"
+    );
+
+    let output = run(
+        &[],
+        &[("CRD_LIFECYCLE_REPLACED_MANAGERS", "old-sidecar,widgets-operator")],
+    )
+    .await
+    .expect("runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!stdout.contains("ActiveWriters"), "{stdout}");
+    assert!(
+        stdout.contains("\nINFO      widgets.example.com  ReplacedWriters v1beta1 "),
+        "{stdout}"
+    );
+
+    let output = run(&["--fix", "--replaced-manager", "widgets-operator"], &[])
+        .await
+        .expect("runs");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert_eq!(output.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("ReplacedWriters v1beta1"), "{stdout}");
+    assert_eq!(fake.crd(CRD)["status"]["storedVersions"], json!(["v1"]));
+
+    for (extra, env) in [
+        (&["--replaced-manager", " "][..], &[][..]),
+        (&[][..], &[("CRD_LIFECYCLE_REPLACED_MANAGERS", "a,,b")][..]),
+    ] {
+        let output = run(extra, env).await.expect("runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains("--replaced-manager") && stderr.contains("empty"),
+            "{stderr}"
+        );
+    }
+    server.abort();
 }
 
 /// Real time: the binary runs as a child process over a real socket.
