@@ -110,7 +110,14 @@ assert rules(f"{work}/upgrades-helm.yaml") == base, "the Helm hook's ClusterRole
 helm = docs(f"{work}/upgrades-helm.yaml")
 job = next(d for d in helm if d["kind"] == "Job")
 assert "pre-upgrade" in job["metadata"]["annotations"]["helm.sh/hook"]
-assert job["spec"]["template"]["spec"]["containers"][0]["args"][:2] == ["check", "--fix"]
+args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+assert args[:2] == ["check", "--fix"], args
+# The operator the release replaces is named (its writes through the dropped version would
+# fail every upgrade otherwise), as in the base Job Argo CD and Flux run.
+assert args[args.index("--replaced-manager") + 1] == "widgets-operator", args
+for name in ("argocd", "flux-check"):
+    base_job = next(d for d in docs(f"{work}/upgrades-{name}.yaml") if d["kind"] == "Job")
+    assert base_job["spec"]["template"]["spec"]["containers"][0]["args"] == args, (name, args)
 crds = next(d for d in helm if d["kind"] == "ConfigMap")
 assert set(crds["data"]) == {"widgets.yaml"}, crds["data"].keys()
 assert yaml.safe_load(crds["data"]["widgets.yaml"])["kind"] == "CustomResourceDefinition"
@@ -124,6 +131,7 @@ assert {"name": "widgets-upgrade-check"} in flux["widgets"]["spec"]["dependsOn"]
 ci = yaml.safe_load(open(f"{upgrades}/ci/pull-request.yaml"))
 script = "\n".join(step.get("run", "") for step in ci["jobs"]["check"]["steps"])
 assert "check -f rendered.yaml" in script and "-o markdown" in script, script
+assert "--replaced-manager widgets-operator" in script, script
 print("upgrade examples: Argo CD, Flux, Helm and CI render and validate; no wildcard RBAC; the Helm hook's role is the base's")
 PY
 

@@ -128,15 +128,30 @@ pub struct CheckArgs {
 
     /// Do what unblocks the incoming CRDs, then check again: migrate objects into the
     /// storage version and trim storedVersions, remove managedFields entries naming versions
-    /// they drop, move the storage version back for a rollback. Refuses (exit 1) what it
-    /// cannot do safely.
+    /// they drop, move the storage version back for a rollback; also while writers go on
+    /// (their writes are stored in the storage version). Refuses (exit 1) what it cannot do
+    /// safely.
     #[arg(long)]
     pub fix: bool,
 
     /// A field manager that wrote through a version the incoming CRDs stop serving within
-    /// this long is an active writer (breaking; --fix refuses).
+    /// this long is an active writer (breaking unless named by --replaced-manager; --fix
+    /// migrates and trims regardless).
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_window)]
     pub writers_window: Duration,
+
+    /// A field manager this release replaces, e.g. the old operator that writes its objects'
+    /// status through the version the release drops until the upgrade (or rollback) replaces
+    /// it: its recent writes are reported (ReplacedWriters), not breaking. Repeatable, or
+    /// comma-separated.
+    #[arg(
+        long = "replaced-manager",
+        value_name = "NAME",
+        env = "CRD_LIFECYCLE_REPLACED_MANAGERS",
+        value_delimiter = ',',
+        value_parser = parse_manager
+    )]
+    pub replaced_managers: Vec<String>,
 
     /// Objects that fail the incoming schema named per CRD (all are counted).
     #[arg(long, value_name = "N", default_value_t = 10)]
@@ -589,6 +604,15 @@ pub fn parse_window(text: &str) -> Result<Duration, String> {
     }
 }
 
+/// Parses a field manager's name: surrounding spaces dropped, not empty.
+pub fn parse_manager(text: &str) -> Result<String, String> {
+    let name = text.trim();
+    if name.is_empty() {
+        return Err("a field manager name must not be empty".to_owned());
+    }
+    Ok(name.to_owned())
+}
+
 /// Parses a resync period: a milestone-style duration between 1s and 10m.
 pub fn parse_resync(text: &str) -> Result<Duration, String> {
     let duration = crd_lifecycle::lifecycle::parse_duration(text)?;
@@ -725,6 +749,35 @@ mod tests {
             let error = Cli::try_parse_from(["crd-lifecycle", "webhook", flag, bad]).expect_err("refused");
             assert!(error.to_string().contains(message), "{flag} {bad}: {error}");
         }
+    }
+
+    #[test]
+    fn check_takes_replaced_managers_repeated_or_comma_separated() {
+        let cli = Cli::try_parse_from([
+            "crd-lifecycle",
+            "check",
+            "-f",
+            "crds/",
+            "--replaced-manager",
+            "widgets-operator",
+            "--replaced-manager",
+            "old-sidecar, legacy",
+        ])
+        .expect("valid arguments");
+        let Command::Check(args) = cli.command else {
+            panic!("not check")
+        };
+        assert_eq!(
+            args.replaced_managers,
+            ["widgets-operator", "old-sidecar", "legacy"]
+        );
+        let error = Cli::try_parse_from(["crd-lifecycle", "check", "-f", "x", "--replaced-manager", "a,,b"])
+            .expect_err("empty name");
+        assert!(
+            error.to_string().contains("--replaced-manager")
+                && error.to_string().contains("must not be empty"),
+            "{error}"
+        );
     }
 
     #[test]

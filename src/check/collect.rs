@@ -1,18 +1,19 @@
 //! What `check` reads of a cluster for one incoming CRD (I/O): the live CRD, the
 //! VersionPolicy governing it, its objects' managedFields (paged metadata-only lists, only
 //! where a version stops being served or disappears), their count (only where objects must
-//! be rewritten), and the objects themselves (paged full lists, only where the incoming
-//! schema of the version read differs from the live one).
+//! be rewritten), the objects themselves (paged full lists, only where the incoming schema of
+//! the version read differs from the live one), and the apiserver's answer to a dry run of the
+//! update (only where a stored version is missing, and where the caller may update CRDs).
 
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::client::Body;
 use serde_json::Value;
 
-use super::findings::{Governing, ObjectProblem, Observed, Validated, schema_json};
+use super::findings::{Cause, Governing, ObjectProblem, Observed, Validated, schema_json};
 use crate::api::{MigrationPhase, VersionPolicy};
 use crate::lifecycle::apiserver_rules;
 use crate::migrate;
@@ -157,8 +158,12 @@ pub async fn observe(
             .find(|v| v.storage)
             .map(|v| v.name.clone())
     };
-    let rewrite = !apiserver_rules::missing_stored_versions(&with_stored).is_empty()
-        || storage(&live) != storage(incoming);
+    let missing = !apiserver_rules::missing_stored_versions(&with_stored).is_empty();
+    let rewrite = missing || storage(&live) != storage(incoming);
+    // The apiserver's own words for the refusal, on any version.
+    if missing {
+        observed.dry_run = dry_run_update(client, &live, incoming, settings.request_timeout).await;
+    }
     if rewrite && observed.objects.is_none() {
         let counting = migrate::Settings {
             request_timeout: settings.request_timeout,
@@ -182,6 +187,50 @@ pub async fn observe(
     }
     observed.live = Some(live);
     observed
+}
+
+/// Who the dry run's request names as its field manager (nothing is written).
+const DRY_RUN_FIELD_MANAGER: &str = "crd-lifecycle-check";
+
+/// A dry run (`dryRun=All`) of updating the live CRD to `incoming`, at the live
+/// resourceVersion: the causes of the apiserver's 422 (the status stays the live one, so a
+/// stored version missing from the incoming versions is refused in the words of that
+/// apiserver: tests/fixtures/apiserver/crd-dry-run-update-rejected-v1.36.txt), or none where
+/// it accepts. `None` where it could not be asked: no `update` permission on the CRD (403,
+/// tests/fixtures/apiserver/crd-dry-run-update-forbidden-v1.36.txt), a change meanwhile
+/// (409), a webhook without dry-run support, no answer in time; the findings then word the
+/// refusal by the server's version.
+async fn dry_run_update(
+    client: &Client,
+    live: &CustomResourceDefinition,
+    incoming: &CustomResourceDefinition,
+    timeout: Duration,
+) -> Option<Vec<Cause>> {
+    let name = live.metadata.name.clone().unwrap_or_default();
+    let mut crd = incoming.clone();
+    crd.metadata.resource_version = live.metadata.resource_version.clone();
+    crd.status = None;
+    let params = PostParams {
+        dry_run: true,
+        field_manager: Some(DRY_RUN_FIELD_MANAGER.to_owned()),
+    };
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    match tokio::time::timeout(timeout, api.replace(&name, &params, &crd)).await {
+        Ok(Ok(_)) => Some(Vec::new()),
+        Ok(Err(kube::Error::Api(status))) if status.code == 422 => Some(
+            status
+                .details
+                .map(|details| details.causes)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|cause| Cause {
+                    field: cause.field,
+                    message: cause.message,
+                })
+                .collect(),
+        ),
+        _ => None,
+    }
 }
 
 /// The version whose objects are checked against the incoming schema, and that schema:

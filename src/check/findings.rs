@@ -139,11 +139,25 @@ pub struct Governing {
     pub conversion: Option<crate::api::ConversionSpec>,
 }
 
+/// One cause of the apiserver's refusal (`details.causes[]` of its 422).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cause {
+    /// The field path, e.g. `status.storedVersions[0]`.
+    pub field: String,
+    /// The apiserver's words, e.g. `Invalid value: "v1beta1": must appear in spec.versions`.
+    pub message: String,
+}
+
 /// What was read of one CRD on one cluster.
 #[derive(Clone, Debug, Default)]
 pub struct Observed {
     /// The live CRD; `None` where it does not exist.
     pub live: Option<CustomResourceDefinition>,
+    /// The apiserver's answer to a dry run (`dryRun=All`) of updating the live CRD to the
+    /// incoming one, where it was asked (a stored version is missing) and allowed: the causes
+    /// of its refusal, empty where it accepts. `None`: the findings word the refusal by the
+    /// server's version.
+    pub dry_run: Option<Vec<Cause>>,
     pub governed_by: Option<Governing>,
     /// How many objects it has, when counted.
     pub objects: Option<u64>,
@@ -165,6 +179,9 @@ pub struct Judgement {
     pub writers_window: Duration,
     /// The apiserver's `(major, minor)`, for its wording.
     pub server: Option<(u32, u32)>,
+    /// Field managers the release replaces (`--replaced-manager`): their recent writes are
+    /// `ReplacedWriters` (Info), not `ActiveWriters`.
+    pub replaced_managers: Vec<String>,
 }
 
 /// The check of one incoming CRD against one cluster.
@@ -370,7 +387,17 @@ pub fn check(
     let missing = apiserver_rules::missing_stored_versions(&with_stored);
     let mut rewrite_needed = false;
     for (index, version) in &missing {
-        let rejection = apiserver_rules::stored_version_rejection(*index, version, judgement.server);
+        // The apiserver's own words where a dry run asked it, else its version's.
+        let field = format!("status.storedVersions[{index}]");
+        let rejection = observed
+            .dry_run
+            .iter()
+            .flatten()
+            .find(|cause| cause.field == field)
+            .map_or_else(
+                || apiserver_rules::stored_version_rejection(*index, version, judgement.server),
+                |cause| format!("{}: {}", cause.field, cause.message),
+            );
         let live_storage_name = live_storage.map(|v| v.name.as_str());
         let (explanation, fix) = match (live_storage_name, incoming_storage) {
             (Some(storage), _) if find(incoming_versions, storage).is_some() && storage != version => (
@@ -472,23 +499,53 @@ pub fn check(
         }
         let writers = writers_of(summary, version);
         let (recent, past): (Vec<ManagerWrite>, Vec<ManagerWrite>) = writers.into_iter().partition(active);
+        let (replaced, recent): (Vec<ManagerWrite>, Vec<ManagerWrite>) = recent
+            .into_iter()
+            .partition(|w| judgement.replaced_managers.contains(&w.manager));
         let fate = if after.is_none() {
             "disappears"
         } else {
             "stops being served"
         };
+        let within = human_duration(judgement.writers_window.as_secs_f64());
         if !recent.is_empty() {
             let mut finding = Finding::new(
                 Severity::Breaking,
                 "ActiveWriters",
                 Some(version),
                 format!(
-                    "{version} {fate}, but field managers wrote through it within the last {}: {}; their next write fails",
-                    human_duration(judgement.writers_window.as_secs_f64()),
+                    "{version} {fate}, but field managers wrote through it within the last {within}: {}; their next write \
+                     through it fails. Their writes are stored in the storage version, so `check --fix` migrates and trims \
+                     all the same; name the ones this release replaces with --replaced-manager, and stop the others or point \
+                     them at a version this CRD serves",
                     writers_text(&recent)
                 ),
             );
             finding.managers = recent;
+            findings.push(finding);
+        }
+        // A writer the release itself replaces (the old operator, until its upgrade or
+        // rollback replaces it) stops writing through the version with the release.
+        if !replaced.is_empty() {
+            let repair = if after.is_none() {
+                format!(
+                    "; entries they write through it between `check --fix` and the apply name it again: \
+                     `crd-lifecycle repair-managed-fields {name}` after the upgrade rewrites them"
+                )
+            } else {
+                String::new()
+            };
+            let mut finding = Finding::new(
+                Severity::Info,
+                "ReplacedWriters",
+                Some(version),
+                format!(
+                    "{version} {fate}; field managers this release replaces (--replaced-manager) wrote through it within the \
+                     last {within}: {}{repair}",
+                    writers_text(&replaced)
+                ),
+            );
+            finding.managers = replaced;
             findings.push(finding);
         }
         let mut finding = Finding::new(
@@ -715,6 +772,27 @@ pub fn check(
     }
 }
 
+/// After `check --fix`, keeps in the check again of a CRD the writers (`ActiveWriters`,
+/// `ReplacedWriters`) its check before the fix found, for each version the new check names no
+/// such writers for: the managedFields cleanup rewrote their entries, it did not stop them.
+pub fn keep_writers(before: &CrdCheck, after: &mut CrdCheck) {
+    for finding in &before.findings {
+        if !matches!(finding.kind, "ActiveWriters" | "ReplacedWriters")
+            || after
+                .findings
+                .iter()
+                .any(|f| f.kind == finding.kind && f.version == finding.version)
+        {
+            continue;
+        }
+        let mut kept = finding.clone();
+        kept.message
+            .push_str(" (read before `check --fix` rewrote their managedFields entries)");
+        after.findings.push(kept);
+    }
+    after.findings.sort_by_key(|f| f.severity);
+}
+
 /// What `check --fix` does for one CRD: the steps, in order, or why it refuses.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -751,10 +829,10 @@ pub fn plan_fix(check: &CrdCheck, observed: &Observed) -> FixPlan {
                     }
                 }
             }
-            (None, "ActiveWriters") => plan.refusals.push(format!(
-                "a writer is active within --writers-window: {}; stop it (or point it at a version this CRD serves) and run again",
-                writers_text(&finding.managers)
-            )),
+            // Nothing to do on the cluster, and nothing in the way: a writer's writes are
+            // stored in the storage version, so migrating and trimming are safe while it goes
+            // on. The finding stays breaking.
+            (None, "ActiveWriters") => {}
             (None, "StorageVersionMigrationHoldsRemoval") => plan.refusals.push(format!(
                 "{}; `check --fix` does not trim what Kubernetes' migrator may have trimmed early",
                 finding.message

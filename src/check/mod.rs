@@ -23,8 +23,8 @@ use kube::Client;
 
 pub use collect::ReadSettings;
 pub use findings::{
-    CrdCheck, Finding, FixPlan, FixStep, Governing, Judgement, ManagerWrite, ObjectProblem, Observed,
-    Severity, Validated, check, human_duration, lost_without_conversion, plan_fix,
+    Cause, CrdCheck, Finding, FixPlan, FixStep, Governing, Judgement, ManagerWrite, ObjectProblem, Observed,
+    Severity, Validated, check, human_duration, keep_writers, lost_without_conversion, plan_fix,
 };
 pub use fix::{FixObserver, StepResult, rollback_patch};
 pub use incoming::{Error as IncomingError, Incoming, IncomingCrd, read as read_incoming};
@@ -38,6 +38,8 @@ pub struct CheckSettings {
     pub concurrency: usize,
     /// A manager that wrote through a version within this long is an active writer.
     pub writers_window: Duration,
+    /// Field managers the release replaces: their recent writes do not break the check.
+    pub replaced_managers: Vec<String>,
 }
 
 /// With `--fix`: how the migrator runs, and where progress goes.
@@ -105,7 +107,14 @@ pub async fn run(
             });
         }
         if fixed_any {
+            let before = std::mem::take(&mut checked);
             checked = check_all(client, incoming, settings, server).await;
+            // The cleanup rewrote the writers' managedFields entries, not the writers.
+            for (after, _) in &mut checked {
+                if let Some((before, _)) = before.iter().find(|(b, _)| b.name == after.name) {
+                    keep_writers(before, after);
+                }
+            }
         }
     }
     report.crds = checked.into_iter().map(|(check, _)| check).collect();
@@ -133,6 +142,7 @@ async fn check_all(
         now: Timestamp::now(),
         writers_window: settings.writers_window,
         server,
+        replaced_managers: settings.replaced_managers.clone(),
     };
     let checked: Vec<(CrdCheck, Observed)> = futures::stream::iter(&incoming.crds)
         .map(|one| {

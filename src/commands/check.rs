@@ -21,6 +21,7 @@ pub async fn run(args: CheckArgs) -> Result<(), CommandError> {
         },
         concurrency: args.parallel_crds as usize,
         writers_window: args.writers_window,
+        replaced_managers: args.replaced_managers.clone(),
     };
     let observer = Progress {
         terminal: std::io::stderr().is_terminal(),

@@ -85,15 +85,24 @@ pub fn missing_stored_versions(crd: &CustomResourceDefinition) -> Vec<(usize, St
         .collect()
 }
 
+/// The first Kubernetes version whose apiserver explains the storage migration when a stored
+/// version is missing from `spec.versions` (kubernetes/kubernetes PR 128746, as the
+/// `../shared/apiserver-samples/` README records it).
+pub const LONG_STORED_VERSION_WORDS_SINCE: (u32, u32) = (1, 33);
+
 /// The apiserver's own words for a stored version missing from `spec.versions`, as the
-/// server of version `(major, minor)` says them: v1.21 (sample 04) "must appear in
-/// spec.versions"; v1.36 (`tests/fixtures/apiserver/crd-remove-stored-version-rejected-v1.36.txt`,
-/// recorded from kube-apiserver v1.36.2) explains the storage migration. Servers between the
-/// two recorded ones get the newer wording.
+/// server of version `(major, minor)` says them: up to 1.32 "must appear in spec.versions"
+/// (sample 04 from v1.21; the samples' README: v1.24 answers in the same words); from 1.33 the
+/// long form, as recorded from kube-apiserver v1.36.2
+/// (`tests/fixtures/apiserver/crd-remove-stored-version-rejected-v1.36.txt`). A server of
+/// unknown version gets the newer wording. Where the caller may update CRDs, `check` quotes a
+/// dry run's answer instead (the apiserver's words on any version).
 pub fn stored_version_rejection(index: usize, version: &str, server: Option<(u32, u32)>) -> String {
     let value = format!("status.storedVersions[{index}]: Invalid value: \"{version}\"");
     match server {
-        Some((1, minor)) if minor <= 21 => format!("{value}: must appear in spec.versions"),
+        Some(server) if server < LONG_STORED_VERSION_WORDS_SINCE => {
+            format!("{value}: must appear in spec.versions")
+        }
         _ => format!(
             "{value}: missing from spec.versions; {version} was previously a storage version, and must remain in \
              spec.versions until a storage migration ensures no data remains persisted in {version} and removes \
@@ -138,6 +147,22 @@ mod tests {
             stored_version_rejection(0, "v1alpha1", Some((1, 21))),
             "status.storedVersions[0]: Invalid value: \"v1alpha1\": must appear in spec.versions"
         );
+        // v1.24 answers in v1.21's words (apiserver-samples/README), and so does every server
+        // before the long form came with 1.33 (kubernetes/kubernetes PR 128746, ibid.).
+        for server in [(1, 22), (1, 24), (1, 32)] {
+            assert_eq!(
+                stored_version_rejection(1, "v1beta1", Some(server)),
+                "status.storedVersions[1]: Invalid value: \"v1beta1\": must appear in spec.versions",
+                "{server:?}"
+            );
+        }
+        for server in [(1, 33), (1, 36), (2, 0)] {
+            assert_eq!(
+                stored_version_rejection(0, "v1beta1", Some(server)),
+                words,
+                "{server:?}"
+            );
+        }
     }
 
     #[test]

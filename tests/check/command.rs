@@ -99,6 +99,7 @@ fn settings() -> CheckSettings {
         },
         concurrency: 4,
         writers_window: Duration::from_secs(24 * 3600),
+        replaced_managers: Vec::new(),
     }
 }
 
@@ -238,18 +239,144 @@ async fn a_flux_like_upgrade_is_rejected_then_fixed() {
     assert_eq!(applied["spec"]["size"], 99);
 }
 
+/// The apply of the incoming CRD as the fake answers it: a JSON Patch dropping v1beta1
+/// (sample 04's request); the status code and message.
+async fn apply_answer(fake: &CheckedFake) -> (u16, String) {
+    let request = http::Request::patch(format!(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD}"
+    ))
+    .header("content-type", "application/json-patch+json")
+    .body(br#"[{"op": "remove", "path": "/spec/versions/0"}]"#.to_vec())
+    .expect("request");
+    match fake.client().request::<Value>(request).await {
+        Ok(_) => (200, String::new()),
+        Err(kube::Error::Api(status)) => (status.code, status.message),
+        Err(error) => panic!("{error}"),
+    }
+}
+
+/// The JSON body of a recorded response (after its status line and headers).
+fn recorded_body(text: &str) -> Value {
+    let body = text
+        .split_once("\n\n{")
+        .map(|(_, rest)| format!("{{{rest}"))
+        .expect("a recorded body");
+    serde_json::from_str(&body).expect("JSON")
+}
+
+/// The fake's dry run of a CRD update answers as kube-apiserver v1.36.2 did, refused and
+/// forbidden (tests/fixtures/apiserver/crd-dry-run-update-*-v1.36.txt), and writes nothing.
 #[tokio::test(start_paused = true)]
-async fn a_writer_within_the_window_is_refused_and_nothing_is_written() {
-    let fake = flux_like(6);
-    let recent = (jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1))
+async fn the_fakes_dry_run_of_a_crd_update_answers_as_recorded() {
+    let recorded = [
+        (
+            false,
+            include_str!("../fixtures/apiserver/crd-dry-run-update-rejected-v1.36.txt"),
+        ),
+        (
+            true,
+            include_str!("../fixtures/apiserver/crd-dry-run-update-forbidden-v1.36.txt"),
+        ),
+    ];
+    for (forbidden, text) in recorded {
+        let fake = flux_like(1);
+        fake.lock().server_version = Some((1, 36));
+        fake.lock().crd_updates_forbidden = forbidden;
+        let before = fake.crd(CRD);
+        let mut release = serde_json::to_value(
+            Incoming::parse(INCOMING_V1, "chart.yaml").expect("incoming").crds[0]
+                .crd
+                .clone(),
+        )
+        .expect("JSON");
+        release["metadata"]["resourceVersion"] = before["metadata"]["resourceVersion"].clone();
+        let request = http::Request::put(format!(
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD}?dryRun=All&fieldManager=crd-lifecycle-check"
+        ))
+        .header("content-type", "application/json")
+        .body(kube::client::Body::from(serde_json::to_vec(&release).expect("body")))
+        .expect("request");
+        let response = fake.client().send(request).await.expect("answered");
+        let code = response.status().as_u16();
+        let body = response.into_body().collect_bytes().await.expect("body");
+        let answer: Value = serde_json::from_slice(&body).expect("JSON");
+        let recorded = recorded_body(text);
+        assert_eq!(u64::from(code), recorded["code"], "forbidden: {forbidden}");
+        assert_eq!(answer, recorded, "forbidden: {forbidden}");
+        assert_eq!(fake.crd(CRD), before, "nothing written");
+    }
+}
+
+/// Servers from 1.22 to 1.32 refuse a dropped stored version in v1.21's words (the samples'
+/// README: v1.24 answers as v1.21 does; the long form came with 1.33): `check` quotes what
+/// the apiserver then says, from a dry run of the update where it may update CRDs, else by
+/// the server's version.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_stored_version_is_quoted_as_the_servers_version_words_it() {
+    for (server, short) in [((1, 24), true), ((1, 32), true), ((1, 36), false)] {
+        for forbidden in [false, true] {
+            let fake = flux_like(3);
+            fake.lock().server_version = Some(server);
+            fake.lock().crd_updates_forbidden = forbidden;
+            let incoming = Incoming::parse(INCOMING_V1, "chart.yaml").expect("incoming");
+            let report = check::run(&fake.client(), None, &incoming, &settings(), None).await;
+            assert_eq!(
+                report.server_version.as_deref(),
+                Some(format!("{}.{}", server.0, server.1).as_str())
+            );
+            let missing = &report.crds[0].findings[0];
+            assert_eq!(missing.kind, "StoredVersionMissing");
+            let quoted = missing.message.split(" (").next().expect("words");
+            assert_eq!(
+                quoted.ends_with("must appear in spec.versions"),
+                short,
+                "{server:?}: {quoted}"
+            );
+            // Asked once, at the live resourceVersion, with the incoming versions; a 403 is
+            // no gap in the check.
+            let dry_runs = fake.crd_dry_runs();
+            assert_eq!(dry_runs.len(), 1, "{server:?}");
+            assert_eq!(dry_runs[0].method, "PUT");
+            assert_eq!(
+                dry_runs[0].body["metadata"]["resourceVersion"],
+                fake.crd(CRD)["metadata"]["resourceVersion"]
+            );
+            assert_eq!(dry_runs[0].body["spec"]["versions"][0]["name"], "v1");
+            assert!(
+                report.crds[0].unchecked.is_empty(),
+                "{:?}",
+                report.crds[0].unchecked
+            );
+            assert!(fake.crd_writes().is_empty());
+            let (code, message) = apply_answer(&fake).await;
+            assert_eq!(code, 422);
+            assert!(
+                message.ends_with(quoted),
+                "{server:?}: check quoted {quoted:?}, the apiserver says {message:?}"
+            );
+        }
+    }
+}
+
+/// An hour ago, as managedFields times read.
+fn an_hour_ago() -> String {
+    (jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1))
         .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string();
+        .to_string()
+}
+
+/// A writer through the dropped version within the window: the check breaks (exit 1), and
+/// `--fix` migrates, trims and cleans all the same; the check after the fix still names the
+/// writer (the cleanup rewrote its entries, it did not stop it).
+#[tokio::test(start_paused = true)]
+async fn a_writer_within_the_window_breaks_the_check_but_the_fix_still_migrates_and_trims() {
+    let fake = flux_like(6);
     let (ns, name) = fake.object_keys(CRD)[2].clone();
     fake.set_managed_fields(
         CRD,
         &ns,
         &name,
-        vec![entry("v1beta1", "legacy-controller", &recent)],
+        vec![entry("v1beta1", "legacy-controller", &an_hour_ago())],
     );
     let incoming = Incoming::parse(INCOMING_V1, "chart.yaml").expect("incoming");
     let notes = Notes::default();
@@ -258,18 +385,71 @@ async fn a_writer_within_the_window_is_refused_and_nothing_is_written() {
         observer: &notes,
     };
     let report = check::run(&fake.client(), None, &incoming, &settings(), Some(&fix)).await;
+    assert!(report.fixes[0].plan.refusals.is_empty(), "{:?}", report.fixes[0]);
+    assert!(
+        report.fixes[0].results.iter().all(|r| r.done),
+        "{:?}",
+        report.fixes[0].results
+    );
+    assert_eq!(fake.encodings(CRD), [("v1".to_owned(), 6)].into());
+    assert_eq!(fake.crd(CRD)["status"]["storedVersions"], json!(["v1"]));
+    assert_eq!(
+        fake.managed_fields(CRD, &ns, &name)[0]["apiVersion"],
+        "example.com/v1",
+        "cleaned"
+    );
     let active = report.crds[0]
         .findings
         .iter()
         .find(|f| f.kind == "ActiveWriters")
-        .expect("active writer");
+        .expect("the writer, still named after the fix");
+    assert_eq!(active.severity, Severity::Breaking);
     assert_eq!(active.managers[0].manager, "legacy-controller");
-    assert!(report.fixes[0].plan.refusals[0].contains("legacy-controller"));
-    assert!(report.fixes[0].results.is_empty());
-    assert!(fake.crd_writes().is_empty(), "{:?}", fake.crd_writes());
-    assert_eq!(fake.encodings(CRD), [("v1beta1".to_owned(), 6)].into());
     let report = check::Report::new(1, 1, vec![report]);
     assert_eq!(report.exit_code(), 1);
+    assert_eq!(report.summary.fix_failed, 0);
+}
+
+/// The same writer named as the one the release replaces: the fix succeeds and nothing
+/// blocks (exit 0); the writer is reported as Info.
+#[tokio::test(start_paused = true)]
+async fn a_writer_the_release_replaces_lets_the_fixed_upgrade_pass() {
+    let fake = flux_like(6);
+    let (ns, name) = fake.object_keys(CRD)[2].clone();
+    fake.set_managed_fields(
+        CRD,
+        &ns,
+        &name,
+        vec![entry("v1beta1", "widgets-operator", &an_hour_ago())],
+    );
+    let incoming = Incoming::parse(INCOMING_V1, "chart.yaml").expect("incoming");
+    let notes = Notes::default();
+    let fix = FixSettings {
+        migrate: quick_migrate(),
+        observer: &notes,
+    };
+    let settings = CheckSettings {
+        replaced_managers: vec!["widgets-operator".to_owned()],
+        ..settings()
+    };
+    let report = check::run(&fake.client(), None, &incoming, &settings, Some(&fix)).await;
+    assert!(
+        report.fixes[0].results.iter().all(|r| r.done),
+        "{:?}",
+        report.fixes[0]
+    );
+    assert_eq!(fake.crd(CRD)["status"]["storedVersions"], json!(["v1"]));
+    assert!(!report.crds[0].blocking(), "{:?}", report.crds[0].findings);
+    assert!(
+        report.crds[0]
+            .findings
+            .iter()
+            .any(|f| f.kind == "ReplacedWriters" && f.managers[0].manager == "widgets-operator"),
+        "{:?}",
+        report.crds[0].findings
+    );
+    let report = check::Report::new(1, 1, vec![report]);
+    assert_eq!(report.exit_code(), 0);
 }
 
 /// v2 is stored now; the older release's CRD has only v1.
@@ -289,6 +469,13 @@ fn after_upgrade(objects: usize) -> CheckedFake {
 #[tokio::test(start_paused = true)]
 async fn a_rollback_moves_the_storage_version_back_and_migrates() {
     let fake = after_upgrade(15);
+    // The newer operator writes through v2 until the rollback replaces it.
+    let (ns, name) = fake.object_keys(CRD)[4].clone();
+    fake.set_managed_fields(CRD, &ns, &name, vec![entry("v2", "operator-v2", &an_hour_ago())]);
+    let settings = || CheckSettings {
+        replaced_managers: vec!["operator-v2".to_owned()],
+        ..settings()
+    };
     let incoming = Incoming::parse(INCOMING_V1, "old-chart.yaml").expect("incoming");
     let notes = Notes::default();
     let fix = FixSettings {
@@ -321,6 +508,34 @@ async fn a_rollback_moves_the_storage_version_back_and_migrates() {
         "{}",
         missing.message
     );
+    assert!(
+        report.crds[0]
+            .findings
+            .iter()
+            .any(|f| f.kind == "ReplacedWriters" && f.version.as_deref() == Some("v2")),
+        "{:?}",
+        report.crds[0].findings
+    );
+    // Not named: the same writer breaks the check.
+    let unnamed = check::run(
+        &fake.client(),
+        None,
+        &incoming,
+        &CheckSettings {
+            replaced_managers: Vec::new(),
+            ..settings()
+        },
+        None,
+    )
+    .await;
+    assert!(
+        unnamed.crds[0]
+            .findings
+            .iter()
+            .any(|f| f.kind == "ActiveWriters" && f.managers[0].manager == "operator-v2"),
+        "{:?}",
+        unnamed.crds[0].findings
+    );
     let report = check::run(&fake.client(), None, &incoming, &settings(), Some(&fix)).await;
     assert!(
         report.fixes[0].results.iter().all(|r| r.done),
@@ -339,6 +554,7 @@ async fn a_rollback_moves_the_storage_version_back_and_migrates() {
     assert_eq!(live["status"]["storedVersions"], json!(["v1"]));
     assert_eq!(fake.encodings(CRD), [("v1".to_owned(), 15)].into());
     assert!(!report.crds[0].blocking(), "{:?}", report.crds[0].findings);
+    assert_eq!(check::Report::new(1, 0, vec![report.clone()]).exit_code(), 0);
     // The flip was one guarded JSON Patch (sample 03's `test` ops).
     let patch = fake
         .crd_writes()
@@ -391,6 +607,10 @@ async fn a_schema_that_tightens_under_stored_objects_names_them() {
     );
     assert!(report.fixes[0].plan.refusals[0].starts_with("objects are invalid under the incoming schema"));
     assert!(fake.crd_writes().is_empty());
+    assert!(
+        fake.crd_dry_runs().is_empty(),
+        "no stored version is missing: no dry run"
+    );
     // Bodies were needed: full pages, paged.
     let full_pages = fake
         .object_requests()
@@ -401,12 +621,94 @@ async fn a_schema_that_tightens_under_stored_objects_names_them() {
 }
 
 fn cli(kubeconfig: &std::path::Path, files: &[&str], extra: &[&str]) -> std::process::Output {
+    cli_with_env(kubeconfig, files, extra, &[])
+}
+
+fn cli_with_env(
+    kubeconfig: &std::path::Path,
+    files: &[&str],
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"));
-    command.arg("check").arg("--kubeconfig").arg(kubeconfig);
+    command
+        .arg("check")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env_remove("CRD_LIFECYCLE_REPLACED_MANAGERS")
+        .envs(env.iter().copied());
     for file in files {
         command.args(["-f", file]);
     }
     command.args(extra).output().expect("the binary runs")
+}
+
+/// `--replaced-manager` (repeatable) and `CRD_LIFECYCLE_REPLACED_MANAGERS` (comma-separated)
+/// name the writers the release replaces; an empty name is refused naming the flag (exit 2).
+#[tokio::test]
+async fn the_binary_takes_replaced_managers_by_flag_or_environment() {
+    let fake = flux_like(4);
+    let (ns, name) = fake.object_keys(CRD)[1].clone();
+    fake.set_managed_fields(
+        CRD,
+        &ns,
+        &name,
+        vec![entry("v1beta1", "widgets-operator", &an_hour_ago())],
+    );
+    let (kubeconfig, server) = serve_over_http(FakeApiserver::clone(&fake)).await;
+    let incoming = tempfile_path::write(INCOMING_V1);
+    let path = incoming.0.to_str().expect("path").to_owned();
+    let config = kubeconfig.0.clone();
+    let run = |extra: &'static [&'static str], env: &'static [(&'static str, &'static str)]| {
+        let (config, path) = (config.clone(), path.clone());
+        tokio::task::spawn_blocking(move || cli_with_env(&config, &[&path], extra, env))
+    };
+
+    let output = run(&[], &[]).await.expect("runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("\nBREAKS    widgets.example.com  ActiveWriters v1beta1 "),
+        "{stdout}"
+    );
+
+    let output = run(
+        &[],
+        &[("CRD_LIFECYCLE_REPLACED_MANAGERS", "old-sidecar,widgets-operator")],
+    )
+    .await
+    .expect("runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!stdout.contains("ActiveWriters"), "{stdout}");
+    assert!(
+        stdout.contains("\nINFO      widgets.example.com  ReplacedWriters v1beta1 "),
+        "{stdout}"
+    );
+
+    let output = run(&["--fix", "--replaced-manager", "widgets-operator"], &[])
+        .await
+        .expect("runs");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert_eq!(output.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("ReplacedWriters v1beta1"), "{stdout}");
+    assert_eq!(fake.crd(CRD)["status"]["storedVersions"], json!(["v1"]));
+
+    for (extra, env) in [
+        (&["--replaced-manager", " "][..], &[][..]),
+        (&[][..], &[("CRD_LIFECYCLE_REPLACED_MANAGERS", "a,,b")][..]),
+    ] {
+        let output = run(extra, env).await.expect("runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains("--replaced-manager") && stderr.contains("empty"),
+            "{stderr}"
+        );
+    }
+    server.abort();
 }
 
 /// Real time: the binary runs as a child process over a real socket.

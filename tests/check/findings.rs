@@ -46,6 +46,7 @@ fn judgement() -> Judgement {
         now: "2026-11-25T12:00:00Z".parse().expect("now"),
         writers_window: Duration::from_secs(24 * 3600),
         server: Some((1, 36)),
+        replaced_managers: Vec::new(),
     }
 }
 
@@ -162,10 +163,66 @@ fn a_dropped_stored_version_is_rejected_in_the_apiservers_words_and_migrated_by_
         "{}",
         old.findings[0].message
     );
+    // Where a dry run asked the apiserver, its words, whatever its version says.
+    let asked = Observed {
+        dry_run: Some(vec![
+            check::Cause {
+                field: "spec.versions[0].name".into(),
+                message: "Invalid value: \"x\": elsewhere".into(),
+            },
+            check::Cause {
+                field: "status.storedVersions[0]".into(),
+                message: "Invalid value: \"v1beta1\": must appear in spec.versions".into(),
+            },
+        ]),
+        ..observed.clone()
+    };
+    let words = check::check(&incoming, "chart.yaml", &asked, &judgement());
+    assert!(
+        words.findings[0].message.starts_with(
+            "status.storedVersions[0]: Invalid value: \"v1beta1\": must appear in spec.versions ("
+        ),
+        "{}",
+        words.findings[0].message
+    );
+    // A dry run that refused nothing about it leaves the version's words.
+    let accepted = Observed {
+        dry_run: Some(Vec::new()),
+        ..observed.clone()
+    };
+    let words = check::check(&incoming, "chart.yaml", &accepted, &judgement());
+    assert!(
+        words.findings[0].message.contains("missing from spec.versions;"),
+        "{}",
+        words.findings[0].message
+    );
+    // So do 1.22 to 1.32: the long form came with 1.33 (kubernetes/kubernetes PR 128746;
+    // apiserver-samples/README: v1.24 answers as v1.21 does).
+    for (server, short) in [((1, 24), true), ((1, 32), true), ((1, 33), false)] {
+        let checked = check::check(
+            &incoming,
+            "chart.yaml",
+            &observed,
+            &Judgement {
+                server: Some(server),
+                ..judgement()
+            },
+        );
+        assert_eq!(
+            checked.findings[0]
+                .message
+                .contains("\"v1beta1\": must appear in spec.versions ("),
+            short,
+            "{server:?}: {}",
+            checked.findings[0].message
+        );
+    }
 }
 
+/// A writer through the dropped version within the window breaks the check, but its writes
+/// are stored in the storage version: `--fix` migrates, trims and cleans all the same.
 #[test]
-fn a_writer_within_the_window_breaks_and_the_fix_refuses() {
+fn a_writer_within_the_window_breaks_but_the_fix_migrates_trims_and_cleans() {
     let (live, incoming) = flux_like();
     let observed = Observed {
         live: Some(live),
@@ -199,10 +256,12 @@ fn a_writer_within_the_window_breaks_and_the_fix_refuses() {
     assert!(
         active
             .message
-            .contains("legacy-controller (last write 2026-11-25T09:30:00Z)"),
+            .contains("legacy-controller (last write 2026-11-25T09:30:00Z)")
+            && active.message.contains("--replaced-manager"),
         "{}",
         active.message
     );
+    assert_eq!(active.fix, None);
     let removed = result
         .findings
         .iter()
@@ -222,9 +281,122 @@ fn a_writer_within_the_window_breaks_and_the_fix_refuses() {
         rewrite.message
     );
     let plan = check::plan_fix(&result, &observed);
-    assert!(plan.steps.is_empty());
-    assert_eq!(plan.refusals.len(), 1, "{:?}", plan.refusals);
-    assert!(plan.refusals[0].contains("a writer is active within --writers-window: legacy-controller"));
+    assert_eq!(plan.refusals, Vec::<String>::new());
+    assert_eq!(
+        plan.steps,
+        [
+            FixStep::Migrate { into: "v1".into() },
+            FixStep::CleanManagedFields {
+                versions: vec!["v1beta1".into()]
+            }
+        ]
+    );
+}
+
+/// A writer the release replaces (`--replaced-manager`: the old operator, writing through the
+/// old version until the upgrade replaces it) is no active writer: Info, not breaking.
+/// Anyone else's writer still breaks the check.
+#[test]
+fn a_writer_the_release_replaces_does_not_break_it_anyone_elses_does() {
+    let (live, incoming) = flux_like();
+    let observed = Observed {
+        live: Some(live),
+        objects: Some(3),
+        managed_fields: Some(writes(&[
+            ("widgets-operator", "v1beta1", "2026-11-25T11:59:59Z"),
+            ("legacy-controller", "v1beta1", "2026-11-25T09:30:00Z"),
+        ])),
+        ..Observed::default()
+    };
+    let replaced = |names: &[&str]| Judgement {
+        replaced_managers: names.iter().map(|n| (*n).to_owned()).collect(),
+        ..judgement()
+    };
+    let result = check::check(&incoming, "crd.yaml", &observed, &replaced(&["widgets-operator"]));
+    let active = result
+        .findings
+        .iter()
+        .find(|f| f.kind == "ActiveWriters")
+        .expect("the other writer");
+    let names: Vec<&str> = active.managers.iter().map(|m| m.manager.as_str()).collect();
+    assert_eq!(names, ["legacy-controller"]);
+    let replacing = result
+        .findings
+        .iter()
+        .find(|f| f.kind == "ReplacedWriters")
+        .expect("the replaced writer");
+    assert_eq!(replacing.severity, Severity::Info);
+    assert_eq!(replacing.version.as_deref(), Some("v1beta1"));
+    let names: Vec<&str> = replacing.managers.iter().map(|m| m.manager.as_str()).collect();
+    assert_eq!(names, ["widgets-operator"]);
+    assert!(
+        replacing
+            .message
+            .contains("widgets-operator (last write 2026-11-25T11:59:59Z)")
+            && replacing
+                .message
+                .contains("repair-managed-fields widgets.example.com"),
+        "{}",
+        replacing.message
+    );
+    // Both named: nothing about writers blocks; what does is what --fix does.
+    let result = check::check(
+        &incoming,
+        "crd.yaml",
+        &observed,
+        &replaced(&["widgets-operator", "legacy-controller"]),
+    );
+    assert!(
+        result.findings.iter().all(|f| f.kind != "ActiveWriters"),
+        "{:?}",
+        result.findings
+    );
+    assert!(
+        result
+            .findings
+            .iter()
+            .filter(|f| f.severity != Severity::Info)
+            .all(|f| f.fix.is_some()),
+        "{:?}",
+        result.findings
+    );
+    // After the fix (storedVersions trimmed, managedFields cleaned), its check again keeps
+    // the writers the fix could not stop: only their entries were rewritten.
+    let before = check::check(&incoming, "crd.yaml", &observed, &replaced(&["widgets-operator"]));
+    let fixed = Observed {
+        live: Some(crd(
+            &[
+                ("v1beta1", true, false, open_schema()),
+                ("v1", true, true, open_schema()),
+            ],
+            &["v1"],
+        )),
+        objects: Some(3),
+        managed_fields: Some(writes(&[
+            ("widgets-operator", "v1", "2026-11-25T11:59:59Z"),
+            ("legacy-controller", "v1", "2026-11-25T09:30:00Z"),
+        ])),
+        ..Observed::default()
+    };
+    let mut after = check::check(&incoming, "crd.yaml", &fixed, &replaced(&["widgets-operator"]));
+    assert!(!after.blocking(), "{:?}", after.findings);
+    check::keep_writers(&before, &mut after);
+    assert_eq!(
+        kinds(&after)
+            .into_iter()
+            .filter(|(_, kind, _)| kind.ends_with("Writers"))
+            .collect::<Vec<_>>(),
+        [
+            (Severity::Breaking, "ActiveWriters", "v1beta1".to_owned()),
+            (Severity::Info, "ReplacedWriters", "v1beta1".to_owned()),
+        ]
+    );
+    assert!(after.blocking());
+    assert_eq!(after.findings[0].severity, Severity::Breaking, "sorted");
+    // Kept once: a second pass adds nothing.
+    let kept = after.findings.len();
+    check::keep_writers(&before, &mut after);
+    assert_eq!(after.findings.len(), kept);
 }
 
 #[test]

@@ -1,7 +1,10 @@
 //! `crd-lifecycle check` and `check --fix` on a real apiserver: a Flux-like upgrade that
-//! drops a stored version, a rollback after the storage version moved forward, a writer
-//! through a version being unserved, a schema that tightens under stored objects, and
-//! `check --fix` as the least-privilege ServiceAccount of the upgrade examples.
+//! drops a stored version and a rollback after the storage version moved forward, each with
+//! the operator the release replaces writing through the old version a second before (named
+//! with `--replaced-manager`: exit 0); a writer the release does not replace, through a
+//! version being unserved or dropped (exit 1, the fix done all the same); a schema that
+//! tightens under stored objects; and `check --fix` as the least-privilege ServiceAccount of
+//! the upgrade examples.
 
 use std::process::Output;
 use std::time::Duration;
@@ -83,6 +86,53 @@ async fn incoming(
     Ok(path)
 }
 
+/// The release's CRD (the first document of its file).
+fn release_crd(release: &std::path::Path) -> Result<Value, String> {
+    serde_saphyr::from_multiple::<Value>(&std::fs::read_to_string(release).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .next()
+        .ok_or_else(|| "no CRD in the release".to_owned())
+}
+
+/// A client of the kubeconfig at `path`.
+async fn client_of(path: &std::path::Path) -> Result<kube::Client, String> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| e.to_string())?;
+    kube::Client::try_from(config).map_err(|e| e.to_string())
+}
+
+/// What `check` asks where a stored version is missing: a dry run (`dryRun=All`) of
+/// updating the CRD to the release's, at the live resourceVersion, sent by `client`. The
+/// status code and the body.
+async fn dry_run_update(
+    env: &Env,
+    client: kube::Client,
+    crd: &TestCrd,
+    release: &std::path::Path,
+) -> Result<(u16, Value), String> {
+    let mut manifest = release_crd(release)?;
+    manifest["metadata"]["resourceVersion"] = json!(env.crd(&crd.name).await?.metadata.resource_version);
+    let request = http::Request::put(format!(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{}?dryRun=All&fieldManager=crd-lifecycle-check",
+        crd.name
+    ))
+    .header("content-type", "application/json")
+    .body(kube::client::Body::from(manifest.to_string().into_bytes()))
+    .map_err(|e| e.to_string())?;
+    let response = client.send(request).await.map_err(|e| e.to_string())?;
+    let code = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect_bytes()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((code, serde_json::from_slice(&body).unwrap_or(Value::Null)))
+}
+
 fn open_version(name: &str, served: bool, storage: bool) -> Value {
     json!({"name": name, "served": served, "storage": storage,
            "schema": {"openAPIV3Schema": {"type": "object", "properties": {
@@ -153,26 +203,49 @@ async fn stored_as(env: &Env, crd: &TestCrd, names: &[String]) -> Result<Option<
     Ok(Some(versions))
 }
 
-/// Objects stored in v1beta1, the storage moved to v1, the new release drops v1beta1:
-/// `check` exits 1 naming it in the apiserver's words, `kubectl apply` of the release fails
-/// the same way, `check --fix` succeeds, the apply then succeeds, every object reads back
-/// unchanged, and server-side apply by the old manager still works.
+/// The field manager of the operator a release replaces: it writes its Widgets through the
+/// version the release drops until the upgrade replaces it.
+const OPERATOR: &str = "widgets-operator";
+
+/// `manager` server-side applies `spec` to the objects `names` through `version` (the same
+/// spec each time: nothing changes but its managedFields entries' time), then a second
+/// passes: a writer as active as can be.
+async fn write_a_second_before(
+    env: &Env,
+    crd: &TestCrd,
+    version: &str,
+    names: std::ops::Range<usize>,
+    manager: &str,
+) -> Outcome {
+    for i in names {
+        env.apply_via(
+            crd,
+            version,
+            &format!("w{i:05}"),
+            json!({"size": i, "owner": manager}),
+            manager,
+        )
+        .await?;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(())
+}
+
+/// Objects stored in v1beta1, the storage moved to v1, the new release drops v1beta1, and
+/// the operator it replaces wrote through v1beta1 a second before: `check` exits 1 naming
+/// the stored version in the apiserver's words and the writer, `kubectl apply` of the release
+/// fails the same way, `check --fix --replaced-manager widgets-operator` (the writer still
+/// writing a second before) exits 0 with every object rewritten and storedVersions trimmed,
+/// the apply then succeeds, every object reads back unchanged, and server-side apply by the
+/// old manager still works.
 pub async fn flux_upgrade(env: &Env) -> Outcome {
     let crd = env
         .create_crd("chk-flux", &[("v1beta1", true, true), ("v1", true, false)])
         .await?;
     let count = 60;
-    env.create_objects(&crd, "v1beta1", count).await?;
-    for i in 0..10 {
-        env.apply_via(
-            &crd,
-            "v1beta1",
-            &format!("w{i:05}"),
-            json!({"size": i, "owner": "flux"}),
-            "kustomize-controller",
-        )
-        .await?;
-    }
+    // Created through v1, stored as v1beta1 (the storage version then): the only writer
+    // through v1beta1 is the operator.
+    env.create_objects(&crd, "v1", count).await?;
     switch_storage(env, &crd, 0, 1).await?;
     ensure!(
         env.stored_versions(&crd.name).await? == ["v1beta1", "v1"],
@@ -180,13 +253,15 @@ pub async fn flux_upgrade(env: &Env) -> Outcome {
     );
     let release = incoming(env, &crd, "flux-release", json!([open_version("v1", true, true)])).await?;
     let file = release.display().to_string();
-    // The writers wrote a moment ago; a 1 s window makes them past writers.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let window = ["--writers-window", "1s"];
+    write_a_second_before(env, &crd, "v1beta1", 0..10, OPERATOR).await?;
 
-    let output = run_check(env, None, &[&["-f", &file][..], &window[..]].concat()).await?;
+    let output = run_check(env, None, &["-f", &file]).await?;
     let report = text(&output);
     ensure!(output.status.code() == Some(1), "check exits 1: {report}");
+    ensure!(
+        report.contains("ActiveWriters v1beta1") && report.contains(&format!("{OPERATOR} (last write ")),
+        "names the writer: {report}"
+    );
     let wording = crd_lifecycle::lifecycle::apiserver_rules::stored_version_rejection(
         0,
         "v1beta1",
@@ -201,15 +276,27 @@ pub async fn flux_upgrade(env: &Env) -> Outcome {
         "names the managedFields entries: {report}"
     );
 
+    // check asked the apiserver: a dry run of the update answers in the words check quoted
+    // (recorded in tests/fixtures/apiserver/crd-dry-run-update-rejected-v1.36.txt), the
+    // status kept although the release's CRD has none, and nothing changes.
+    let unchanged = env.crd(&crd.name).await?.metadata.resource_version;
+    let (code, answer) = dry_run_update(env, env.clone_client(), &crd, &release).await?;
+    println!("e2e: check_flux_upgrade: a dry run of the update answered {code}: {answer}");
+    ensure!(
+        code == 422
+            && answer["details"]["causes"][0]["field"] == "status.storedVersions[0]"
+            && answer["message"].as_str().is_some_and(|m| m.ends_with(&wording)),
+        "a dry run is refused in the words check quoted ({wording}): {code} {answer}"
+    );
+    ensure!(
+        env.crd(&crd.name).await?.metadata.resource_version == unchanged,
+        "a dry run changes nothing"
+    );
+
     // The apply fails as check said, in the same words: the apiserver's answer to the
     // server-side apply a chart upgrade sends (recorded in
     // tests/fixtures/apiserver/crd-remove-stored-version-rejected-v1.36.txt), and kubectl's.
-    let manifest: Value =
-        serde_saphyr::from_multiple::<Value>(&std::fs::read_to_string(&release).map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .next()
-            .ok_or("no CRD in the release")?;
+    let manifest = release_crd(&release)?;
     let request = http::Request::patch(format!(
         "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{}?fieldManager=helm&force=true",
         crd.name
@@ -252,12 +339,20 @@ pub async fn flux_upgrade(env: &Env) -> Outcome {
     let before = specs(env, &crd, "v1").await?;
     ensure!(before.len() == count, "{} objects", before.len());
 
-    let output = run_check(env, None, &[&["--fix", "-f", &file][..], &window[..]].concat()).await?;
+    write_a_second_before(env, &crd, "v1beta1", 0..10, OPERATOR).await?;
+    let output = run_check(env, None, &["--fix", "-f", &file, "--replaced-manager", OPERATOR]).await?;
     let report = text(&output);
-    ensure!(output.status.code() == Some(0), "check --fix exits 0: {report}");
+    ensure!(
+        output.status.code() == Some(0),
+        "check --fix naming the replaced writer exits 0: {report}"
+    );
     ensure!(
         report.contains("check --fix ") && report.contains("rewriting every object into v1"),
         "a line per step: {report}"
+    );
+    ensure!(
+        report.contains("ReplacedWriters v1beta1") && !report.contains("ActiveWriters"),
+        "the writer reported, not breaking: {report}"
     );
     ensure!(
         env.stored_versions(&crd.name).await? == ["v1"],
@@ -299,8 +394,8 @@ pub async fn flux_upgrade(env: &Env) -> Outcome {
             &crd,
             "v1",
             "w00003",
-            json!({"size": 33, "owner": "flux"}),
-            "kustomize-controller",
+            json!({"size": 33, "owner": OPERATOR}),
+            OPERATOR,
         )
         .await?;
     ensure!(
@@ -310,9 +405,11 @@ pub async fn flux_upgrade(env: &Env) -> Outcome {
     Ok(())
 }
 
-/// The storage version moved from v1 to v2; the older release's CRD has only v1:
-/// `check` explains it, `check --fix` moves the storage version back, migrates and trims,
-/// and the older CRD applies.
+/// The storage version moved from v1 to v2; the older release's CRD has only v1, and the
+/// newer operator, which the rollback replaces, wrote through v2 a second before: `check`
+/// explains it and names the writer (exit 1), `check --fix --replaced-manager operator-v2`
+/// (the writer still writing a second before) moves the storage version back, migrates and
+/// trims, exits 0, and the older CRD applies.
 pub async fn rollback(env: &Env) -> Outcome {
     let crd = env
         .create_crd("chk-back", &[("v1", true, true), ("v2", true, false)])
@@ -335,9 +432,8 @@ pub async fn rollback(env: &Env) -> Outcome {
     )
     .await?;
     let file = older.display().to_string();
-    let window = ["--writers-window", "1s"];
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let output = run_check(env, None, &[&["-f", &file][..], &window[..]].concat()).await?;
+    write_a_second_before(env, &crd, "v2", 30..40, "operator-v2").await?;
+    let output = run_check(env, None, &["-f", &file]).await?;
     let report = text(&output);
     ensure!(output.status.code() == Some(1), "check exits 1: {report}");
     ensure!(
@@ -345,13 +441,30 @@ pub async fn rollback(env: &Env) -> Outcome {
             && report.contains("objects are stored as v2, the live storage version, which this CRD lacks"),
         "explains the rollback: {report}"
     );
+    ensure!(
+        report.contains("ActiveWriters v2") && report.contains("operator-v2 (last write "),
+        "names the writer: {report}"
+    );
     let before = specs(env, &crd, "v1").await?;
-    let output = run_check(env, None, &[&["--fix", "-f", &file][..], &window[..]].concat()).await?;
+    write_a_second_before(env, &crd, "v2", 30..40, "operator-v2").await?;
+    let output = run_check(
+        env,
+        None,
+        &["--fix", "-f", &file, "--replaced-manager", "operator-v2"],
+    )
+    .await?;
     let report = text(&output);
-    ensure!(output.status.code() == Some(0), "check --fix exits 0: {report}");
+    ensure!(
+        output.status.code() == Some(0),
+        "check --fix naming the replaced writer exits 0: {report}"
+    );
     ensure!(
         report.contains("moving the storage version back from v2 to v1"),
         "says what it does: {report}"
+    );
+    ensure!(
+        report.contains("ReplacedWriters v2") && !report.contains("ActiveWriters"),
+        "the writer reported, not breaking: {report}"
     );
     ensure!(
         env.flags(&crd.name).await? == "v1:sS v2:s",
@@ -388,15 +501,17 @@ pub async fn rollback(env: &Env) -> Outcome {
     Ok(())
 }
 
-/// A client still writes through v1beta1, which the release stops serving: breaking, named
-/// with its last write; `--fix` refuses and changes nothing.
+/// A client the release does not replace writes through v1beta1, a second before each
+/// check. A release that stops serving v1beta1: breaking, the writer named with its last
+/// write; `--fix` has nothing to do and exits 1. A release that drops v1beta1 while objects
+/// are stored as v1beta1: `--fix` migrates, trims and cleans all the same and exits 1, still
+/// naming the writer; writing on through v1beta1, the writer's entries name it again; named
+/// with `--replaced-manager`, the check passes and says to repair them after the upgrade.
 pub async fn writer_unserved(env: &Env) -> Outcome {
     let crd = env
         .create_crd("chk-writer", &[("v1beta1", true, false), ("v1", true, true)])
         .await?;
     env.create_objects(&crd, "v1", 5).await?;
-    env.apply_via(&crd, "v1beta1", "w00001", json!({"size": 7}), "legacy-writer")
-        .await?;
     let release = incoming(
         env,
         &crd,
@@ -408,6 +523,7 @@ pub async fn writer_unserved(env: &Env) -> Outcome {
     )
     .await?;
     let file = release.display().to_string();
+    write_a_second_before(env, &crd, "v1beta1", 1..2, "legacy-writer").await?;
     let output = run_check(env, None, &["-f", &file, "-o", "json"]).await?;
     ensure!(
         output.status.code() == Some(1),
@@ -433,17 +549,98 @@ pub async fn writer_unserved(env: &Env) -> Outcome {
         "the manager and its last write, as separate fields: {active}"
     );
     let before = env.crd(&crd.name).await?.metadata.resource_version;
+    write_a_second_before(env, &crd, "v1beta1", 1..2, "legacy-writer").await?;
     let output = run_check(env, None, &["--fix", "-f", &file]).await?;
     let report = text(&output);
-    ensure!(output.status.code() == Some(1), "--fix refuses: {report}");
     ensure!(
-        report.contains("NOT FIXED")
-            && report.contains("a writer is active within --writers-window: legacy-writer"),
-        "says why: {report}"
+        output.status.code() == Some(1),
+        "--fix has nothing to fix, the writer breaks the check: {report}"
+    );
+    ensure!(
+        report.contains("ActiveWriters v1beta1")
+            && report.contains("legacy-writer (last write ")
+            && !report.contains("NOT FIXED"),
+        "names the writer, refuses nothing: {report}"
     );
     ensure!(
         env.crd(&crd.name).await?.metadata.resource_version == before,
         "the CRD is untouched"
+    );
+
+    // The release drops v1beta1, with objects stored as v1beta1.
+    let dropped = env
+        .create_crd("chk-writer-drop", &[("v1beta1", true, true), ("v1", true, false)])
+        .await?;
+    env.create_objects(&dropped, "v1", 20).await?;
+    switch_storage(env, &dropped, 0, 1).await?;
+    let release = incoming(
+        env,
+        &dropped,
+        "drop-release",
+        json!([open_version("v1", true, true)]),
+    )
+    .await?;
+    let file = release.display().to_string();
+    let names: Vec<String> = specs(env, &dropped, "v1")
+        .await?
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    write_a_second_before(env, &dropped, "v1beta1", 3..4, "legacy-writer").await?;
+    let output = run_check(env, None, &["--fix", "-f", &file]).await?;
+    let report = text(&output);
+    ensure!(
+        output.status.code() == Some(1),
+        "the unnamed writer fails the check: {report}"
+    );
+    ensure!(
+        report.contains("ActiveWriters v1beta1")
+            && report.contains("legacy-writer (last write ")
+            && report.contains("rewriting every object into v1")
+            && !report.contains("NOT FIXED"),
+        "the fix ran, and the writer is still named: {report}"
+    );
+    ensure!(
+        env.stored_versions(&dropped.name).await? == ["v1"],
+        "storedVersions trimmed regardless of the writer"
+    );
+    if let Some(versions) = stored_as(env, &dropped, &names).await? {
+        ensure!(
+            versions == [format!("{}/v1", dropped.group)],
+            "every object stored as v1: {versions:?}"
+        );
+    }
+    // The writer goes on through v1beta1 (still served until the release is applied): the
+    // cleaned entry names v1beta1 again.
+    write_a_second_before(env, &dropped, "v1beta1", 3..4, "legacy-writer").await?;
+    let (_, _, object) = env.get_via(&dropped, "v1", "w00003").await?;
+    let entries = object["metadata"]["managedFields"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        entries
+            .iter()
+            .any(|e| e["manager"] == "legacy-writer"
+                && e["apiVersion"] == format!("{}/v1beta1", dropped.group)),
+        "a write through v1beta1 names it again: {entries:?}"
+    );
+    let output = run_check(
+        env,
+        None,
+        &["--fix", "-f", &file, "--replaced-manager", "legacy-writer"],
+    )
+    .await?;
+    let report = text(&output);
+    ensure!(
+        output.status.code() == Some(0),
+        "named as replaced, the writer does not fail the check: {report}"
+    );
+    ensure!(
+        report.contains("ReplacedWriters v1beta1")
+            && report.contains("repair-managed-fields")
+            && !report.contains("ActiveWriters"),
+        "reported, with the repair after the upgrade: {report}"
     );
     Ok(())
 }
@@ -507,6 +704,17 @@ pub async fn least_privilege(env: &Env) -> Outcome {
     let kubeconfig = env.kubeconfig_as(&format!("system:serviceaccount:default:{account}"))?;
     let release = incoming(env, &crd, "rbac-release", json!([open_version("v1", true, true)])).await?;
     let file = release.display().to_string();
+    // The hook's account may not update CRDs: check's dry run is refused (recorded in
+    // tests/fixtures/apiserver/crd-dry-run-update-forbidden-v1.36.txt), and check words the
+    // refusal by the server's version instead.
+    let (code, answer) = dry_run_update(env, client_of(&kubeconfig).await?, &crd, &release).await?;
+    println!(
+        "e2e: check_least_privilege: a dry run of the update as the hook's account answered {code}: {answer}"
+    );
+    ensure!(
+        code == 403,
+        "the hook's account may not update CRDs: {code} {answer}"
+    );
     let output = run_check(
         env,
         Some(&kubeconfig),

@@ -57,11 +57,12 @@ pub(super) fn patch_crd(state: &mut State, name: &str, body: Value) -> (u16, Val
             state
                 .refused_stored_version_drops
                 .push(format!("{name}: {stored_version} dropped from spec.versions"));
-            let message = format!(
-                "CustomResourceDefinition.apiextensions.k8s.io \"{name}\" is invalid: status.storedVersions[{i}]: \
-                 Invalid value: {stored_version}: must appear in spec.versions"
+            return stored_version_invalid(
+                state.version(),
+                name,
+                i,
+                stored_version.as_str().unwrap_or_default(),
             );
-            return (422, status_body(422, "Invalid", &message));
         }
     }
     if !stored.contains(&storage_name) {
@@ -75,6 +76,97 @@ pub(super) fn patch_crd(state: &mut State, name: &str, body: Value) -> (u16, Val
     let spec_changed = crd["spec"] != before;
     state.store_crd(crd, spec_changed);
     (200, state.crds[name].clone())
+}
+
+/// The 422 for a stored version missing from `spec.versions`, as the apiserver of `server`
+/// words it: up to 1.32 "must appear in spec.versions" (apiserver-samples/04, v1.21; the
+/// samples' README: v1.24 answers in the same words), from 1.33 (kubernetes/kubernetes PR
+/// 128746, ibid.) the long form of tests/fixtures/apiserver/crd-remove-stored-version-rejected-v1.36.txt.
+/// The cause names the field, as both recordings do.
+pub(super) fn stored_version_invalid(
+    server: (u32, u32),
+    name: &str,
+    index: usize,
+    version: &str,
+) -> (u16, Value) {
+    let words = if server < (1, 33) {
+        "must appear in spec.versions".to_owned()
+    } else {
+        format!(
+            "missing from spec.versions; {version} was previously a storage version, and must remain in spec.versions \
+             until a storage migration ensures no data remains persisted in {version} and removes {version} from \
+             status.storedVersions"
+        )
+    };
+    let field = format!("status.storedVersions[{index}]");
+    let cause = format!("Invalid value: \"{version}\": {words}");
+    let mut body = status_body(
+        422,
+        "Invalid",
+        &format!("CustomResourceDefinition.apiextensions.k8s.io \"{name}\" is invalid: {field}: {cause}"),
+    );
+    body["details"] = serde_json::json!({
+        "name": name, "group": "apiextensions.k8s.io", "kind": "CustomResourceDefinition",
+        "causes": [{"reason": "FieldValueInvalid", "message": cause, "field": field}],
+    });
+    (422, body)
+}
+
+/// A dry run (`dryRun=All`) of a CRD's update (PUT), as kube-apiserver v1.36.2 answers it
+/// (tests/fixtures/apiserver/crd-dry-run-update-rejected-v1.36.txt): the body replaces the
+/// spec, the status stays the stored one, and the CRD is validated as a write would be (its
+/// storage versions, sample 05; its stored versions, `stored_version_invalid`), but nothing is
+/// stored. A stale resourceVersion answers 409 (sample 12, as any write with a stale
+/// precondition); a caller without `update` on CRDs (`crd_updates_forbidden`) 403
+/// (tests/fixtures/apiserver/crd-dry-run-update-forbidden-v1.36.txt). A PUT that is not a dry
+/// run is not served: nothing crd-lifecycle runs replaces a CRD.
+pub(super) fn dry_run_update_crd(state: &mut State, name: &str, body: Value) -> (u16, Value) {
+    if state.crd_updates_forbidden {
+        let mut answer = status_body(
+            403,
+            "Forbidden",
+            &format!(
+                "customresourcedefinitions.apiextensions.k8s.io \"{name}\" is forbidden: User \
+                 \"system:serviceaccount:default:upgrade-check\" cannot update resource \
+                 \"customresourcedefinitions\" in API group \"apiextensions.k8s.io\" at the cluster scope"
+            ),
+        );
+        answer["details"] = serde_json::json!({
+            "name": name, "group": "apiextensions.k8s.io", "kind": "customresourcedefinitions"
+        });
+        return (403, answer);
+    }
+    let Some(live) = state.crds.get(name).cloned() else {
+        return not_found("customresourcedefinitions.apiextensions.k8s.io", name);
+    };
+    if body["metadata"]["resourceVersion"] != live["metadata"]["resourceVersion"] {
+        return conflict("customresourcedefinitions.apiextensions.k8s.io", name);
+    }
+    let mut crd = live;
+    crd["spec"] = body["spec"].clone();
+    let versions = crd["spec"]["versions"].as_array().cloned().unwrap_or_default();
+    if versions.iter().filter(|v| v["storage"] == true).count() != 1 {
+        let message = format!(
+            "CustomResourceDefinition.apiextensions.k8s.io \"{name}\" is invalid: spec.versions: Invalid value: ...: \
+             must have exactly one version marked as storage version"
+        );
+        return (422, status_body(422, "Invalid", &message));
+    }
+    let stored = crd["status"]["storedVersions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for (i, stored_version) in stored.iter().enumerate() {
+        if !versions.iter().any(|v| v["name"] == *stored_version) {
+            return stored_version_invalid(
+                state.version(),
+                name,
+                i,
+                stored_version.as_str().unwrap_or_default(),
+            );
+        }
+    }
+    (200, crd)
 }
 
 /// The apiserver's deprecationWarning checks, with its messages: not empty (sample 23), at

@@ -15,7 +15,7 @@ mod watches;
 
 pub use access::Denied;
 use access::review_access;
-use crds::{patch_crd, patch_crd_status};
+use crds::{dry_run_update_crd, patch_crd, patch_crd_status};
 use leases::{create_lease, replace_lease};
 use objects::{CustomRequest, custom_resource, discovery, is_discovery, serve_custom};
 pub use objects::{ListFault, ObjectFault, StoredObject};
@@ -198,6 +198,12 @@ pub struct State {
     /// CRD patches refused because `status.storedVersions` would name a version the patch
     /// drops (sample 04): each is a write the controller should never have sent.
     pub refused_stored_version_drops: Vec<String>,
+    /// The Kubernetes version the fake answers `/version` with and words its refusals as
+    /// (`None`: 1.21, the version of apiserver-samples/00).
+    pub server_version: Option<(u32, u32)>,
+    /// Updates of CRDs are refused (403) as RBAC refuses a caller without `update` on them
+    /// (see `crds::dry_run_update_crd`).
+    pub crd_updates_forbidden: bool,
 }
 
 impl State {
@@ -247,6 +253,11 @@ impl State {
             self.lagging.remove(name);
         }
         self.crds.get(name).cloned()
+    }
+
+    /// The Kubernetes version the fake plays (`server_version`, else 1.21).
+    pub fn version(&self) -> (u32, u32) {
+        self.server_version.unwrap_or((1, 21))
     }
 
     fn next_resource_version(&mut self) -> String {
@@ -430,11 +441,23 @@ impl FakeApiserver {
         self.lock().requests.clear();
     }
 
-    /// The writes (anything but GET) to CRDs.
+    /// The writes (anything but GET, and but a dry run) to CRDs.
     pub fn crd_writes(&self) -> Vec<Recorded> {
         self.requests()
             .into_iter()
-            .filter(|r| r.method != "GET" && r.path.starts_with("/apis/apiextensions.k8s.io/"))
+            .filter(|r| {
+                r.method != "GET"
+                    && r.path.starts_with("/apis/apiextensions.k8s.io/")
+                    && r.query_param("dryRun") != "All"
+            })
+            .collect()
+    }
+
+    /// The dry runs (`dryRun=All`) of CRD writes.
+    pub fn crd_dry_runs(&self) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.path.starts_with("/apis/apiextensions.k8s.io/") && r.query_param("dryRun") == "All")
             .collect()
     }
 
@@ -790,7 +813,14 @@ pub(super) fn plain_not_found() -> Response<Body> {
 
 fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) -> (u16, Value) {
     match (request.method.as_str(), segments) {
-        ("GET", ["version"]) => (200, json!({"major": "1", "minor": "21", "gitVersion": "v1.21.0"})),
+        // The shape of apiserver-samples/00 (v1.21), at the fake's version.
+        ("GET", ["version"]) => {
+            let (major, minor) = state.version();
+            (
+                200,
+                json!({"major": major.to_string(), "minor": minor.to_string(), "gitVersion": format!("v{major}.{minor}.0")}),
+            )
+        }
         // The list's resourceVersion is the store's (the latest write's, the one a watch
         // starts from); `fieldSelector=metadata.name=` keeps one
         // (tests/fixtures/apiserver/crd-list-by-name-after-compaction.txt); a metadata-only
@@ -850,6 +880,16 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
                 "status",
             ],
         ) => patch_crd_status(state, name, body),
+        (
+            "PUT",
+            [
+                "apis",
+                "apiextensions.k8s.io",
+                "v1",
+                "customresourcedefinitions",
+                name,
+            ],
+        ) if request.query_param("dryRun") == "All" => dry_run_update_crd(state, name, body),
         (
             "PATCH",
             [
