@@ -4,7 +4,7 @@
 //! nothing newer (`context::get_crd_seen`); and when its watch delivered a version, for a
 //! reconcile to know that its patch has reached watchers (`until_watched`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -31,10 +31,15 @@ struct State {
     seen: HashMap<String, String>,
     /// The last resourceVersion the CRD watch delivered, by CRD name.
     watched: HashMap<String, String>,
-    /// Whether a CRD watch feeds this (`watch_event`) and is up: it listed every CRD and has
-    /// not failed since. While it is not (or without one, a bare reconcile's), nothing would
-    /// tell a kept CRD is stale.
-    up: bool,
+    /// Whether a CRD watch feeds this (`watch_event`) and listed every CRD since it started
+    /// or relisted. Without one (a bare reconcile's), nothing would tell a kept CRD is stale.
+    listed: bool,
+    /// When the watch last failed, while it has not shown since that it flows again.
+    /// kube-runtime's watcher resumes a failed watch (a 429 or 5xx as it starts) from its
+    /// last resourceVersion without listing again, so no `InitDone` says it is back: an
+    /// event delivered since does, and so does `RESUMED_AFTER` without a new failure (the
+    /// watcher retries at most every 30 s plus jitter, and reports each failure).
+    failed_at: Option<tokio::time::Instant>,
     /// Reconciles waiting for the watch to deliver a resourceVersion, by CRD name.
     waiting: HashMap<String, Vec<(String, oneshot::Sender<()>)>>,
     /// CRDs as last read or patched, as JSON (a decoded schema takes many times its JSON
@@ -48,7 +53,18 @@ struct State {
     /// (for `Ticket`).
     deliveries: u64,
     delivered_at: HashMap<String, u64>,
+    /// The last `RECENT_DELIVERIES` deliveries (CRD name, resourceVersion): a patch whose
+    /// event the watch delivered before its reconcile came to wait for it, and then a later
+    /// one, has been delivered all the same.
+    recent: VecDeque<(String, String)>,
 }
+
+/// How long a failed CRD watch, resumed by kube-runtime's watcher without a relist, must
+/// go without failing again (and without delivering) to count as up again.
+const RESUMED_AFTER: Duration = Duration::from_secs(120);
+
+/// How many of the CRD watch's last deliveries `until_watched` looks back on.
+const RECENT_DELIVERIES: usize = 256;
 
 /// Taken before a request for a CRD is sent (`CrdsSeen::ticket`): its answer is recorded
 /// and kept only if the CRD watch delivered nothing for that CRD while it was in flight. An
@@ -80,18 +96,33 @@ impl CrdsSeen {
     ) {
         let mut state = lock(&self.state);
         match event {
-            Ok(watcher::Event::Apply(crd) | watcher::Event::InitApply(crd)) => {
+            Ok(watcher::Event::Apply(crd)) => {
+                if let (Some(name), Some(version)) = (&crd.metadata.name, &crd.metadata.resource_version) {
+                    state.watched(name, version);
+                }
+                // Delivering again: a failed watch resumed.
+                state.failed_at = None;
+            }
+            Ok(watcher::Event::InitApply(crd)) => {
                 if let (Some(name), Some(version)) = (&crd.metadata.name, &crd.metadata.resource_version) {
                     state.watched(name, version);
                 }
             }
-            Ok(watcher::Event::InitDone) => state.up = true,
-            Ok(watcher::Event::Init) | Err(_) => {
-                state.up = false;
+            Ok(watcher::Event::InitDone) => {
+                state.listed = true;
+                state.failed_at = None;
+            }
+            Ok(watcher::Event::Init) => {
+                state.listed = false;
                 // Nothing to wait for from a watch that is down.
                 state.waiting.clear();
             }
+            Err(_) => {
+                state.failed_at = Some(tokio::time::Instant::now());
+                state.waiting.clear();
+            }
             Ok(watcher::Event::Delete(crd)) => {
+                state.failed_at = None;
                 if let Some(name) = &crd.metadata.name {
                     state.forget(name);
                     state.seen.remove(name);
@@ -168,7 +199,7 @@ impl CrdsSeen {
     /// resourceVersion).
     pub fn kept(&self, name: &str) -> Option<CustomResourceDefinition> {
         let state = lock(&self.state);
-        if !state.up {
+        if !state.up() {
             return None;
         }
         let (version, json) = state.kept.get(name)?;
@@ -184,12 +215,19 @@ impl CrdsSeen {
     }
 
     /// Returns once the CRD watch has delivered `name` at `resource_version` (a patch's
-    /// answer: watchers see it too by then), or after `limit` (someone changed the CRD again
-    /// right away), or at once when no watch feeds this or it is down (and as it fails).
+    /// answer: watchers see it too by then; at once if it did among its last deliveries, even
+    /// when a later change of the CRD followed), or after `limit`, or at once when no watch
+    /// feeds this or it is down (and as it fails).
     pub async fn until_watched(&self, name: &str, resource_version: &str, limit: Duration) {
         let delivered = {
             let mut state = lock(&self.state);
-            if !state.up || state.watched.get(name).is_some_and(|v| v == resource_version) {
+            if !state.up()
+                || state.watched.get(name).is_some_and(|v| v == resource_version)
+                || state
+                    .recent
+                    .iter()
+                    .any(|(n, v)| n == name && v == resource_version)
+            {
                 return;
             }
             let (sender, delivered) = oneshot::channel();
@@ -207,12 +245,22 @@ impl CrdsSeen {
 }
 
 impl State {
+    /// Whether the CRD watch is up: listed, and not failed since, or shown to flow again.
+    fn up(&self) -> bool {
+        self.listed && self.failed_at.is_none_or(|at| at.elapsed() >= RESUMED_AFTER)
+    }
+
     fn watched(&mut self, name: &str, resource_version: &str) {
         if resource_version.is_empty() {
             return;
         }
         self.deliveries += 1;
         let number = self.deliveries;
+        if self.recent.len() == RECENT_DELIVERIES {
+            self.recent.pop_front();
+        }
+        self.recent
+            .push_back((name.to_owned(), resource_version.to_owned()));
         match self.delivered_at.get_mut(name) {
             Some(at) => *at = number,
             None => {
@@ -392,6 +440,54 @@ mod tests {
         seen.keep(&crd("a", "12"), ticket);
         assert!(seen.get("a").is_none());
         assert!(seen.kept("a").is_none());
+    }
+
+    /// Finding 5: a patch whose event was delivered before its reconcile came to wait, then
+    /// a later change of the CRD, costs no wait.
+    #[tokio::test(start_paused = true)]
+    async fn a_patch_delivered_before_the_wait_and_then_superseded_costs_no_wait() {
+        let seen = CrdsSeen::default();
+        up(&seen);
+        seen.watched("a", "6");
+        seen.watched("b", "7");
+        seen.watched("a", "8");
+        let started = tokio::time::Instant::now();
+        seen.until_watched("a", "6", Duration::from_secs(5)).await;
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        // Only the last deliveries are remembered.
+        for i in 0..RECENT_DELIVERIES {
+            seen.watched("c", &format!("{}", 100 + i));
+        }
+        seen.until_watched("a", "6", Duration::from_secs(5)).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert_eq!(lock(&seen.state).recent.len(), RECENT_DELIVERIES);
+    }
+
+    /// Finding 3: kube-runtime's watcher resumes a watch whose start failed (a 429, a 5xx)
+    /// without listing again: it counts as up once it delivers, or after `RESUMED_AFTER`
+    /// without another failure, not only after a 410's relist.
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_resumed_without_a_relist_is_up_again() {
+        let seen = CrdsSeen::default();
+        up(&seen);
+        seen.keep(&crd("a", "5"), seen.ticket());
+        seen.watch_event(&Err(watcher::Error::NoResourceVersion));
+        assert!(seen.kept("a").is_none(), "down as it fails");
+        // It delivers a change of another CRD: it flows again.
+        let other: PartialObjectMeta<CustomResourceDefinition> =
+            serde_json::from_value(serde_json::json!({"apiVersion": "apiextensions.k8s.io/v1",
+                "kind": "PartialObjectMetadata", "metadata": {"name": "b", "resourceVersion": "6"}}))
+            .expect("metadata");
+        seen.watch_event(&Ok(watcher::Event::Apply(other)));
+        assert!(seen.kept("a").is_some(), "up once it delivers");
+        // Failing again, then quiet: up after RESUMED_AFTER, unless it fails meanwhile.
+        seen.watch_event(&Err(watcher::Error::NoResourceVersion));
+        tokio::time::advance(RESUMED_AFTER - Duration::from_secs(30)).await;
+        seen.watch_event(&Err(watcher::Error::NoResourceVersion));
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(seen.kept("a").is_none(), "failed 60 s ago");
+        tokio::time::advance(RESUMED_AFTER).await;
+        assert!(seen.kept("a").is_some(), "quiet for RESUMED_AFTER");
     }
 
     #[tokio::test(start_paused = true)]

@@ -305,10 +305,19 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
     observation.crd = crd_after.as_ref();
     observation.evaluation = evaluation.as_ref();
 
-    // The other reconciles' patches first (many policies due at the same instant).
-    ctx.patches_first
-        .after_patches(super::patches_first::BOOKKEEPING_WAITS_AT_MOST)
-        .await;
+    // The other reconciles' patches first (many policies due at the same instant), but
+    // never past this policy's own next transition: while this reconcile waits, the next one
+    // of the policy cannot start.
+    let next = evaluation
+        .as_ref()
+        .and_then(Evaluation::next_transition)
+        .map(|t| t.at);
+    let bookkeeping_waits = next.map_or(super::patches_first::BOOKKEEPING_WAITS_AT_MOST, |at| {
+        Duration::try_from(at.duration_since(ctx.now()))
+            .unwrap_or(Duration::ZERO)
+            .min(super::patches_first::BOOKKEEPING_WAITS_AT_MOST)
+    });
+    ctx.patches_first.after_patches(bookkeeping_waits).await;
     publish_events(policy, &observation, &drift, &ctx.recorder).await;
     for transition in &observation.applied {
         ctx.metrics
@@ -316,10 +325,6 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
     }
     let reasons: Vec<&str> = observation.blocked.iter().map(|(r, _)| r.as_str()).collect();
     ctx.metrics.set_blocked(&name, &reasons);
-    let next = evaluation
-        .as_ref()
-        .and_then(Evaluation::next_transition)
-        .map(|t| t.at);
     ctx.metrics.set_next_transition(&name, next);
 
     let cache_current = policy
@@ -597,8 +602,10 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 return Ok(outcome);
             }
             // 422 is what a failed `test` op answers (apiserver-samples/03), and also what a
-            // real validation failure answers (04, 05): re-read to tell them apart.
-            Err(error) if matches!(status_code(&error), Some(409 | 422)) => {
+            // real validation failure answers (04, 05): re-read to tell them apart. 404: the
+            // CRD was deleted after the read (a kept copy the watch had not forgotten yet, as
+            // when it went during a relist); the re-read forgets it and says CRDNotFound.
+            Err(error) if matches!(status_code(&error), Some(404 | 409 | 422)) => {
                 let fresh = get_crd(ctx, crd_name).await?;
                 let changed = fresh.as_ref().map(|c| &c.metadata.resource_version)
                     != Some(&crd.metadata.resource_version);

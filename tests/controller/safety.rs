@@ -68,6 +68,25 @@ async fn an_apiserver_rejection_is_reported_not_retried_forever() {
     assert_eq!(h.flags(), "v1alpha1:sS v1beta1:s v1:-", "nothing half-applied");
 }
 
+/// Finding 3: a CRD deleted between the read and the patch (a kept copy not forgotten yet,
+/// as when it goes during a relist): the patch's 404 is followed by a re-read, which forgets
+/// it and says CRDNotFound, instead of an error retried every few seconds.
+#[tokio::test(start_paused = true)]
+async fn a_crd_deleted_before_the_patch_lands_says_crd_not_found() {
+    let mut h = Harness::new();
+    h.fake.create_crd(yaml(EXAMPLE_CRD));
+    let mut policy = yaml(EXAMPLE_POLICY);
+    policy["spec"]["migration"]["enabled"] = json!(false);
+    h.add_policy(policy, "2025-11-01T00:00:00Z");
+    h.at("2026-01-05T00:00:00Z");
+    h.fake.before_next_crd_patch(|state| {
+        state.crds.remove("widgets.example.com");
+    });
+    h.reconcile("widgets").await;
+    let (status, reason, message) = h.condition("widgets", "Blocked");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "CRDNotFound"), "{message}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_missing_crd_blocks_until_it_appears() {
     let mut h = Harness::new();
