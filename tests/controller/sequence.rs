@@ -17,8 +17,7 @@ use super::{EXAMPLE_CRD, EXAMPLE_POLICY, yaml};
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
-/// Takes the next request; it must be `method path` (query ignored), and answers `answer`
-/// (with its `code` when it is a `Status`). Returns the request's query and body.
+/// Takes the next request; it must be `method path` (query ignored). Returns its body.
 async fn expect(handle: &mut Handle, method: &str, path: &str, answer: Value) -> (String, Value) {
     let (request, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
         .await
@@ -34,11 +33,7 @@ async fn expect(handle: &mut Handle, method: &str, path: &str, answer: Value) ->
     let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     send.send_response(
         Response::builder()
-            .status(match answer["kind"].as_str() {
-                Some("Status") => answer["code"].as_u64().unwrap_or(500) as u16,
-                _ if method == "POST" => 201,
-                _ => 200,
-            })
+            .status(if method == "POST" { 201 } else { 200 })
             .header("content-type", "application/json")
             .body(Body::from(serde_json::to_vec(&answer).expect("json")))
             .expect("response"),
@@ -46,12 +41,26 @@ async fn expect(handle: &mut Handle, method: &str, path: &str, answer: Value) ->
     (query, body)
 }
 
-/// The answer to `GET /apis/storagemigration.k8s.io` where the group is not served
-/// (tests/fixtures/storagemigration-group-not-served.txt).
-fn not_served() -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-           "message": "the server could not find the requested resource", "reason": "NotFound",
-           "details": {}, "code": 404})
+/// Takes the next request, `GET path`, and answers it as the apiserver answers a group it
+/// does not serve: `404 page not found`, as text (tests/fixtures/storagemigration-group-not-served.txt).
+async fn expect_group_not_served(handle: &mut Handle, path: &str) {
+    let (request, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+        .await
+        .unwrap_or_else(|_| panic!("no request; expected GET {path}"))
+        .unwrap_or_else(|| panic!("the client went away; expected GET {path}"));
+    assert_eq!(
+        (request.method().as_str(), request.uri().path()),
+        ("GET", path),
+        "unexpected request"
+    );
+    send.send_response(
+        Response::builder()
+            .status(404)
+            .header("content-type", "text/plain; charset=utf-8")
+            .header("x-content-type-options", "nosniff")
+            .body(Body::from("404 page not found\n"))
+            .expect("response"),
+    );
 }
 
 fn context(client: Client) -> Arc<Context> {
@@ -79,7 +88,7 @@ async fn a_store_transition_is_exactly_these_requests() {
     expect(&mut handle, "GET", path, crd.clone()).await;
     // A store waits while a StorageVersionMigration of the resource is unfinished: is the
     // built-in migrator's API served at all? (Not here: no migration to wait for.)
-    expect(&mut handle, "GET", "/apis/storagemigration.k8s.io", not_served()).await;
+    expect_group_not_served(&mut handle, "/apis/storagemigration.k8s.io").await;
     // The guarded patch: v1beta1 becomes the storage version.
     let (_, patch) = expect(&mut handle, "PATCH", path, crd.clone()).await;
     assert_eq!(
@@ -150,7 +159,7 @@ async fn a_new_policy_gets_its_finalizer_first() {
     crd["metadata"]["resourceVersion"] = json!("7");
     let path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com";
     expect(&mut handle, "GET", path, crd.clone()).await;
-    expect(&mut handle, "GET", "/apis/storagemigration.k8s.io", not_served()).await;
+    expect_group_not_served(&mut handle, "/apis/storagemigration.k8s.io").await;
     expect(&mut handle, "PATCH", path, crd).await;
     expect(
         &mut handle,
