@@ -84,7 +84,11 @@ async fn a_crd_deleted_before_the_patch_lands_says_crd_not_found() {
     });
     h.reconcile("widgets").await;
     let (status, reason, message) = h.condition("widgets", "Blocked");
-    assert_eq!((status.as_str(), reason.as_str()), ("True", "CRDNotFound"), "{message}");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "CRDNotFound"),
+        "{message}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -58,7 +58,7 @@ async fn expect_group_not_served(handle: &mut Handle, path: &str) {
             .status(404)
             .header("content-type", "text/plain; charset=utf-8")
             .header("x-content-type-options", "nosniff")
-            .body(Body::from("404 page not found\n"))
+            .body(Body::from(b"404 page not found\n".to_vec()))
             .expect("response"),
     );
 }
