@@ -53,6 +53,9 @@ struct State {
     /// (for `Ticket`).
     deliveries: u64,
     delivered_at: HashMap<String, u64>,
+    /// The CRDs a relist under way delivered so far: those it did not deliver were deleted
+    /// while the watch was away, and are forgotten as it ends (`InitDone`).
+    relisted: Option<std::collections::HashSet<String>>,
     /// The last `RECENT_DELIVERIES` deliveries (CRD name, resourceVersion): a patch whose
     /// event the watch delivered before its reconcile came to wait for it, and then a later
     /// one, has been delivered all the same.
@@ -106,14 +109,29 @@ impl CrdsSeen {
             Ok(watcher::Event::InitApply(crd)) => {
                 if let (Some(name), Some(version)) = (&crd.metadata.name, &crd.metadata.resource_version) {
                     state.watched(name, version);
+                    if let Some(relisted) = &mut state.relisted {
+                        relisted.insert(name.clone());
+                    }
                 }
             }
             Ok(watcher::Event::InitDone) => {
                 state.listed = true;
                 state.failed_at = None;
+                if let Some(relisted) = state.relisted.take() {
+                    let gone: Vec<String> = state
+                        .seen
+                        .keys()
+                        .filter(|name| !relisted.contains(*name))
+                        .cloned()
+                        .collect();
+                    for name in gone {
+                        state.deleted(&name);
+                    }
+                }
             }
             Ok(watcher::Event::Init) => {
                 state.listed = false;
+                state.relisted = Some(Default::default());
                 // Nothing to wait for from a watch that is down.
                 state.waiting.clear();
             }
@@ -124,13 +142,7 @@ impl CrdsSeen {
             Ok(watcher::Event::Delete(crd)) => {
                 state.failed_at = None;
                 if let Some(name) = &crd.metadata.name {
-                    state.forget(name);
-                    state.seen.remove(name);
-                    state.watched.remove(name);
-                    // A request sent before the deletion may answer the CRD as it was.
-                    state.deliveries += 1;
-                    let number = state.deliveries;
-                    state.delivered_at.insert(name.clone(), number);
+                    state.deleted(name);
                 }
             }
         }
@@ -273,6 +285,18 @@ impl State {
         forget_senders(&mut self.waiting, name, |version| version == resource_version);
     }
 
+    /// `name` was deleted: forgotten, its waiters woken, and a request sent before the
+    /// deletion (which may answer the CRD as it was) overtaken.
+    fn deleted(&mut self, name: &str) {
+        self.forget(name);
+        self.seen.remove(name);
+        self.watched.remove(name);
+        self.waiting.remove(name);
+        self.deliveries += 1;
+        let number = self.deliveries;
+        self.delivered_at.insert(name.to_owned(), number);
+    }
+
     /// Whether the watch delivered `name` after `ticket` was taken, last at another version
     /// than `answered` (its delivery of the answer itself, a patch's own event, is no news).
     fn overtaken(&self, name: &str, ticket: Ticket, answered: &str) -> bool {
@@ -377,6 +401,11 @@ mod tests {
         assert!(seen.kept("a").is_none());
         seen.watch_event(&Ok(watcher::Event::Init));
         assert!(seen.kept("a").is_none());
+        let relisted: PartialObjectMeta<CustomResourceDefinition> =
+            serde_json::from_value(serde_json::json!({"apiVersion": "apiextensions.k8s.io/v1",
+                "kind": "PartialObjectMetadata", "metadata": {"name": "a", "resourceVersion": "6"}}))
+            .expect("metadata");
+        seen.watch_event(&Ok(watcher::Event::InitApply(relisted)));
         up(&seen);
         assert!(seen.kept("a").is_some());
         // Deleted.
@@ -488,6 +517,39 @@ mod tests {
         assert!(seen.kept("a").is_none(), "failed 60 s ago");
         tokio::time::advance(RESUMED_AFTER).await;
         assert!(seen.kept("a").is_some(), "quiet for RESUMED_AFTER");
+    }
+
+    /// A CRD deleted while the watch was away (a relist does not deliver it) is forgotten
+    /// as the relist ends; a deletion wakes whoever waits on the CRD.
+    #[tokio::test(start_paused = true)]
+    async fn a_relist_forgets_crds_deleted_meanwhile_and_a_deletion_ends_waits() {
+        let seen = Arc::new(CrdsSeen::default());
+        up(&seen);
+        seen.keep(&crd("gone", "5"), seen.ticket());
+        seen.keep(&crd("here", "6"), seen.ticket());
+        seen.watch_event(&Ok(watcher::Event::Init));
+        let here: PartialObjectMeta<CustomResourceDefinition> =
+            serde_json::from_value(serde_json::json!({"apiVersion": "apiextensions.k8s.io/v1",
+                "kind": "PartialObjectMetadata", "metadata": {"name": "here", "resourceVersion": "6"}}))
+            .expect("metadata");
+        seen.watch_event(&Ok(watcher::Event::InitApply(here)));
+        up(&seen);
+        assert!(seen.get("gone").is_none() && seen.kept("gone").is_none());
+        assert!(seen.kept("here").is_some());
+        // A reconcile waits for its patch's event; the CRD is deleted instead.
+        let watch = seen.clone();
+        let started = tokio::time::Instant::now();
+        let deleting = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let deleted: PartialObjectMeta<CustomResourceDefinition> =
+                serde_json::from_value(serde_json::json!({"apiVersion": "apiextensions.k8s.io/v1",
+                    "kind": "PartialObjectMetadata", "metadata": {"name": "here", "resourceVersion": "9"}}))
+                .expect("metadata");
+            watch.watch_event(&Ok(watcher::Event::Delete(deleted)));
+        });
+        seen.until_watched("here", "8", Duration::from_secs(5)).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+        deleting.await.expect("deleted");
     }
 
     #[tokio::test(start_paused = true)]

@@ -488,13 +488,23 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             .iter()
             .any(|t| t.milestone == MilestoneKind::Store)
         {
-            gates.inputs.migration_under_way = match ctx.migrations.unfinished_migration(policy, false).await
-            {
-                Ok(None) => None,
-                Ok(Some(name)) => Some(format!("StorageVersionMigration {name} has finished")),
-                Err(reason) => Some(format!(
-                    "it is known whether a StorageVersionMigration of it runs ({reason})"
+            // This controller's own built-in migration job counts from its first step: it
+            // settles for seconds before it creates its StorageVersionMigration.
+            let ours = ctx
+                .migrations
+                .running_goal(crd_name)
+                .and_then(|goal| goal.strip_prefix("builtin ").map(str::to_owned));
+            gates.inputs.migration_under_way = match ours {
+                Some(storage) => Some(format!(
+                    "this controller's StorageVersionMigration of {crd_name} into {storage} has finished"
                 )),
+                None => match ctx.migrations.unfinished_migration(policy, false).await {
+                    Ok(None) => None,
+                    Ok(Some(name)) => Some(format!("StorageVersionMigration {name} has finished")),
+                    Err(reason) => Some(format!(
+                        "it is known whether a StorageVersionMigration of it runs ({reason})"
+                    )),
+                },
             };
             if gates.inputs.migration_under_way.is_some() {
                 outcome.store_held = true;

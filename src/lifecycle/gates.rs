@@ -53,8 +53,9 @@ pub struct GateInputs {
     /// Per version with a writers gate: what is known of the field managers' writes
     /// through it (managedFields); absent before the objects are read.
     pub writers: BTreeMap<String, WritersRead>,
-    /// A StorageVersionMigration of the CRD's resource that has not finished (its name), or
-    /// why that cannot be told; `None` when none runs. Every `store` waits while one is set:
+    /// What a `store` waits for while a StorageVersionMigration of the CRD's resource has
+    /// not finished ("StorageVersionMigration X has finished"), or until it can be told
+    /// whether one runs; `None` when none runs. Every `store` waits while one is set:
     /// Kubernetes' migrator rewrites each object through whichever apiserver answers, and
     /// one still encoding in the storage version of before a switch stores it there, in a
     /// version the migration then trims from `status.storedVersions`.
@@ -138,10 +139,7 @@ impl Schedule {
         let mut wake_at: Option<Timestamp> = None;
         for version in &self.versions {
             for kind in MilestoneKind::ALL {
-                if !version.reached(kind, at) || gates.applied.contains(&(version.name.clone(), kind)) {
-                    continue;
-                }
-                if effect_visible(crd, &version.name, kind) {
+                if !version.reached(kind, at) || effect_visible(crd, &version.name, kind) {
                     continue;
                 }
                 // A `store` superseded by a later one that is also due has no effect.
@@ -149,7 +147,13 @@ impl Schedule {
                 {
                     continue;
                 }
-                let hold = self.gate(version, kind, gates, at, &mut wake_at);
+                // A transition already applied (the history) passed its gates once: undoing
+                // someone's change to it waits only for what keeps objects safe.
+                let hold = if gates.applied.contains(&(version.name.clone(), kind)) {
+                    migration_gate(&version.name, kind, gates)
+                } else {
+                    self.gate(version, kind, gates, at, &mut wake_at)
+                };
                 if let Some((reason, message)) = hold {
                     held.push(Blocked {
                         reason,
@@ -334,19 +338,7 @@ impl Schedule {
         {
             return Some(hold);
         }
-        if kind == MilestoneKind::Store
-            && let Some(migration) = &gates.migration_under_way
-        {
-            return Some((
-                BlockReason::AwaitingMigration,
-                format!(
-                    "{name} store waits until {migration}: a storage switch under a StorageVersionMigration lets it \
-                     rewrite objects through an apiserver that still stores the version of before, then trim that \
-                     version from status.storedVersions"
-                ),
-            ));
-        }
-        None
+        migration_gate(name, kind, gates)
     }
 
     /// What holds a `store` of `version` until its conversion preflight stands for it.
@@ -384,6 +376,24 @@ impl Schedule {
             )),
         }
     }
+}
+
+/// What holds a `store` while a StorageVersionMigration of the resource is unfinished
+/// (`GateInputs::migration_under_way`), whether the store is new or puts back a storage
+/// version someone moved.
+fn migration_gate(name: &str, kind: MilestoneKind, gates: &GateInputs) -> Option<(BlockReason, String)> {
+    let migration = gates
+        .migration_under_way
+        .as_ref()
+        .filter(|_| kind == MilestoneKind::Store)?;
+    Some((
+        BlockReason::AwaitingMigration,
+        format!(
+            "{name} store waits until {migration}: a storage switch under a StorageVersionMigration lets it rewrite \
+             objects through an apiserver that still stores the version of before, then trim that version from \
+             status.storedVersions"
+        ),
+    ))
 }
 
 /// Whether the CRD already shows the effect of a milestone (then no gate applies: it

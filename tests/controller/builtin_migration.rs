@@ -685,3 +685,51 @@ async fn only_a_run_that_rewrote_every_object_releases_a_failed_migrations_hold(
     h.reconcile_through_cleanup("widgets").await;
     assert_eq!(h.flags(), "v1beta1:sd v1:sS");
 }
+
+/// Review finding: the built-in engine's job settles for seconds before it creates its
+/// StorageVersionMigration; a store due meanwhile waits for it (and for the migration once
+/// created), or the migration would run at the later storage version through an apiserver
+/// still storing the earlier one, and trim it.
+#[tokio::test(start_paused = true)]
+async fn a_store_waits_for_this_controllers_own_built_in_migration_from_its_first_step() {
+    let mut h = Harness::with_example_and_objects(10);
+    {
+        let mut state = h.fake.lock();
+        state.svm_served = true;
+        // The svm controller has not picked anything up yet.
+        state.svm_paused = true;
+    }
+    builtin(&mut h);
+    h.at("2026-01-05T00:00:00Z");
+    h.reconcile_through_preflight("widgets").await;
+    assert_eq!(h.flags(), "v1alpha1:s v1beta1:sS v1:-");
+    // v1 introduced, then its store due while the job of v1beta1 is under way.
+    h.at("2026-01-15T00:00:00Z");
+    h.reconcile("widgets").await;
+    h.at("2026-02-01T00:00:00Z");
+    h.reconcile_through_preflight("widgets").await;
+    let (_, reason, message) = h.condition("widgets", "Blocked");
+    assert_eq!(reason, "AwaitingMigration", "{message}");
+    assert!(
+        message.contains("v1 store waits until")
+            && (message
+                .contains("this controller's StorageVersionMigration of widgets.example.com into v1beta1")
+                || message.contains(
+                    "StorageVersionMigration crd-lifecycle.widgets.example.com-v1beta1-1 has finished"
+                )),
+        "{message}"
+    );
+    assert_eq!(
+        h.flags(),
+        "v1alpha1:s v1beta1:sS v1:s",
+        "v1beta1 stays the storage version"
+    );
+    // The migration runs and succeeds: the store lands.
+    h.fake.lock().svm_paused = false;
+    wait_until("the built-in migration succeeds", || {
+        migration(&h)["phase"] == "Succeeded"
+    })
+    .await;
+    h.reconcile_through_preflight("widgets").await;
+    assert_eq!(h.flags(), "v1alpha1:s v1beta1:s v1:sS");
+}

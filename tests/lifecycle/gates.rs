@@ -443,4 +443,21 @@ fn a_store_waits_while_a_storage_version_migration_is_unfinished() {
     let before = schedule.evaluate_with_gates(&crd, &[], &under_way, ts("2026-01-20T00:00:00Z"));
     assert!(before.blocked.is_empty(), "{:?}", before.blocked);
     assert_eq!(flags(&before), "v1alpha1:sS v1beta1:s v1:s");
+    // A store already applied (in the history) that someone undid (a GitOps self-heal, kubectl
+    // edit) is put back only after the migration too.
+    let applied = GateInputs {
+        applied: [("v1".to_owned(), MilestoneKind::Store)].into(),
+        ..under_way.clone()
+    };
+    let undone = schedule.evaluate_with_gates(&crd, &[], &applied, at);
+    assert_eq!(undone.blocked[0].reason, BlockReason::AwaitingMigration);
+    assert_eq!(flags(&undone), "v1alpha1:sS v1beta1:s v1:s");
+    let put_back = GateInputs {
+        migration_under_way: None,
+        ..applied
+    };
+    assert_eq!(
+        flags(&schedule.evaluate_with_gates(&crd, &[], &put_back, at)),
+        "v1alpha1:s v1beta1:s v1:sS"
+    );
 }

@@ -537,6 +537,25 @@ impl Migrations {
                 ),
             }
         }
+        // The settle took seconds: a storage version moved meanwhile (a kubectl edit, a
+        // GitOps re-apply) is settled again by the next attempt rather than migrated into.
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let fresh = crds
+            .get(crd)
+            .await
+            .map_err(|e| format!("cannot read {crd} before creating its StorageVersionMigration: {e}"))?;
+        let fresh_storage = fresh
+            .spec
+            .versions
+            .iter()
+            .find(|v| v.storage)
+            .map(|v| v.name.as_str());
+        if fresh_storage != Some(storage_version) {
+            return Err(format!(
+                "the storage version of {crd} moved to {} while it settled; the next attempt settles again",
+                fresh_storage.unwrap_or("none")
+            ));
+        }
         let created_for = CreatedFor {
             resource_version: now.resource_version.clone().unwrap_or_default(),
             generation: now.generation,
