@@ -96,6 +96,10 @@ pub enum Fault {
     FlipDuringRun { after_pages: u32, writes: usize },
     /// Someone else's StorageVersionMigration of the CRD, which succeeds or fails.
     ForeignMigration { fails: bool },
+    /// Someone else's StorageVersionMigration fails, and Kubernetes processes its end (trims
+    /// `storedVersions`) just before the controller's `after_reads + 1`-th read of the CRD
+    /// from now: between a decision and the run it starts, or inside a run.
+    ForeignFailureAtRead { after_reads: u32 },
     /// The built-in migrator fails every migration for `lasting` seconds.
     MigrationsFail { lasting: u64 },
     /// The controller's clock moves `seconds` (ahead or behind) against the apiserver's.
@@ -121,6 +125,7 @@ impl Fault {
             | Fault::FlipStorage { .. }
             | Fault::FlipDuringRun { .. }
             | Fault::ForeignMigration { .. }
+            | Fault::ForeignFailureAtRead { .. }
             | Fault::MigrationsFail { .. } => "writer",
             Fault::Skew { .. } => "skew",
         }
@@ -149,6 +154,11 @@ impl fmt::Display for Fault {
                     if *fails { "fails" } else { "succeeds" }
                 )
             }
+            Fault::ForeignFailureAtRead { after_reads } => write!(
+                f,
+                "another's StorageVersionMigration fails, its end trims storedVersions before the controller's read {}",
+                after_reads + 1
+            ),
             Fault::MigrationsFail { lasting } => {
                 write!(f, "every StorageVersionMigration fails for {lasting}s")
             }
@@ -209,7 +219,7 @@ pub fn draw(seed: u64) -> Draw {
     let mut faults = Vec::new();
     for _ in 0..count {
         let at = rng.between(0, horizon);
-        let fault = match rng.between(0, 13) {
+        let fault = match rng.between(0, 14) {
             0 | 1 => Fault::Crash {
                 down: rng.between(0, 20),
             },
@@ -234,6 +244,9 @@ pub fn draw(seed: u64) -> Draw {
             },
             10 => Fault::Skew {
                 seconds: rng.between(0, 60) as i64 - 30,
+            },
+            14 => Fault::ForeignFailureAtRead {
+                after_reads: rng.between(0, 8) as u32,
             },
             13 => Fault::FlipDuringRun {
                 after_pages: rng.between(1, 4) as u32,

@@ -236,6 +236,32 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                         }
                     });
                 }
+                Fault::ForeignFailureAtRead { after_reads } => {
+                    foreign += 1;
+                    let name = format!("someone-else-{foreign}");
+                    let crd_path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD}");
+                    fake.before_request(
+                        move |actor, method, path| actor == "controller" && method == "GET" && path == crd_path,
+                        *after_reads,
+                        move |state| {
+                            // No StorageVersionMigration where the API is not served.
+                            if !state.svm_served {
+                                return;
+                            }
+                            state
+                                .svm_fail_by_name
+                                .insert(name.clone(), "conversion webhook failed".into());
+                            state.create_svm(json!({
+                                "apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
+                                "metadata": {"name": name},
+                                "spec": {"resource": {"group": "example.com", "resource": "widgets"}}}));
+                            // Running, failed, its end processed (storedVersions trimmed).
+                            for _ in 0..3 {
+                                state.svm_advance(&name);
+                            }
+                        },
+                    );
+                }
                 Fault::ForeignMigration { fails } => {
                     foreign += 1;
                     let name = format!("someone-else-{foreign}");

@@ -246,6 +246,19 @@ fn trim_stored_versions(state: &mut State, crd_name: &str, migration: &str) {
 }
 
 impl State {
+    /// Someone creates a StorageVersionMigration (`POST`, as `create` answers it).
+    pub fn create_svm(&mut self, body: Value) -> (u16, Value) {
+        create(self, body)
+    }
+
+    /// The svm controller acts on migration `name` alone, now (one step of `advance`).
+    pub fn svm_advance(&mut self, name: &str) {
+        if let Some(object) = self.svms.get(name).cloned() {
+            let advanced = advance(self, object);
+            self.svms.insert(name.to_owned(), advanced);
+        }
+    }
+
     /// The kube-controller-manager's svm controller takes its next step on every
     /// migration (as it does on its own, whether or not anyone reads them).
     pub fn svm_controller_tick(&mut self) {

@@ -60,6 +60,15 @@ impl Recorded {
 
 type Hook = Box<dyn FnOnce(&mut State) + Send>;
 
+/// A hook run once, just before the `skip + 1`-th request `when` matches (actor, method,
+/// path) is answered: a fault triggered by the client's own progress (Sieve's
+/// intermediate states), not by the clock.
+pub struct Trigger {
+    when: Box<dyn Fn(&str, &str, &str) -> bool + Send>,
+    skip: u32,
+    hook: Hook,
+}
+
 /// The simulation's invariants, called after every step; `true` halts the fake.
 pub type Checker = Box<dyn FnMut(&State) -> bool + Send>;
 
@@ -96,6 +105,8 @@ pub struct State {
     lagging: BTreeMap<String, (Value, u32)>,
     /// Run after the next list page is served (objects change while a run goes on).
     after_list_page: VecDeque<Hook>,
+    /// Run before the requests they match (`FakeApiserver::before_request`).
+    triggers: Vec<Trigger>,
     /// Artificial latency of every custom-object request, to observe concurrency.
     pub latency: std::time::Duration,
     /// Artificial latency of every VersionPolicy status write (a loaded apiserver), to
@@ -207,6 +218,22 @@ pub struct State {
 }
 
 impl State {
+    /// Runs the triggers a request (actor, method, path) fires, in the order they were set.
+    fn fire_triggers(&mut self, actor: &str, method: &str, path: &str) {
+        let mut i = 0;
+        while i < self.triggers.len() {
+            if !(self.triggers[i].when)(actor, method, path) {
+                i += 1;
+            } else if self.triggers[i].skip > 0 {
+                self.triggers[i].skip -= 1;
+                i += 1;
+            } else {
+                let trigger = self.triggers.remove(i);
+                (trigger.hook)(self);
+            }
+        }
+    }
+
     /// One step taken by `actor`: the invariants (`checker`) see the state it left.
     pub fn step(&mut self, actor: &str) {
         self.steps += 1;
@@ -571,9 +598,25 @@ impl FakeApiserver {
         self.lock().after_list_page.push_back(Box::new(hook));
     }
 
+    /// Runs `hook` just before the `skip + 1`-th request from now that `when` (actor,
+    /// method, path) matches is answered.
+    pub fn before_request(
+        &self,
+        when: impl Fn(&str, &str, &str) -> bool + Send + 'static,
+        skip: u32,
+        hook: impl FnOnce(&mut State) + Send + 'static,
+    ) {
+        self.lock().triggers.push(Trigger {
+            when: Box::new(when),
+            skip,
+            hook: Box::new(hook),
+        });
+    }
+
     /// Forgets every hook not run yet (a simulation's faults stop).
     pub fn clear_hooks(&self) {
         let mut state = self.lock();
+        state.triggers.clear();
         state.after_list_page.clear();
         state.before_crd_patch.clear();
         state.before_crd_status_patch.clear();
@@ -640,6 +683,8 @@ impl FakeApiserver {
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
+        self.lock()
+            .fire_triggers(self.actor.unwrap_or("controller"), &watch.method, &watch.path);
         let mut response = self.answer(request).await;
         let delay = {
             let mut state = self.lock();
