@@ -308,9 +308,13 @@ pub async fn flip_during_a_failover(env: &Env) -> Outcome {
     trimmed_with_nothing_left_in_v1(env, &crd, &policy).await
 }
 
-/// Scenario 2: the built-in migration into v2 finished (and trimmed); then the storage
-/// version flips to v1 and back while objects are written. The old `-v2-1` must not be
-/// followed: a new StorageVersionMigration rewrites them before anything is trimmed.
+/// How often `flip_after_a_builtin_migration` flips the storage version and re-migrates.
+const FLIP_ROUNDS: u32 = 3;
+
+/// Scenario 2: the built-in migration into v2 finished (and trimmed); then, `FLIP_ROUNDS`
+/// times, the storage version flips to v1 and back while objects are written. The old
+/// migration must not be followed: a new StorageVersionMigration rewrites them before
+/// anything is trimmed, and etcd holds no object as v1 after each one concluded.
 pub async fn flip_after_a_builtin_migration(env: &Env) -> Outcome {
     let Some(api) = crd_lifecycle::migrate::builtin::Migrations::discover(&env.client)
         .await
@@ -339,27 +343,42 @@ pub async fn flip_after_a_builtin_migration(env: &Env) -> Outcome {
         || async { Ok(env.policy(&policy).await?["status"]["migration"]["phase"] == "Succeeded") },
     )
     .await?;
-    let concluded = env.policy(&policy).await?["status"]["migration"]["finishedAt"].clone();
-    suspend(env, &policy, true).await?;
-    flip(env, &crd).await?;
-    ensure!(
-        env.stored_versions(&crd.name).await? == ["v2", "v1"],
-        "the flip stored v1 again: {:?}",
-        env.stored_versions(&crd.name).await?
-    );
-    suspend(env, &policy, false).await?;
-    // The next conclusion of the policy's migration. Not storedVersions: the built-in
-    // controller trims it when it starts a migration (its server-side apply of the CRD's
-    // status drops the version the flip stored), before it has migrated anything.
-    wait_for(
-        "the policy's migration concludes again",
-        Duration::from_secs(300),
-        || async {
-            let migration = env.policy(&policy).await?["status"]["migration"].clone();
-            Ok(migration["phase"] == "Succeeded" && migration["finishedAt"] != concluded)
-        },
-    )
-    .await?;
+    // Finding 8: flipped and re-migrated several times, etcd checked after each migration.
+    for round in 1..=FLIP_ROUNDS {
+        let concluded = env.policy(&policy).await?["status"]["migration"]["finishedAt"].clone();
+        suspend(env, &policy, true).await?;
+        flip(env, &crd).await?;
+        ensure!(
+            env.stored_versions(&crd.name).await? == ["v2", "v1"],
+            "round {round}: the flip stored v1 again: {:?}",
+            env.stored_versions(&crd.name).await?
+        );
+        suspend(env, &policy, false).await?;
+        // The next conclusion of the policy's migration. Not storedVersions: the built-in
+        // controller trims it when it starts a migration (its server-side apply of the CRD's
+        // status drops the version the flip stored), before it has migrated anything.
+        wait_for(
+            "the policy's migration concludes again",
+            Duration::from_secs(300),
+            || async {
+                let migration = env.policy(&policy).await?["status"]["migration"].clone();
+                Ok(migration["phase"] == "Succeeded" && migration["finishedAt"] != concluded)
+            },
+        )
+        .await?;
+        let migration = env.policy(&policy).await?["status"]["migration"].clone();
+        if let Some(counts) = stored_as(env, &crd).await? {
+            ensure!(
+                !counts.contains_key(&format!("{}/v1", crd.group)),
+                "round {round}: objects stored as v1 in etcd after {} concluded: {counts:?}",
+                migration["storageVersionMigration"]
+            );
+            println!(
+                "e2e: round {round}: in etcd after {}: {counts:?}",
+                migration["storageVersionMigration"]
+            );
+        }
+    }
     let (plural, group) = crd.name.split_once('.').unwrap_or_default();
     let ours: Vec<String> = api
         .of_resource(group, plural)
@@ -387,17 +406,12 @@ pub async fn flip_after_a_builtin_migration(env: &Env) -> Outcome {
         }
     }
     let migration = env.policy(&policy).await?["status"]["migration"].clone();
-    let second = crd_lifecycle::migrate::builtin::migration_name(&crd.name, "v2", 2);
-    if let Some(counts) = stored_as(env, &crd).await? {
-        ensure!(
-            !counts.contains_key(&format!("{}/v1", crd.group)),
-            "objects stored as v1 in etcd after {} concluded: {counts:?}",
-            migration["storageVersionMigration"]
-        );
-    }
+    let last = crd_lifecycle::migrate::builtin::migration_name(&crd.name, "v2", FLIP_ROUNDS + 1);
     ensure!(
-        ours.len() == 2 && ours[1] == second && migration["storageVersionMigration"] == second.as_str(),
-        "a second StorageVersionMigration after the flip, followed to its end: {ours:?}, {migration}"
+        ours.len() == FLIP_ROUNDS as usize + 1
+            && ours.last() == Some(&last)
+            && migration["storageVersionMigration"] == last.as_str(),
+        "a new StorageVersionMigration after each flip, the last followed to its end: {ours:?}, {migration}"
     );
     nothing_left_in_v1(env, &crd, &policy).await
 }
