@@ -147,8 +147,12 @@ fn unfenced_write(state: &State, actor: &str) -> Option<String> {
         None => Some(format!(
             "{actor} wrote ({method} {path}) without ever holding the lease"
         )),
+        Some((at, duration)) if duration.is_zero() && now >= *at => Some(format!(
+            "{actor} wrote ({method} {path}) {:.3}s after its lease went to another holder (or was released)",
+            (now - *at).as_secs_f64()
+        )),
         Some((at, duration)) if now >= *at + *duration => Some(format!(
-            "{actor} wrote ({method} {path}) {:.3}s after its lease was last stored, which is valid {}s: its lease \
+            "{actor} wrote ({method} {path}) {:.3}s after its lease was last renewed, which is valid {}s: its lease \
              had expired, another replica may lead",
             (now - *at).as_secs_f64(),
             duration.as_secs()
