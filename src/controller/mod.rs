@@ -166,6 +166,7 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
         metrics,
         health,
         endpoint,
+        Arc::new(jiff::Timestamp::now),
         signal.clone(),
         &mut supervisor,
     )
@@ -182,14 +183,41 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
     result
 }
 
-/// Waits for leadership (when elected), then runs the controller until `shutdown`, a lost
-/// lease or a failed essential task; releases the lease unless it was lost.
+/// One replica as [`run`] leads it, without the process around it (probes, metrics server,
+/// webhook, signals): leader election when `settings.lease` is set, then the controller on
+/// `clock`, until `shutdown` or a lost lease. What a simulation runs two of against one
+/// apiserver.
+pub async fn replica(
+    client: Client,
+    settings: RunSettings,
+    clock: Clock,
+    shutdown: impl Future<Output = ()> + Clone + Send + Sync + 'static,
+) -> Result<(), RunError> {
+    let mut supervisor = Supervisor::default();
+    lead(
+        client,
+        settings,
+        Arc::new(Metrics::default()),
+        Arc::new(Health::default()),
+        None,
+        clock,
+        shutdown,
+        &mut supervisor,
+    )
+    .await
+}
+
+/// Waits for leadership (when elected), then runs the controller on `clock` until
+/// `shutdown`, a lost lease or a failed essential task; releases the lease unless it was
+/// lost.
+#[allow(clippy::too_many_arguments)]
 async fn lead(
     client: Client,
     settings: RunSettings,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     webhook: Option<Arc<WebhookEndpoint>>,
+    clock: Clock,
     shutdown: impl Future<Output = ()> + Clone + Send + Sync + 'static,
     supervisor: &mut Supervisor,
 ) -> Result<(), RunError> {
@@ -203,7 +231,12 @@ async fn lead(
         health.ready.store(true, Ordering::Relaxed);
         tokio::select! {
             biased;
-            () = shutdown.clone() => return Ok(()),
+            () = shutdown.clone() => {
+                // An acquiring write that landed as the signal came would keep the lease
+                // from the others for a whole lease duration: released if it is held.
+                elector.release().await;
+                return Ok(());
+            }
             failed = supervisor.first_failure() => return Err(failed.into()),
             sent = elector.acquire() => acquired = sent,
         }
@@ -218,7 +251,7 @@ async fn lead(
         metrics.clone(),
         health.clone(),
         webhook,
-        Arc::new(jiff::Timestamp::now),
+        clock,
         shutdown.clone(),
     );
     // Leadership lost or a task failed: dropping the controller future stops every writer

@@ -123,7 +123,42 @@ fn encodings(state: &State) -> (BTreeMap<String, usize>, BTreeSet<String>) {
 /// (recorded: tests/fixtures/svm-failed-trims-stored-versions.txt); what the controller owes
 /// after it is never to remove the version, checked below.
 fn answers_for_trims(actor: &str) -> bool {
-    actor == "controller" || actor.starts_with("kubernetes: the controller's StorageVersionMigration")
+    is_replica(actor) || actor.starts_with("kubernetes: the controller's StorageVersionMigration")
+}
+
+/// Whether `actor` is one of the controller's replicas ("controller", "controller-b").
+pub fn is_replica(actor: &str) -> bool {
+    actor == "controller" || actor.starts_with("controller-")
+}
+
+/// A write by a replica whose lease had expired (or that never held it), where replicas
+/// elect a leader: the others may lead by then (they take over a lease left unrenewed for
+/// its duration), so two writers would act at once.
+fn unfenced_write(state: &State, actor: &str) -> Option<String> {
+    if !state.fenced || !is_replica(actor) {
+        return None;
+    }
+    let (method, path) = state.current_write.as_ref()?;
+    if path.starts_with("/apis/coordination.k8s.io/") {
+        return None;
+    }
+    let now = tokio::time::Instant::now();
+    match state.lease_held.get(actor) {
+        None => Some(format!(
+            "{actor} wrote ({method} {path}) without ever holding the lease"
+        )),
+        Some((at, duration)) if duration.is_zero() && now >= *at => Some(format!(
+            "{actor} wrote ({method} {path}) {:.3}s after its lease went to another holder (or was released)",
+            (now - *at).as_secs_f64()
+        )),
+        Some((at, duration)) if now >= *at + *duration => Some(format!(
+            "{actor} wrote ({method} {path}) {:.3}s after its lease was last renewed, which is valid {}s: its lease \
+             had expired, another replica may lead",
+            (now - *at).as_secs_f64(),
+            duration.as_secs()
+        )),
+        Some(_) => None,
+    }
 }
 
 /// The checker the fake calls after every step.
@@ -149,6 +184,9 @@ pub fn checker(findings: Arc<Mutex<Findings>>) -> crate::apiserver::Checker {
             return true;
         }
         let actor = state.actor.clone();
+        if let Some(write) = unfenced_write(state, &actor) {
+            findings.violation(write);
+        }
         if state.refused_stored_version_drops.len() > refusals {
             for refusal in &state.refused_stored_version_drops[refusals..] {
                 findings.violation(format!(
@@ -167,7 +205,7 @@ pub fn checker(findings: Arc<Mutex<Findings>>) -> crate::apiserver::Checker {
         findings.note(format!("{actor}: {}", shape.describe()));
         let (objects, named) = encodings(state);
         let storage = shape.storage();
-        if actor == "controller" {
+        if is_replica(&actor) {
             match storage.as_slice() {
                 [one] if shape.versions[*one].0 => {}
                 [one] => findings.violation(format!("the controller left storage version {one} unserved")),
@@ -218,7 +256,7 @@ pub fn checker(findings: Arc<Mutex<Findings>>) -> crate::apiserver::Checker {
                          can no longer be read)"
                     ));
                 }
-                if named.contains(version) && actor == "controller" {
+                if named.contains(version) && is_replica(&actor) {
                     findings.violation(format!(
                         "{actor} removed {version} while managedFields name it: server-side apply fails for every \
                          manager of those objects (apiserver-samples/29)"

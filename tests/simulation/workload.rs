@@ -68,6 +68,8 @@ pub struct Workload {
     pub write_every: u64,
     /// The policy's engine is switched at this second (a user editing the policy).
     pub engine_switch_at: Option<u64>,
+    /// Replicas of the controller: 2 elect a leader through a Lease.
+    pub replicas: usize,
 }
 
 /// One fault, at its second.
@@ -104,6 +106,10 @@ pub enum Fault {
     MigrationsFail { lasting: u64 },
     /// The controller's clock moves `seconds` (ahead or behind) against the apiserver's.
     Skew { seconds: i64 },
+    /// The leader's lease requests hang for `lasting` seconds (cut off from the lease, not
+    /// from the rest): it must stop writing before the lease it cannot renew expires and
+    /// another replica takes over.
+    PartitionLeader { lasting: u64 },
     /// Write answers come back `millis` late for `lasting` seconds (a crash in between
     /// wrote without learning it).
     SlowAnswers { millis: u64, lasting: u64 },
@@ -120,7 +126,7 @@ impl Fault {
             | Fault::SwitchLag { .. }
             | Fault::ExpireWatches
             | Fault::SlowApiserver { .. } => "stale",
-            Fault::Crash { .. } | Fault::SlowAnswers { .. } => "crash",
+            Fault::Crash { .. } | Fault::SlowAnswers { .. } | Fault::PartitionLeader { .. } => "crash",
             Fault::ReapplyOldCrd
             | Fault::FlipStorage { .. }
             | Fault::FlipDuringRun { .. }
@@ -163,6 +169,9 @@ impl fmt::Display for Fault {
                 write!(f, "every StorageVersionMigration fails for {lasting}s")
             }
             Fault::Skew { seconds } => write!(f, "controller clock skew {seconds:+}s"),
+            Fault::PartitionLeader { lasting } => {
+                write!(f, "the leader cut off from its lease for {lasting}s")
+            }
             Fault::SlowAnswers { millis, lasting } => {
                 write!(f, "write answers {millis}ms late for {lasting}s")
             }
@@ -213,13 +222,17 @@ pub fn draw(seed: u64) -> Draw {
         objects: rng.between(1, 24) as usize,
         write_every: if rng.chance(70) { rng.between(1, 8) } else { 0 },
         engine_switch_at: (svm_served && rng.chance(30)).then(|| rng.between(0, milestones[6])),
+        replicas: if rng.chance(40) { 2 } else { 1 },
     };
     let horizon = milestones[8] + 30;
     let count = rng.between(0, 12);
     let mut faults = Vec::new();
     for _ in 0..count {
         let at = rng.between(0, horizon);
-        let fault = match rng.between(0, 14) {
+        let fault = match rng.between(0, 15) {
+            15 => Fault::PartitionLeader {
+                lasting: rng.between(5, 40),
+            },
             0 | 1 => Fault::Crash {
                 down: rng.between(0, 20),
             },

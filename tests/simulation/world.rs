@@ -8,9 +8,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crd_lifecycle::controller::http::Health;
-use crd_lifecycle::controller::metrics::Metrics;
-use crd_lifecycle::controller::{Clock, RunSettings, controller};
+use crd_lifecycle::controller::leader::LeaseSettings;
+use crd_lifecycle::controller::{Clock, RunSettings, replica};
 use jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -68,34 +67,41 @@ fn policy(draw: &Draw, engine: Engine) -> Value {
                     "migration": {"enabled": true, "engine": engine, "concurrency": 2, "pageSize": 4, "qps": 0}}})
 }
 
-/// The controller process: started, killed, started again.
+/// One replica of the controller: started, killed, started again (and, after its lease was
+/// lost, started again as its pod would be).
 struct Process {
     fake: FakeApiserver,
     clock: Clock,
+    /// Its actor in the fake, and its identity in the lease.
+    actor: &'static str,
+    /// Whether it elects a leader with the others.
+    elected: bool,
     task: Option<tokio::task::JoinHandle<()>>,
+    /// When a stopped replica starts again (the second).
+    restart_at: Option<u64>,
 }
 
 impl Process {
     fn start(&mut self) {
         let settings = RunSettings {
             metrics_address: "127.0.0.1:0".parse().expect("address"),
-            lease: None,
+            lease: self.elected.then(|| {
+                LeaseSettings::new("crd-lifecycle".into(), "crd-lifecycle".into(), self.actor.into())
+            }),
             resync: Duration::from_secs(120),
-            identity: "simulation".into(),
+            identity: self.actor.into(),
             parallel_migrations: 2,
             traffic_sample_interval: Duration::from_secs(60),
             webhook: None,
             svm_pending_deadline: Duration::from_secs(120),
         };
-        let running = controller(
-            self.fake.client(),
+        let running = replica(
+            self.fake.client_as(self.actor),
             settings,
-            Arc::new(Metrics::default()),
-            Arc::new(Health::default()),
-            None,
             self.clock.clone(),
             std::future::pending(),
         );
+        self.restart_at = None;
         self.task = Some(tokio::spawn(async move {
             let _ = running.await;
         }));
@@ -105,6 +111,13 @@ impl Process {
         if let Some(task) = self.task.take() {
             task.abort();
         }
+    }
+
+    /// Whether it stopped on its own (a lost lease exits the process).
+    fn exited(&self) -> bool {
+        self.task
+            .as_ref()
+            .is_some_and(tokio::task::JoinHandle::is_finished)
     }
 }
 
@@ -130,6 +143,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
         let mut state = fake.lock();
         state.set_clock(start());
         state.svm_served = workload.svm_served;
+        state.fenced = workload.replicas > 1;
         state.checker = Some(invariants::checker(findings.clone()));
     }
     fake.create_crd(first_crd.clone());
@@ -146,16 +160,23 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                 + SignedDuration::from_millis(skew.load(Ordering::Relaxed))
         })
     };
-    let mut process = Process {
-        fake: fake.clone(),
-        clock,
-        task: None,
-    };
-    process.start();
+    let mut processes: Vec<Process> = ["controller", "controller-b"][..workload.replicas]
+        .iter()
+        .map(|actor| Process {
+            fake: fake.clone(),
+            clock: clock.clone(),
+            actor,
+            elected: workload.replicas > 1,
+            task: None,
+            restart_at: None,
+        })
+        .collect();
+    for process in &mut processes {
+        process.start();
+    }
     let writer = fake.client_as("a user's client");
 
     let horizon = draw.horizon();
-    let mut restart_at: Option<u64> = None;
     let mut ends: Vec<(u64, Fault)> = Vec::new();
     let mut applied = Vec::new();
     let mut engine = workload.engine;
@@ -172,8 +193,15 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             applied.push(fault.kind());
             match fault {
                 Fault::Crash { down } => {
+                    // The leader, where replicas elect one.
+                    let process = leader(&fake, &mut processes);
                     process.kill();
-                    restart_at = Some(second + down);
+                    process.restart_at = Some(second + down);
+                }
+                Fault::PartitionLeader { lasting } => {
+                    let holder = leader(&fake, &mut processes).actor;
+                    fake.lock().leases_stall_for = Some(holder.to_owned());
+                    ends.push((second + lasting, fault.clone()));
                 }
                 Fault::WatchDelay { delay, lasting } => {
                     fake.lock().watch_delay = Duration::from_secs(*delay);
@@ -241,7 +269,9 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                     let name = format!("someone-else-{foreign}");
                     let crd_path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD}");
                     fake.before_request(
-                        move |actor, method, path| actor == "controller" && method == "GET" && path == crd_path,
+                        move |actor, method, path| {
+                            invariants::is_replica(actor) && method == "GET" && path == crd_path
+                        },
                         *after_reads,
                         move |state| {
                             // No StorageVersionMigration where the API is not served.
@@ -301,14 +331,23 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                 Fault::MigrationsFail { .. } => state.svm_fail = None,
                 Fault::SlowAnswers { .. } => state.write_answer_delay = Duration::ZERO,
                 Fault::SlowApiserver { .. } => state.request_latency = Duration::ZERO,
+                Fault::PartitionLeader { .. } => state.leases_stall_for = None,
                 _ => {}
             }
             false
         });
-        if restart_at.is_some_and(|at| at <= second) {
-            restart_at = None;
-            note(&findings, origin, "controller started again".into());
-            process.start();
+        for process in &mut processes {
+            // A replica that exited on its own (its lease lost) is started again, as its
+            // pod would be.
+            if process.exited() && process.restart_at.is_none() {
+                process.task = None;
+                process.restart_at = Some(second + 3);
+                note(&findings, origin, format!("{} exited", process.actor));
+            }
+            if process.restart_at.is_some_and(|at| at <= second) {
+                note(&findings, origin, format!("{} started again", process.actor));
+                process.start();
+            }
         }
         if workload.engine_switch_at == Some(second) {
             engine = match engine {
@@ -349,7 +388,8 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             drop(state);
             ends.clear();
             fake.clear_hooks();
-            if restart_at.take().is_some() {
+            state_after_faults(&fake);
+            for process in processes.iter_mut().filter(|p| p.restart_at.is_some()) {
                 process.start();
             }
             note(&findings, origin, "faults stop".into());
@@ -423,7 +463,9 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             f.violation_at_end(outside);
         }
     }
-    process.kill();
+    for process in &mut processes {
+        process.kill();
+    }
     // SIM_REQUESTS=1 (with SIM_SEED): every request the fake answered, with its second.
     if std::env::var("SIM_REQUESTS").is_ok() {
         for r in fake.requests() {
@@ -489,6 +531,10 @@ impl Findings {
 /// Whether someone else's StorageVersionMigration of the CRD failed and no migration created
 /// after it succeeded: it holds removals until a person acts (the hold's message says how),
 /// by design.
+/// Whether someone else's StorageVersionMigration failed and nothing the controller counts
+/// as superseding it followed (`migrate::builtin::superseded`: a migration created after the
+/// failed one's end, in whole seconds, that succeeded): its hold on removals stands until a
+/// person acts, by design.
 fn someone_elses_failed(state: &crate::apiserver::State) -> bool {
     let condition = |m: &Value, kind: &str| {
         m["status"]["conditions"]
@@ -497,19 +543,25 @@ fn someone_elses_failed(state: &crate::apiserver::State) -> bool {
             .flatten()
             .any(|c| c["type"] == kind && c["status"] == "True")
     };
-    let created = |m: &Value| {
-        m["metadata"]["resourceVersion"]
-            .as_str()
-            .and_then(|rv| rv.parse::<u64>().ok())
-            .unwrap_or(0)
+    let time = |value: &Value| value.as_str().and_then(|t| t.parse::<Timestamp>().ok());
+    let ended = |m: &Value| {
+        m["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| time(&c["lastTransitionTime"]))
+            .max()
     };
     state.svms.values().any(|failed| {
         failed["metadata"]["labels"]["crdlifecycle.io/policy"].is_null()
             && condition(failed, "Failed")
-            && !state
-                .svms
-                .values()
-                .any(|later| created(later) > created(failed) && condition(later, "Succeeded"))
+            && !state.svms.values().any(|later| {
+                condition(later, "Succeeded")
+                    && !condition(later, "Running")
+                    && ended(failed).is_some_and(|end| {
+                        time(&later["metadata"]["creationTimestamp"]).is_some_and(|created| created > end)
+                    })
+            })
     })
 }
 
@@ -588,4 +640,23 @@ async fn write_one(
 #[allow(dead_code)]
 fn milestone_name(i: usize) -> &'static str {
     MILESTONES[i]
+}
+
+/// The replica holding the lease, else the first.
+fn leader<'a>(fake: &FakeApiserver, processes: &'a mut [Process]) -> &'a mut Process {
+    let holder = fake
+        .lock()
+        .leases
+        .values()
+        .find_map(|lease| lease["spec"]["holderIdentity"].as_str().map(str::to_owned));
+    let index = processes
+        .iter()
+        .position(|p| Some(p.actor) == holder.as_deref())
+        .unwrap_or(0);
+    &mut processes[index]
+}
+
+/// What no fault leaves on once the faults stop.
+fn state_after_faults(fake: &FakeApiserver) {
+    fake.lock().leases_stall_for = None;
 }

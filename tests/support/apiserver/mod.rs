@@ -132,6 +132,18 @@ pub struct State {
     pub leases: BTreeMap<String, Value>,
     /// Lease requests get no answer (an apiserver or network that hangs).
     pub leases_stall: bool,
+    /// Lease requests of this actor alone get no answer (a leader cut off from the lease).
+    pub leases_stall_for: Option<String>,
+    /// Per lease holder, when the fake last stored a lease it holds (created or renewed)
+    /// and for how long (`leaseDurationSeconds`): what the others wait out before taking
+    /// over (client-go's rule), so the fencing a simulation checks.
+    pub lease_held: BTreeMap<String, (tokio::time::Instant, std::time::Duration)>,
+    /// The write being answered (method, path), for the checker; `None` during a read or
+    /// another writer's change.
+    pub current_write: Option<(String, String)>,
+    /// Whether the controllers elect a leader (a simulation of several replicas): the
+    /// checker then holds each of their writes against `lease_held`.
+    pub fenced: bool,
     /// Lease requests are applied at once but answered this much later (a slow network on
     /// the way back: the write has happened when the client learns of it).
     pub lease_answer_delay: std::time::Duration,
@@ -688,7 +700,9 @@ impl FakeApiserver {
         let mut response = self.answer(request).await;
         let delay = {
             let mut state = self.lock();
+            state.current_write = write.then(|| (watch.method.clone(), watch.path.clone()));
             state.step(self.actor.unwrap_or("controller"));
+            state.current_write = None;
             if write {
                 state.write_answer_delay
             } else {
@@ -742,7 +756,12 @@ impl FakeApiserver {
             return discovery(&mut state, group, version);
         }
         if recorded.path.starts_with("/apis/coordination.k8s.io/") {
-            if self.lock().leases_stall {
+            let stalled = {
+                let state = self.lock();
+                state.leases_stall
+                    || (self.actor.is_some() && state.leases_stall_for.as_deref() == self.actor)
+            };
+            if stalled {
                 self.lock().requests.push(recorded.clone());
                 std::future::pending::<()>().await;
             }
