@@ -492,3 +492,51 @@ async fn a_crd_whose_policy_is_suspended_still_gets_the_new_ca() {
         .expect("synced");
     assert!(again.written.is_empty() && again.failed.is_empty(), "{again:?}");
 }
+
+/// A CRD like the conversion example's, named `name`, pointed at the webhook's Service
+/// without a `caBundle`: the apiserver accepts it
+/// (tests/fixtures/apiserver/crd-ca-bundle-writes-v1.36.txt, 1), e.g. applied by a chart that
+/// leaves the bundle to whoever injects it.
+fn pointed_without_a_bundle(name: &str) -> serde_json::Value {
+    let mut crd = crate::yaml(include_str!("../../examples/conversion/crd.yaml"));
+    crd["metadata"]["name"] = name.into();
+    let plural = name.split('.').next().unwrap_or_default();
+    crd["spec"]["names"]["plural"] = plural.into();
+    crd["spec"]["conversion"] = serde_json::json!({
+        "strategy": "Webhook",
+        "webhook": {"conversionReviewVersions": ["v1"], "clientConfig": {"service": {
+            "namespace": NAMESPACE, "name": "crd-lifecycle-webhook",
+            "path": "/convert/released", "port": 443}}},
+    });
+    crd
+}
+
+/// The `caBundle` a CRD holds (PEM), empty when it has none.
+fn bundle_of(h: &Harness, name: &str) -> String {
+    let encoded = &h.fake.crd(name)["spec"]["conversion"]["webhook"]["clientConfig"]["caBundle"];
+    if encoded.is_null() {
+        return String::new();
+    }
+    decode(encoded)
+}
+
+/// The keeper's write of a CRD pointed at the webhook without a `caBundle` lands (the
+/// apiserver applies a JSON Patch `replace` of the absent member as an `add`: ibid., 2a), so
+/// the rotation does not wait on that CRD for ever.
+#[tokio::test]
+async fn a_crd_pointed_at_the_webhook_without_a_bundle_gets_it() {
+    let Rotating { h, ca1, mut a, .. } = rotating("rotation-no-bundle").await;
+    const RELEASED: &str = "widgets.example.com";
+    h.fake.create_crd(pointed_without_a_bundle(RELEASED));
+    let synced = crd_lifecycle::controller::ca_bundles::sync_ca_bundles(&h.ctx.client, &a.endpoint)
+        .await
+        .expect("synced");
+    assert_eq!(synced.written, [RELEASED], "{synced:?}");
+    assert_eq!(bundle_of(&h, RELEASED), ca1.ca_pem);
+    a.refresh(&h).await;
+    assert_eq!(
+        a.ready(),
+        Ok(()),
+        "every CRD pointed at the webhook trusts the CA served"
+    );
+}
