@@ -105,23 +105,26 @@ impl WebhookEndpoint {
         let bundles = list
             .items
             .iter()
-            .filter_map(|crd| {
-                crd.spec
-                    .conversion
-                    .as_ref()
-                    .and_then(|c| c.webhook.as_ref())
-                    .and_then(|w| w.client_config.as_ref())
-                    .filter(|config| self.is_ours(config))
-            })
-            .map(|config| {
-                config
-                    .ca_bundle
-                    .as_ref()
-                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-                    .unwrap_or_default()
-            })
+            .filter_map(|crd| self.pointed(crd))
+            .map(|crd| String::from_utf8_lossy(&crd.ca_bundle.unwrap_or_default()).into_owned())
             .collect();
         Ok(CrdBundles { bundles })
+    }
+
+    /// The CRD, if its `spec.conversion` points at this webhook.
+    pub fn pointed(&self, crd: &CustomResourceDefinition) -> Option<PointedCrd> {
+        let config = crd
+            .spec
+            .conversion
+            .as_ref()
+            .and_then(|c| c.webhook.as_ref())
+            .and_then(|w| w.client_config.as_ref())
+            .filter(|config| self.is_ours(config))?;
+        Some(PointedCrd {
+            name: crd.metadata.name.clone().unwrap_or_default(),
+            resource_version: crd.metadata.resource_version.clone().unwrap_or_default(),
+            ca_bundle: config.ca_bundle.as_ref().map(|b| b.0.clone()),
+        })
     }
 
     /// Whether a CRD's webhook client config points at this webhook.
@@ -165,6 +168,16 @@ impl WebhookEndpoint {
             "webhook": {"conversionReviewVersions": ["v1"], "clientConfig": client_config},
         }))
     }
+}
+
+/// A CRD whose `spec.conversion` points at the webhook, as read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PointedCrd {
+    pub name: String,
+    /// The resourceVersion it was read at.
+    pub resource_version: String,
+    /// Its `caBundle` (PEM), if it has one.
+    pub ca_bundle: Option<Vec<u8>>,
 }
 
 /// The `caBundle` (PEM, empty when unset) of each CRD pointed at the webhook, as read.

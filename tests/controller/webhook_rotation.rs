@@ -6,11 +6,13 @@
 
 use std::sync::Arc;
 
+use crd_lifecycle::controller::ca_bundles::CaBundleKeeper;
 use crd_lifecycle::controller::rotation_record::{RotationRecord, SINCE_ANNOTATION};
 use crd_lifecycle::controller::{
     CertificateRefresher, CertificateSource, WebhookEndpoint, WebhookSettings, WebhookTarget,
 };
 use crd_lifecycle::webhook::{CertStore, Readiness, WebhookMetrics, certs};
+use kube::runtime::events::{Recorder, Reporter};
 
 use crate::Harness;
 use crate::webhook::crd_conversion::harness;
@@ -101,6 +103,19 @@ fn decode(encoded: &serde_json::Value) -> String {
 /// The CRD's `caBundle` as the apiserver holds it.
 fn crd_bundle(h: &Harness) -> String {
     decode(&h.fake.crd(CRD)["spec"]["conversion"]["webhook"]["clientConfig"]["caBundle"])
+}
+
+/// The leader's CA bundle keeper for this replica's bundle, reporting to the fake.
+fn keeper(h: &Harness, replica: &Replica) -> CaBundleKeeper {
+    let reporter = Reporter {
+        controller: "crd-lifecycle".into(),
+        instance: Some("replica-a".into()),
+    };
+    CaBundleKeeper::new(
+        h.ctx.client.clone(),
+        replica.endpoint.clone(),
+        Recorder::new(h.ctx.client.clone(), reporter),
+    )
 }
 
 /// A CA and a serving certificate it signed.
@@ -461,21 +476,18 @@ async fn a_crd_whose_policy_is_suspended_still_gets_the_new_ca() {
     a.refresh(&h).await;
     assert!(a.certs.serves(&ca1.cert_pem), "the CRD does not trust CA2 yet");
 
-    // A write refused otherwise than by a race is said, and tried again at the next pass.
+    // A write that failed for a passing reason is said, and tried again at the next pass.
+    let mut keeper = keeper(&h, &a);
     h.fake.fail_next_crd_patch(500, "etcdserver: request timed out");
-    let refused = crd_lifecycle::controller::ca_bundles::sync_ca_bundles(&h.ctx.client, &a.endpoint)
-        .await
-        .expect("listed");
-    assert!(refused.written.is_empty());
-    assert_eq!(refused.failed.len(), 1, "{:?}", refused.failed);
+    let failed = keeper.sync().await.expect("listed");
+    assert!(failed.written.is_empty() && failed.refused.is_empty());
+    assert_eq!(failed.failed.len(), 1, "{:?}", failed.failed);
     assert!(
-        refused.failed[0].1.contains("request timed out"),
+        failed.failed[0].1.contains("request timed out"),
         "{:?}",
-        refused.failed
+        failed.failed
     );
-    let synced = crd_lifecycle::controller::ca_bundles::sync_ca_bundles(&h.ctx.client, &a.endpoint)
-        .await
-        .expect("synced");
+    let synced = keeper.sync().await.expect("synced");
     assert_eq!(synced.written, [CRD]);
     assert!(synced.failed.is_empty(), "{:?}", synced.failed);
     assert_eq!(crd_bundle(&h), format!("{}{}", ca1.ca_pem, ca2.ca_pem));
@@ -483,13 +495,9 @@ async fn a_crd_whose_policy_is_suspended_still_gets_the_new_ca() {
     assert!(a.certs.serves(&ca2.cert_pem), "trusted: served");
     // Once the old CA leaves the bundle, it leaves the CRD too; then nothing to write.
     a.refresh(&h).await;
-    crd_lifecycle::controller::ca_bundles::sync_ca_bundles(&h.ctx.client, &a.endpoint)
-        .await
-        .expect("synced");
+    keeper.sync().await.expect("synced");
     assert_eq!(crd_bundle(&h), ca2.ca_pem);
-    let again = crd_lifecycle::controller::ca_bundles::sync_ca_bundles(&h.ctx.client, &a.endpoint)
-        .await
-        .expect("synced");
+    let again = keeper.sync().await.expect("synced");
     assert!(again.written.is_empty() && again.failed.is_empty(), "{again:?}");
 }
 
@@ -520,17 +528,15 @@ fn bundle_of(h: &Harness, name: &str) -> String {
     decode(encoded)
 }
 
-/// The keeper's write of a CRD pointed at the webhook without a `caBundle` lands (the
-/// apiserver applies a JSON Patch `replace` of the absent member as an `add`: ibid., 2a), so
-/// the rotation does not wait on that CRD for ever.
+/// The keeper's write of a CRD pointed at the webhook without a `caBundle` lands (a merge
+/// patch sets the absent member: ibid., 3a; the JSON Patch `replace` it sent before did too,
+/// 2a), so the rotation does not wait on that CRD for ever.
 #[tokio::test]
 async fn a_crd_pointed_at_the_webhook_without_a_bundle_gets_it() {
     let Rotating { h, ca1, mut a, .. } = rotating("rotation-no-bundle").await;
     const RELEASED: &str = "widgets.example.com";
     h.fake.create_crd(pointed_without_a_bundle(RELEASED));
-    let synced = crd_lifecycle::controller::ca_bundles::sync_ca_bundles(&h.ctx.client, &a.endpoint)
-        .await
-        .expect("synced");
+    let synced = keeper(&h, &a).sync().await.expect("synced");
     assert_eq!(synced.written, [RELEASED], "{synced:?}");
     assert_eq!(bundle_of(&h, RELEASED), ca1.ca_pem);
     a.refresh(&h).await;
@@ -539,4 +545,97 @@ async fn a_crd_pointed_at_the_webhook_without_a_bundle_gets_it() {
         Ok(()),
         "every CRD pointed at the webhook trusts the CA served"
     );
+}
+
+/// The CRD changes between the keeper's read and its write: the merge patch's resourceVersion
+/// is stale, the apiserver answers 409 (ibid., 3b), and the keeper reads the CRD again and
+/// writes it in the same pass, not a minute later.
+#[tokio::test]
+async fn a_write_that_lost_a_race_is_read_and_written_again() {
+    let Rotating { h, ca1, a, .. } = rotating("rotation-race").await;
+    const RELEASED: &str = "widgets.example.com";
+    h.fake.create_crd(pointed_without_a_bundle(RELEASED));
+    // Someone labels the CRD just before the keeper's write lands.
+    h.fake.before_next_crd_patch(|state| {
+        let mut crd = state.crds[RELEASED].clone();
+        crd["metadata"]["labels"] = serde_json::json!({"team": "widgets"});
+        state.store_crd(crd, false);
+    });
+    h.fake.clear_requests();
+    let synced = keeper(&h, &a).sync().await.expect("synced");
+    assert_eq!(synced.written, [RELEASED], "{synced:?}");
+    assert!(synced.raced.is_empty() && synced.refused.is_empty() && synced.failed.is_empty());
+    assert_eq!(bundle_of(&h, RELEASED), ca1.ca_pem);
+    assert_eq!(
+        h.fake.crd(RELEASED)["metadata"]["labels"]["team"],
+        "widgets",
+        "the label kept"
+    );
+    let writes = h.fake.crd_writes();
+    assert_eq!(writes.len(), 2, "the write lost, then won");
+    for write in &writes {
+        assert!(write.content_type.starts_with("application/merge-patch+json"));
+        assert!(write.body["metadata"]["resourceVersion"].is_string(), "guarded");
+    }
+    assert_ne!(
+        writes[0].body["metadata"]["resourceVersion"], writes[1].body["metadata"]["resourceVersion"],
+        "the second write carries the resourceVersion read again"
+    );
+}
+
+/// The apiserver refuses the bundle (its validation: a CA file that holds no certificate,
+/// answered 422 as tests/fixtures/apiserver/crd-ca-bundle-writes-v1.36.txt, 4a): a refusal is
+/// not a race. The keeper says so on the CRD (a Warning Event with the apiserver's words) and
+/// in its result, once per refusal, keeps trying at each pass, and writes the next bundle the
+/// apiserver accepts.
+#[tokio::test]
+async fn a_bundle_the_apiserver_refuses_is_reported_not_taken_for_a_race() {
+    let Rotating { h, ca1, a, .. } = rotating("rotation-refused").await;
+    const RELEASED: &str = "widgets.example.com";
+    h.fake.create_crd(pointed_without_a_bundle(RELEASED));
+    let mut keeper = keeper(&h, &a);
+    a.endpoint
+        .set_ca_bundle("-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n".into());
+    let refused = keeper.sync().await.expect("synced");
+    assert!(refused.written.is_empty() && refused.raced.is_empty() && refused.failed.is_empty());
+    let names: Vec<&str> = refused.refused.iter().map(|(crd, _)| crd.as_str()).collect();
+    assert_eq!(names, [CRD, RELEASED], "{refused:?}");
+    for (_, message) in &refused.refused {
+        assert!(
+            message.ends_with(
+                "spec.conversion.webhookClientConfig.caBundle: Invalid value: \"LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCkNBCi0tLS0tRU5EIENFUlRJRklDQVRFLS0tLS0K\": unable to load root certificates: unable to parse bytes as PEM block"
+            ),
+            "{message}"
+        );
+    }
+    let warnings = |h: &Harness| -> Vec<serde_json::Value> {
+        h.fake
+            .events()
+            .into_iter()
+            .filter(|e| e["reason"] == "CABundleRefused")
+            .collect()
+    };
+    let events = warnings(&h);
+    assert_eq!(events.len(), 2, "one per CRD: {events:?}");
+    assert_eq!(events[1]["type"], "Warning");
+    assert_eq!(events[1]["regarding"]["kind"], "CustomResourceDefinition");
+    assert_eq!(events[1]["regarding"]["name"], RELEASED);
+    let note = events[1]["note"].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with(&format!(
+            "the apiserver refused the conversion webhook's CA bundle for {RELEASED}: CustomResourceDefinition.apiextensions.k8s.io \"{RELEASED}\" is invalid"
+        )),
+        "{note}"
+    );
+    // The next pass tries again (the apiserver may accept it, e.g. an admission policy
+    // lifted) and reports nothing new.
+    let again = keeper.sync().await.expect("synced");
+    assert_eq!(again.refused.len(), 2);
+    assert_eq!(warnings(&h).len(), 2, "reported once");
+    // A CA the apiserver accepts is written.
+    a.endpoint.set_ca_bundle(ca1.ca_pem.clone());
+    let synced = keeper.sync().await.expect("synced");
+    assert_eq!(synced.written, [RELEASED], "{synced:?}");
+    assert!(synced.refused.is_empty());
+    assert_eq!(bundle_of(&h, RELEASED), ca1.ca_pem);
 }

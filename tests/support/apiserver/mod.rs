@@ -868,7 +868,12 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
                 "customresourcedefinitions",
                 name,
             ],
-        ) => patch_crd(state, name, body),
+        ) => patch_crd(
+            state,
+            name,
+            body,
+            request.content_type.starts_with("application/merge-patch+json"),
+        ),
         (
             "PATCH",
             [
