@@ -6,6 +6,10 @@
 //! at the webhook trusts its CA), and conversion of every CRD would fail once the old
 //! certificate expires.
 //!
+//! The CRDs are not listed: the candidates are those the webhook serves (a policy names
+//! them, or they record their conversion), and a candidate is read again only once it
+//! changed (`webhook_crds`), so a pass on an unchanged cluster sends no request.
+//!
 //! Only `caBundle` is written, by a merge patch carrying the resourceVersion read: it sets
 //! the field whether the CRD had one or not, and a CRD that changed since it was read answers
 //! 409 Conflict (tests/fixtures/apiserver/crd-ca-bundle-writes-v1.36.txt, 3), a lost race:
@@ -22,13 +26,15 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{EventType, Recorder};
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::conversion_config::{PointedCrd, WebhookEndpoint};
+use super::Error;
+use super::conversion_config::WebhookEndpoint;
 use super::events;
+use super::webhook_crds::PointedCrd;
 
 /// How often the CRDs are looked at when the bundle did not change (a CRD pointed at the
 /// webhook since, a write that lost a race, a refusal that may have been lifted).
@@ -86,7 +92,7 @@ impl CaBundleKeeper {
 
     /// Writes the bundle to every CRD pointed at the webhook whose `caBundle` differs, and
     /// reports what the apiserver refused. `Err` only when the CRDs cannot be read.
-    pub async fn sync(&mut self) -> Result<Synced, kube::Error> {
+    pub async fn sync(&mut self) -> Result<Synced, Error> {
         let Some(bundle) = self
             .endpoint
             .ca_bundle
@@ -99,10 +105,7 @@ impl CaBundleKeeper {
         let bundle = bundle.into_bytes();
         let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
         let mut synced = Synced::default();
-        for crd in crds.list(&ListParams::default()).await?.items {
-            let Some(pointed) = self.endpoint.pointed(&crd) else {
-                continue;
-            };
+        for pointed in self.endpoint.pointed_crds(&self.client).await? {
             if pointed.ca_bundle.as_deref() == Some(bundle.as_slice()) {
                 continue;
             }
@@ -135,9 +138,12 @@ impl CaBundleKeeper {
                 .patch(&crd.name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => return Outcome::Written,
+                Ok(written) => {
+                    self.endpoint.remember(&written).await;
+                    return Outcome::Written;
+                }
                 Err(kube::Error::Api(status)) if status.code == 409 => match crds.get_opt(&crd.name).await {
-                    Ok(Some(current)) => match self.endpoint.pointed(&current) {
+                    Ok(Some(current)) => match self.endpoint.remember(&current).await {
                         Some(pointed) if pointed.ca_bundle.as_deref() != Some(bundle) => crd = pointed,
                         // Pointed elsewhere now, or someone wrote the same bundle.
                         _ => return Outcome::Settled,
@@ -212,7 +218,7 @@ impl CaBundleKeeper {
                     }
                 }
                 Err(error) => {
-                    warn!(error = %error, "cannot list the CRDs to write the webhook's CA bundle; retrying")
+                    warn!(error = %error, "cannot read the CRDs to write the webhook's CA bundle; retrying")
                 }
             }
             tokio::select! {

@@ -27,6 +27,7 @@ pub mod status;
 pub mod supervise;
 pub mod traffic;
 pub mod triggers;
+pub mod webhook_crds;
 mod webhook_tasks;
 pub mod writer_reads;
 
