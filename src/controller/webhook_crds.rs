@@ -228,6 +228,28 @@ mod tests {
         )
     }
 
+    /// The bound on waiting for the webhook's watches: a read before they listed fails after
+    /// `LISTED_WITHIN` (and at once without a watch), and sends nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_read_before_the_watches_listed_fails_within_its_bound() {
+        let (service, mut apiserver) =
+            tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+        let client = kube::Client::new(service, "default");
+        let (policies, _policy_writer) = kube::runtime::reflector::store();
+        let (crds, _crd_writer) = kube::runtime::reflector::store();
+        let started = tokio::time::Instant::now();
+        let read = WebhookCrds::new(policies, crds).pointed(&client, |_| None).await;
+        assert!(matches!(read, Err(Error::NotListed { .. })), "{read:?}");
+        assert_eq!(started.elapsed(), LISTED_WITHIN);
+        let read = WebhookCrds::unwatched().pointed(&client, |_| None).await;
+        assert!(matches!(read, Err(Error::NotListed { .. })), "{read:?}");
+        assert_eq!(started.elapsed(), LISTED_WITHIN, "no watch: no wait");
+        assert!(
+            futures::FutureExt::now_or_never(apiserver.next_request()).is_none(),
+            "nothing sent"
+        );
+    }
+
     #[test]
     fn candidates_are_the_crds_a_policy_names_or_that_record_a_conversion() {
         let recorded =
