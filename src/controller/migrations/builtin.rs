@@ -74,7 +74,9 @@ impl Migrations {
     /// served (asked at most once a minute, or every 5 s while it is not); `Err` when that
     /// cannot be told (asked again at the next call).
     pub async fn builtin_api(&self) -> Result<Option<builtin::Migrations>, String> {
-        if let Some((at, api)) = lock(&self.builtin_api).as_ref()
+        // Held across the discovery: a burst of reconciles due at one instant asks once.
+        let mut cached = self.builtin_api.lock().await;
+        if let Some((at, api)) = cached.as_ref()
             && at.elapsed()
                 < if api.is_some() {
                     API_ANSWER_STANDS_FOR
@@ -90,7 +92,7 @@ impl Migrations {
                 warn!(error = %error, "cannot tell whether storagemigration.k8s.io is served");
                 format!("cannot tell whether storagemigration.k8s.io is served: {error}")
             })?;
-        *lock(&self.builtin_api) = Some((Instant::now(), api.clone()));
+        *cached = Some((Instant::now(), api.clone()));
         Ok(api)
     }
 

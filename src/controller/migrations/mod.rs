@@ -137,8 +137,9 @@ pub struct Migrations {
     /// Pacing only: how often in a row each policy (by name) was found missing a permission,
     /// for the backoff of the next check (a new leader starts again at the first step).
     pub(super) missing_checks: Mutex<HashMap<String, u32>>,
-    /// Cache: whether the built-in migrator's API is served, and when that was asked.
-    pub(super) builtin_api: Mutex<Option<(Instant, Option<migrate::builtin::Migrations>)>>,
+    /// Cache: whether the built-in migrator's API is served, and when that was asked (an
+    /// async lock, held while it is asked).
+    pub(super) builtin_api: tokio::sync::Mutex<Option<(Instant, Option<migrate::builtin::Migrations>)>>,
     /// How long a StorageVersionMigration may stay Pending before its run fails.
     pub(super) svm_pending_deadline: Duration,
     /// Cache: each CRD's object count (for a preflight's lead), and when it was counted.
@@ -167,7 +168,7 @@ impl Migrations {
             retry: migrate::RetryPolicy::default(),
             settle: migrate::SettleCheck::default(),
             retry_after_failure: RETRY_AFTER_FAILURE,
-            builtin_api: Mutex::new(None),
+            builtin_api: tokio::sync::Mutex::new(None),
             svm_pending_deadline: SVM_PENDING_DEADLINE,
             object_counts: Mutex::new(HashMap::new()),
             checked_objects: Mutex::new(HashMap::new()),
