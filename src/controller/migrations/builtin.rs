@@ -31,7 +31,6 @@ use super::{MAX_RERUNS, Migrations, RunEnd};
 use crate::api::{MigrationPhase, MigrationStatus, VersionPolicy};
 use crate::migrate::builtin::{self, CreatedFor, Migration, State};
 use crate::migrate::{self, GuardStart, Outcome, StorageGuard, Verdict};
-use crate::sync::lock;
 
 /// How long a failed migration is followed until Kubernetes has processed its end (and
 /// trimmed storedVersions), so that they can be restored at once.
