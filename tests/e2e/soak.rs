@@ -1468,7 +1468,16 @@ async fn run(env: &Env) -> Outcome {
             );
         }
         for port in webhook_ports {
-            if !serves_certificate_of(&host, port, ca).await {
+            // A replica restarted late in the run (a SIGTERM'd one takes up to
+            // EXIT_AFTER_SIGTERM to exit, which can push the last restart to the run's end)
+            // gets up to a minute to serve again.
+            let serving = wait_for(
+                "the replica serves a certificate of the rotated CA",
+                Duration::from_secs(60),
+                || async { Ok(serves_certificate_of(&host, port, ca).await) },
+            )
+            .await;
+            if serving.is_err() {
                 soak.problem(format!(
                     "rotation: the replica on port {port} does not serve a certificate of the rotated CA"
                 ));
