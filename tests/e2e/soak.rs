@@ -1469,15 +1469,20 @@ async fn run(env: &Env) -> Outcome {
         }
         for port in webhook_ports {
             // A replica restarted late in the run (a SIGTERM'd one takes up to
-            // EXIT_AFTER_SIGTERM to exit, which can push the last restart to the run's end)
-            // gets up to a minute to serve again.
-            let serving = wait_for(
-                "the replica serves a certificate of the rotated CA",
-                Duration::from_secs(60),
-                || async { Ok(serves_certificate_of(&host, port, ca).await) },
-            )
-            .await;
-            if serving.is_err() {
+            // EXIT_AFTER_SIGTERM to exit, which can push the last restart to the run's end),
+            // or one that exits by itself meanwhile (a lease lost across the apiserver's
+            // restart) and is started again here, gets up to a minute to serve again.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            let mut serving = false;
+            while tokio::time::Instant::now() < deadline {
+                replicas.supervise()?;
+                if serves_certificate_of(&host, port, ca).await {
+                    serving = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            if !serving {
                 soak.problem(format!(
                     "rotation: the replica on port {port} does not serve a certificate of the rotated CA"
                 ));

@@ -70,6 +70,9 @@ pub struct Workload {
     pub engine_switch_at: Option<u64>,
     /// Replicas of the controller: 2 elect a leader through a Lease.
     pub replicas: usize,
+    /// The controller's clock against the apiserver's and the kube-controller-manager's from
+    /// the start, in seconds (a node whose clock is off; `Skew` faults move it later).
+    pub skew: i64,
 }
 
 /// One fault, at its second.
@@ -106,6 +109,11 @@ pub enum Fault {
     MigrationsFail { lasting: u64 },
     /// The controller's clock moves `seconds` (ahead or behind) against the apiserver's.
     Skew { seconds: i64 },
+    /// The kube-controller-manager's svm controller picks nothing up until just before the
+    /// controller's next CRD patch, and an HA apiserver lags `lag` requests behind that
+    /// patch: a StorageVersionMigration created for the storage version before runs after a
+    /// switch, through an apiserver that still stores the old version (seed 378's finding).
+    SvmLateAfterPatch { lag: u32 },
     /// The leader's lease requests hang for `lasting` seconds (cut off from the lease, not
     /// from the rest): it must stop writing before the lease it cannot renew expires and
     /// another replica takes over.
@@ -124,6 +132,7 @@ impl Fault {
         match self {
             Fault::WatchDelay { .. }
             | Fault::SwitchLag { .. }
+            | Fault::SvmLateAfterPatch { .. }
             | Fault::ExpireWatches
             | Fault::SlowApiserver { .. } => "stale",
             Fault::Crash { .. } | Fault::SlowAnswers { .. } | Fault::PartitionLeader { .. } => "crash",
@@ -172,6 +181,10 @@ impl fmt::Display for Fault {
             Fault::PartitionLeader { lasting } => {
                 write!(f, "the leader cut off from its lease for {lasting}s")
             }
+            Fault::SvmLateAfterPatch { lag } => write!(
+                f,
+                "the svm controller idle until the controller's next CRD patch, an apiserver {lag} requests behind it"
+            ),
             Fault::SlowAnswers { millis, lasting } => {
                 write!(f, "write answers {millis}ms late for {lasting}s")
             }
@@ -223,13 +236,21 @@ pub fn draw(seed: u64) -> Draw {
         write_every: if rng.chance(70) { rng.between(1, 8) } else { 0 },
         engine_switch_at: (svm_served && rng.chance(30)).then(|| rng.between(0, milestones[6])),
         replicas: if rng.chance(40) { 2 } else { 1 },
+        skew: if rng.chance(30) {
+            rng.between(0, 20) as i64 - 10
+        } else {
+            0
+        },
     };
     let horizon = milestones[8] + 30;
     let count = rng.between(0, 12);
     let mut faults = Vec::new();
     for _ in 0..count {
         let at = rng.between(0, horizon);
-        let fault = match rng.between(0, 15) {
+        let fault = match rng.between(0, 16) {
+            16 => Fault::SvmLateAfterPatch {
+                lag: rng.between(1, 40) as u32,
+            },
             15 => Fault::PartitionLeader {
                 lasting: rng.between(5, 40),
             },

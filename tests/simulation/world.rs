@@ -151,7 +151,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
     fake.create_policy(policy(draw, workload.engine));
     note(&findings, origin, format!("seed {seed}: {workload:?}"));
 
-    let skew = Arc::new(AtomicI64::new(0));
+    let skew = Arc::new(AtomicI64::new(workload.skew * 1000));
     let clock: Clock = {
         let skew = skew.clone();
         Arc::new(move || {
@@ -197,6 +197,21 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                     let process = leader(&fake, &mut processes);
                     process.kill();
                     process.restart_at = Some(second + down);
+                }
+                Fault::SvmLateAfterPatch { lag } => {
+                    fake.lock().svm_paused = true;
+                    let lag = *lag;
+                    let crd_path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD}");
+                    fake.before_request(
+                        move |actor, method, path| {
+                            invariants::is_replica(actor) && method == "PATCH" && path == crd_path
+                        },
+                        0,
+                        move |state| {
+                            state.svm_paused = false;
+                            state.switch_lag = lag;
+                        },
+                    );
                 }
                 Fault::PartitionLeader { lasting } => {
                     let holder = leader(&fake, &mut processes).actor;
@@ -658,5 +673,7 @@ fn leader<'a>(fake: &FakeApiserver, processes: &'a mut [Process]) -> &'a mut Pro
 
 /// What no fault leaves on once the faults stop.
 fn state_after_faults(fake: &FakeApiserver) {
-    fake.lock().leases_stall_for = None;
+    let mut state = fake.lock();
+    state.leases_stall_for = None;
+    state.svm_paused = false;
 }
