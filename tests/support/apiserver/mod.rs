@@ -60,11 +60,14 @@ impl Recorded {
 
 type Hook = Box<dyn FnOnce(&mut State) + Send>;
 
+/// Whether a request (actor, method, path) is the one a `Trigger` waits for.
+type Matcher = Box<dyn Fn(&str, &str, &str) -> bool + Send>;
+
 /// A hook run once, just before the `skip + 1`-th request `when` matches (actor, method,
 /// path) is answered: a fault triggered by the client's own progress (Sieve's
 /// intermediate states), not by the clock.
 pub struct Trigger {
-    when: Box<dyn Fn(&str, &str, &str) -> bool + Send>,
+    when: Matcher,
     skip: u32,
     hook: Hook,
 }
