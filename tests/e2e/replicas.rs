@@ -87,13 +87,6 @@ impl Replica {
         None
     }
 
-    /// Sends SIGTERM, as a rollout does, and returns at once (`exited` says when it left).
-    pub fn sigterm(&self) {
-        if let Some(child) = &self.child {
-            sigterm(child);
-        }
-    }
-
     /// How it exited, if it did (by itself).
     pub fn exited(&mut self) -> Option<ExitStatus> {
         self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())

@@ -1308,33 +1308,8 @@ async fn run(env: &Env) -> Outcome {
                 } else {
                     1 - leader
                 };
-                // SIGTERM, then wait for the exit while the other replica stays supervised:
-                // one that exits by itself meanwhile (a lease lost across the apiserver's
-                // restart) is started again at once, as the kubelet would, rather than after
-                // this one's drain (both away at once is no rollout's state).
-                replicas.replicas[index].sigterm();
-                let started = Instant::now();
-                let status = loop {
-                    if let Some(status) = replicas.replicas[index].exited() {
-                        break Some(status);
-                    }
-                    if started.elapsed() >= EXIT_AFTER_SIGTERM {
-                        replicas.replicas[index].kill();
-                        break None;
-                    }
-                    let other = &mut replicas.replicas[1 - index];
-                    if let Some(status) = other.exited() {
-                        let log = other.log_of_this_start();
-                        let designed =
-                            log.contains("lost leadership") || log.contains("cannot reach the apiserver");
-                        replicas
-                            .exits
-                            .push((other.identity.clone(), status.to_string(), designed));
-                        replicas.replicas[1 - index].start()?;
-                    }
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                };
                 let replica = &mut replicas.replicas[index];
+                let status = tokio::task::block_in_place(|| replica.terminate(EXIT_AFTER_SIGTERM));
                 ensure!(
                     status.is_some(),
                     "replica {} did not stop within {EXIT_AFTER_SIGTERM:?} of SIGTERM",
