@@ -113,9 +113,8 @@ pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(4
 /// replica and guarded by resourceVersion), keeps serving, not ready, for its drain period,
 /// then sends GOAWAY and lets its requests in flight finish (see
 /// [`crate::webhook::Connections`]); the process exits once both are done, and `/healthz`,
-/// `/readyz` and `/metrics` answer until then. A lost lease stops every writer at once and
-/// then drains the webhook the same way before the process exits (to be restarted); a
-/// failed essential task exits at once, webhook included.
+/// `/readyz` and `/metrics` answer until then. A lost lease or a failed essential task exits
+/// at once, webhook included: the process is restarted.
 pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> {
     let metrics = Arc::new(Metrics::default());
     let webhook_readiness = settings
@@ -146,20 +145,7 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
     }));
 
     // Every replica serves the conversion webhook (the Service spreads calls over them),
-    // leader or not. It drains on the signal, and also when a lost lease ends the process:
-    // it writes nothing, and an apiserver's HTTP/1.1 client does not retry a review on a
-    // connection closed under it.
-    let (lease_lost, lease_lost_rx) = tokio::sync::oneshot::channel::<()>();
-    let webhook_drain = {
-        let signal = signal.clone();
-        async move {
-            tokio::select! {
-                biased;
-                () = signal => {}
-                _ = lease_lost_rx => {}
-            }
-        }
-    };
+    // leader or not.
     let webhook = match (&settings.webhook, webhook_readiness) {
         (Some(webhook_settings), Some(readiness)) => Some(
             start_webhook(
@@ -167,7 +153,7 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
                 webhook_settings.clone(),
                 metrics.webhook.clone(),
                 readiness,
-                webhook_drain,
+                signal.clone(),
                 &mut supervisor,
             )
             .await?,
@@ -186,15 +172,12 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
         &mut supervisor,
     )
     .await;
-    // Stopped by the signal (the lease released) or by a lost lease: the writers are
-    // stopped; the webhook drains on.
-    let lost = matches!(result, Err(RunError::LeaseLost(_)));
+    // Stopped by the signal: the writers are stopped and the lease is released; the
+    // webhook drains on.
     if let Some(webhook) = webhook
-        && ((result.is_ok() && signal.peek().is_some()) || lost)
+        && result.is_ok()
+        && signal.peek().is_some()
     {
-        if lost {
-            let _ = lease_lost.send(());
-        }
         webhook.drained(&mut supervisor).await;
     }
     let _ = exiting.send(());

@@ -391,8 +391,7 @@ fn migration_gate(name: &str, kind: MilestoneKind, gates: &GateInputs) -> Option
         format!(
             "{name} store waits until {migration}: a storage switch under a StorageVersionMigration lets it rewrite \
              objects through an apiserver that still stores the version of before, then trim that version from \
-             status.storedVersions (one the kube-controller-manager's svm controller never picks up holds it until \
-             that controller runs or the migration is deleted)"
+             status.storedVersions"
         ),
     ))
 }
