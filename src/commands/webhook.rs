@@ -29,11 +29,7 @@ pub async fn run(args: StandaloneWebhookArgs) -> Result<(), CommandError> {
             max_review_bytes: args.max_review_bytes,
             ..Default::default()
         },
-        connections: crd_lifecycle::webhook::Connections::new(
-            args.drain,
-            args.max_connection_age,
-            args.idle_grace,
-        ),
+        connections: crd_lifecycle::webhook::Connections::new(args.drain, args.max_connection_age),
     };
     standalone::run(&settings, client).await.map_err(|error| {
         if error.is_invalid_input() {
