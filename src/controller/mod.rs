@@ -27,7 +27,6 @@ pub mod status;
 pub mod supervise;
 pub mod traffic;
 pub mod triggers;
-pub mod webhook_crds;
 mod webhook_tasks;
 pub mod writer_reads;
 
@@ -394,9 +393,9 @@ pub async fn controller(
         })),
         // Every CRD pointed at the webhook trusts its CAs, governed or not.
         ca_bundles: webhook.clone().map(|endpoint| {
-            let keeper = ca_bundles::CaBundleKeeper::new(client.clone(), endpoint, recorder.clone());
+            let client = client.clone();
             Essential::spawn("the CA bundle keeper", async move {
-                keeper.run().await;
+                ca_bundles::keep_ca_bundles(client, endpoint).await;
                 Err("it returned".to_owned())
             })
         }),
