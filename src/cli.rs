@@ -462,19 +462,29 @@ pub struct WebhookArgs {
     pub webhook_max_review_bytes: usize,
 
     /// After SIGTERM, how long the webhook keeps serving while /readyz answers 503, so that
-    /// the Service's endpoints drop the replica before it stops accepting (0s to 10m). Then
-    /// it stops accepting, sends HTTP/2 GOAWAY and gives requests in flight up to 15 s: set
-    /// the pod's terminationGracePeriodSeconds to at least this plus 20 s.
+    /// the Service's endpoints drop the replica before it stops accepting (0s to 10m); its
+    /// HTTP/1.1 answers say `Connection: close` meanwhile. Then it stops accepting, sends
+    /// HTTP/2 GOAWAY, gives requests in flight up to 15 s and idle HTTP/1.1 connections
+    /// --webhook-idle-grace: set the pod's terminationGracePeriodSeconds to at least the
+    /// drain plus the idle grace plus 20 s.
     #[arg(long, value_name = "DURATION", env = "CRD_LIFECYCLE_WEBHOOK_DRAIN", default_value = "10s",
           value_parser = parse_drain)]
     pub webhook_drain: Duration,
 
-    /// A webhook connection older than this is asked to close gracefully (HTTP/2 GOAWAY), so
-    /// that the apiserver reconnects and its reviews spread over the replicas (1s to 24h;
-    /// 0s: never).
+    /// A webhook connection older than this is asked to close gracefully (HTTP/2 GOAWAY,
+    /// HTTP/1.1 `Connection: close` on its next answer), so that the apiserver reconnects
+    /// and its reviews spread over the replicas (1s to 24h; 0s: never).
     #[arg(long, value_name = "DURATION", env = "CRD_LIFECYCLE_WEBHOOK_MAX_CONNECTION_AGE",
           default_value = "5m", value_parser = parse_max_connection_age)]
     pub webhook_max_connection_age: Duration,
+
+    /// An idle HTTP/1.1 webhook connection asked to close (past its age, or the webhook
+    /// stopping) is left to its client for this long before the webhook closes it: longer
+    /// than the client keeps idle connections (the apiserver: 90 s), so that it is never
+    /// closed under a request just sent (0s to 10m).
+    #[arg(long, value_name = "DURATION", env = "CRD_LIFECYCLE_WEBHOOK_IDLE_GRACE",
+          default_value = "100s", value_parser = parse_drain)]
+    pub webhook_idle_grace: Duration,
 }
 
 /// Arguments of `crd-lifecycle webhook`.
@@ -529,19 +539,29 @@ pub struct StandaloneWebhookArgs {
     pub max_review_bytes: usize,
 
     /// After SIGTERM, how long to keep serving while /readyz answers 503, so that the
-    /// Service's endpoints drop the replica before it stops accepting (0s to 10m). Then it
-    /// stops accepting, sends HTTP/2 GOAWAY and gives requests in flight up to 15 s: set the
-    /// pod's terminationGracePeriodSeconds to at least this plus 20 s.
+    /// Service's endpoints drop the replica before it stops accepting (0s to 10m); HTTP/1.1
+    /// answers say `Connection: close` meanwhile. Then it stops accepting, sends HTTP/2
+    /// GOAWAY, gives requests in flight up to 15 s and idle HTTP/1.1 connections
+    /// --idle-grace: set the pod's terminationGracePeriodSeconds to at least the drain plus
+    /// the idle grace plus 20 s.
     #[arg(long, value_name = "DURATION", env = "CRD_LIFECYCLE_WEBHOOK_DRAIN", default_value = "10s",
           value_parser = parse_drain)]
     pub drain: Duration,
 
-    /// A connection older than this is asked to close gracefully (HTTP/2 GOAWAY), so that
-    /// the apiserver reconnects and its reviews spread over the replicas (1s to 24h; 0s:
-    /// never).
+    /// A connection older than this is asked to close gracefully (HTTP/2 GOAWAY, HTTP/1.1
+    /// `Connection: close` on its next answer), so that the apiserver reconnects and its
+    /// reviews spread over the replicas (1s to 24h; 0s: never).
     #[arg(long, value_name = "DURATION", env = "CRD_LIFECYCLE_WEBHOOK_MAX_CONNECTION_AGE",
           default_value = "5m", value_parser = parse_max_connection_age)]
     pub max_connection_age: Duration,
+
+    /// An idle HTTP/1.1 connection asked to close (past its age, or the webhook stopping)
+    /// is left to its client for this long before the webhook closes it: longer than the
+    /// client keeps idle connections (the apiserver: 90 s), so that it is never closed under
+    /// a request just sent (0s to 10m).
+    #[arg(long, value_name = "DURATION", env = "CRD_LIFECYCLE_WEBHOOK_IDLE_GRACE",
+          default_value = "100s", value_parser = parse_drain)]
+    pub idle_grace: Duration,
 }
 
 /// Arguments of `crd-lifecycle plan`.
@@ -719,6 +739,7 @@ mod tests {
         assert!(Cli::try_parse_from(["crd-lifecycle", "run", "--svm-pending-deadline", "5s"]).is_err());
         assert_eq!(args.webhook.webhook_drain, Duration::from_secs(10));
         assert_eq!(args.webhook.webhook_max_connection_age, Duration::from_secs(300));
+        assert_eq!(args.webhook.webhook_idle_grace, Duration::from_secs(100));
     }
 
     #[test]
@@ -730,6 +751,8 @@ mod tests {
             "0s",
             "--max-connection-age",
             "0s",
+            "--idle-grace",
+            "30s",
         ])
         .expect("valid arguments");
         let Command::Webhook(args) = cli.command else {
@@ -741,8 +764,10 @@ mod tests {
             Duration::ZERO,
             "connections never age out"
         );
+        assert_eq!(args.idle_grace, Duration::from_secs(30));
         for (flag, bad, message) in [
             ("--drain", "11m", "outside 0s..10m"),
+            ("--idle-grace", "11m", "outside 0s..10m"),
             ("--max-connection-age", "2d", "over 24h"),
             ("--drain", "5", "invalid duration"),
         ] {

@@ -93,6 +93,7 @@ fn webhook_settings(args: &RunArgs) -> Result<Option<WebhookSettings>, CommandEr
         connections: crd_lifecycle::webhook::Connections::new(
             flags.webhook_drain,
             flags.webhook_max_connection_age,
+            flags.webhook_idle_grace,
         ),
     }))
 }

@@ -29,7 +29,11 @@ pub async fn run(args: StandaloneWebhookArgs) -> Result<(), CommandError> {
             max_review_bytes: args.max_review_bytes,
             ..Default::default()
         },
-        connections: crd_lifecycle::webhook::Connections::new(args.drain, args.max_connection_age),
+        connections: crd_lifecycle::webhook::Connections::new(
+            args.drain,
+            args.max_connection_age,
+            args.idle_grace,
+        ),
     };
     standalone::run(&settings, client).await.map_err(|error| {
         if error.is_invalid_input() {

@@ -66,9 +66,9 @@ pub(super) struct Webhook {
 
 impl Webhook {
     /// Waits until the server has drained and stopped (it started draining at the
-    /// shutdown signal), for at most its drain and in-flight deadline and a little more.
+    /// shutdown signal), for at most its drain and closing deadline and a little more.
     pub async fn drained(self, supervisor: &mut Supervisor) {
-        let bound = self.connections.drain + self.connections.in_flight_deadline + Duration::from_secs(2);
+        let bound = self.connections.drain + self.connections.closing_deadline() + Duration::from_secs(2);
         info!("waiting for the conversion webhook to drain");
         tokio::select! {
             biased;

@@ -1,6 +1,7 @@
 //! HTTPS serving with certificates that can be replaced while running (rotation).
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
@@ -319,9 +320,16 @@ pub struct Connections {
     pub in_flight_deadline: Duration,
     /// A connection older than this (give or take a tenth, so that connections opened
     /// together do not all close together) is asked to close gracefully: HTTP/2 GOAWAY,
-    /// HTTP/1.1 `Connection: close` after the response in progress. The client opens a new
-    /// one, which the Service may send to another replica. `None`: never.
+    /// HTTP/1.1 `Connection: close` on its next response. The client opens a new one,
+    /// which the Service may send to another replica. `None`: never.
     pub max_age: Option<Duration>,
+    /// An HTTP/1.1 connection asked to close (past `max_age`, or the webhook stopping) that
+    /// sits idle is closed by the webhook only once it has been idle this long, longer than
+    /// its client keeps an idle connection: until then the client closes it, or sends one
+    /// more request, answered with `Connection: close`. Closing an idle HTTP/1.1 connection
+    /// any sooner can close it under a request the client has just sent, which Go's client
+    /// (the apiserver's) does not retry for a POST and reports as `EOF`.
+    pub idle_grace: Duration,
 }
 
 /// Default `drain`: endpoint changes reach kube-proxy (or the apiserver's own endpoint
@@ -332,16 +340,27 @@ pub const DEFAULT_DRAIN: Duration = Duration::from_secs(10);
 pub const DEFAULT_IN_FLIGHT_DEADLINE: Duration = Duration::from_secs(15);
 /// Default `max_age`.
 pub const DEFAULT_MAX_CONNECTION_AGE: Duration = Duration::from_secs(300);
+/// Default `idle_grace`: Go's `http.Transport` closes a connection idle for 90 s
+/// (`IdleConnTimeout` of `http.DefaultTransport`, which the apiserver's webhook clients
+/// keep) and never reuses one idle for longer; 10 s more for a busy client to get to it.
+pub const DEFAULT_IDLE_GRACE: Duration = Duration::from_secs(100);
 
 impl Connections {
-    /// `drain` and `max_age` (zero: connections never age out), with the default deadline
-    /// for requests in flight.
-    pub fn new(drain: Duration, max_age: Duration) -> Connections {
+    /// `drain`, `max_age` (zero: connections never age out) and `idle_grace`, with the
+    /// default deadline for requests in flight.
+    pub fn new(drain: Duration, max_age: Duration, idle_grace: Duration) -> Connections {
         Connections {
             drain,
             in_flight_deadline: DEFAULT_IN_FLIGHT_DEADLINE,
             max_age: (!max_age.is_zero()).then_some(max_age),
+            idle_grace,
         }
+    }
+
+    /// How long the webhook may take to stop once it stops accepting: requests in flight
+    /// finish within `in_flight_deadline`, then idle HTTP/1.1 connections get `idle_grace`.
+    pub fn closing_deadline(&self) -> Duration {
+        self.in_flight_deadline + self.idle_grace
     }
 }
 
@@ -351,6 +370,7 @@ impl Default for Connections {
             drain: DEFAULT_DRAIN,
             in_flight_deadline: DEFAULT_IN_FLIGHT_DEADLINE,
             max_age: Some(DEFAULT_MAX_CONNECTION_AGE),
+            idle_grace: DEFAULT_IDLE_GRACE,
         }
     }
 }
@@ -384,10 +404,13 @@ pub async fn drain_after(signal: impl Future<Output = ()>, readiness: Arc<Readin
 
 impl Server {
     /// Serves HTTPS on `listener` until `stop` completes. Then the listener closes (new
-    /// connections are refused), every connection is asked to close gracefully (HTTP/2
-    /// GOAWAY: the client sends its next requests elsewhere, the streams in flight finish),
-    /// and requests in flight get `in_flight_deadline` to finish; whatever is still open
-    /// then is closed.
+    /// connections are refused) and every connection is asked to close gracefully, never
+    /// under a request its client may have sent: HTTP/2 gets GOAWAY (the client sends its
+    /// next requests elsewhere, the streams in flight finish); an HTTP/1.1 connection
+    /// answers its next request with `Connection: close` (from the drain's start on, see
+    /// [`Readiness::is_draining`]) and, idle, is left for its client to close, for up to
+    /// `idle_grace` of idleness. Requests in flight get `in_flight_deadline`; whatever is
+    /// still open after [`Connections::closing_deadline`] is closed.
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
@@ -399,12 +422,23 @@ impl Server {
             .map_err(std::io::Error::other)?
             .with_no_client_auth()
             .with_cert_resolver(Arc::new(Resolver(self.certs)));
-        // HTTP/2 first, as the apiserver's client prefers it; HTTP/1.1 for other clients.
+        // HTTP/2 first, as the apiserver's client prefers it where it offers it (a loopback
+        // URL, from Kubernetes 1.30 on); HTTP/1.1 for other clients, the apiserver's
+        // webhook client included (it offers only http/1.1 for any other URL).
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let acceptor = TlsAcceptor::from(Arc::new(config));
         info!(address = %listener.local_addr()?, "serving the conversion webhook (HTTPS /convert/<policy>)");
-        let app = router(self.policies, self.metrics.clone(), self.limits, self.readiness);
-        let builder = auto::Builder::new(TokioExecutor::new());
+        let app = router(
+            self.policies,
+            self.metrics.clone(),
+            self.limits,
+            self.readiness.clone(),
+        );
+        // The protocol is the one ALPN settled on (no ALPN: HTTP/1.1, as RFC 9113 allows
+        // HTTP/2 over TLS only through ALPN), never guessed from the first bytes: a
+        // connection still guessing when asked to close would be dropped at once.
+        let http1 = auto::Builder::new(TokioExecutor::new()).http1_only();
+        let http2 = auto::Builder::new(TokioExecutor::new()).http2_only();
         let connections = self.connections;
         // Told to every connection when the server stops.
         let (stopping, stopped) = watch::channel(false);
@@ -416,11 +450,13 @@ impl Server {
                     Ok((stream, peer)) => {
                         let connection = Connection {
                             acceptor: acceptor.clone(),
-                            service: TowerToHyperService::new(app.clone()),
-                            builder: builder.clone(),
+                            app: app.clone(),
+                            http1: http1.clone(),
+                            http2: http2.clone(),
                             stopped: stopped.clone(),
                             connections,
                             metrics: self.metrics.clone(),
+                            readiness: self.readiness.clone(),
                         };
                         open.spawn(connection.serve(stream, peer));
                     }
@@ -434,17 +470,15 @@ impl Server {
         drop(listener);
         info!(
             connections = open.len(),
-            "the conversion webhook stopped accepting; asking its connections to close"
+            "the conversion webhook stopped accepting; asking its connections to close (HTTP/2 GOAWAY; HTTP/1.1 Connection: close, idle ones left to their clients)"
         );
         let _ = stopping.send(true);
         let all_closed = async { while open.join_next().await.is_some() {} };
-        if tokio::time::timeout(connections.in_flight_deadline, all_closed)
-            .await
-            .is_err()
-        {
+        let deadline = connections.closing_deadline();
+        if tokio::time::timeout(deadline, all_closed).await.is_err() {
             warn!(
                 connections = open.len(),
-                deadline = ?connections.in_flight_deadline,
+                deadline = ?deadline,
                 "connections still open at the deadline; closing them"
             );
             open.shutdown().await;
@@ -457,11 +491,13 @@ impl Server {
 /// One accepted connection and what it needs to serve itself.
 struct Connection {
     acceptor: TlsAcceptor,
-    service: TowerToHyperService<Router>,
-    builder: auto::Builder<TokioExecutor>,
+    app: Router,
+    http1: auto::Builder<TokioExecutor>,
+    http2: auto::Builder<TokioExecutor>,
     stopped: watch::Receiver<bool>,
     connections: Connections,
     metrics: Arc<WebhookMetrics>,
+    readiness: Arc<Readiness>,
 }
 
 /// Counts a connection open while it lives.
@@ -480,63 +516,237 @@ impl Drop for Open {
     }
 }
 
+/// What a connection shares with the service answering its requests.
+#[derive(Debug)]
+struct Activity {
+    /// Asked to close: HTTP/1.1 answers say `Connection: close`.
+    closing: AtomicBool,
+    /// Requests whose answer is not completely written yet.
+    in_flight: AtomicUsize,
+    /// When the connection last became idle (opened, or an answer written).
+    idle_since: std::sync::Mutex<tokio::time::Instant>,
+    /// Told when an answer has been written.
+    answered: Notify,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            closing: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            idle_since: std::sync::Mutex::new(tokio::time::Instant::now()),
+            answered: Notify::new(),
+        }
+    }
+
+    /// Completes once no request is in flight and none has been for `grace`.
+    async fn idle_for(&self, grace: Duration) {
+        loop {
+            let answered = self.answered.notified();
+            let mut answered = std::pin::pin!(answered);
+            answered.as_mut().enable();
+            if self.in_flight.load(Ordering::SeqCst) > 0 {
+                answered.await;
+                continue;
+            }
+            let since = *crate::sync::lock(&self.idle_since);
+            let until = since + grace;
+            if tokio::time::Instant::now() >= until {
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {}
+                () = answered => {}
+            }
+        }
+    }
+}
+
+/// A request in flight on a connection, until its answer has been written (or dropped).
+struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    fn new(activity: Arc<Activity>) -> InFlight {
+        activity.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(activity)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        *crate::sync::lock(&self.0.idle_since) = tokio::time::Instant::now();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.answered.notify_waiters();
+    }
+}
+
+/// An answer's body, holding its request in flight until it is written.
+struct Answering {
+    body: Body,
+    _in_flight: InFlight,
+}
+
+impl hyper::body::Body for Answering {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, axum::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The router, answering one connection's requests: counts them in flight, and on
+/// HTTP/1.1 says `Connection: close` once the connection is asked to close or the webhook
+/// drains (hyper then closes the connection after that answer: the client, having read it,
+/// sends its next request over a new connection).
+#[derive(Clone)]
+struct Answer {
+    router: TowerToHyperService<Router>,
+    activity: Arc<Activity>,
+    readiness: Arc<Readiness>,
+}
+
+type AnswerFuture =
+    std::pin::Pin<Box<dyn Future<Output = Result<Response, std::convert::Infallible>> + Send>>;
+
+impl hyper::service::Service<Request<hyper::body::Incoming>> for Answer {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = AnswerFuture;
+
+    fn call(&self, request: Request<hyper::body::Incoming>) -> AnswerFuture {
+        let in_flight = InFlight::new(self.activity.clone());
+        let http1 = request.version() < http::Version::HTTP_2;
+        let answer = self.router.call(request);
+        let (activity, readiness) = (self.activity.clone(), self.readiness.clone());
+        Box::pin(async move {
+            let mut response = answer.await?;
+            if http1 && (activity.closing.load(Ordering::SeqCst) || readiness.is_draining()) {
+                response
+                    .headers_mut()
+                    .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+            }
+            Ok(response.map(|body| {
+                Body::new(Answering {
+                    body,
+                    _in_flight: in_flight,
+                })
+            }))
+        })
+    }
+}
+
 impl Connection {
     async fn serve(mut self, stream: tokio::net::TcpStream, peer: SocketAddr) {
         let _open = Open::new(self.metrics.clone());
-        let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.acceptor.accept(stream));
-        let tls = tokio::select! {
-            tls = handshake => match tls {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(error)) => {
-                    debug!(%peer, error = %error, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    debug!(%peer, "TLS handshake not done within {HANDSHAKE_TIMEOUT:?}");
-                    return;
-                }
-            },
-            () = stopping(&mut self.stopped) => return,
+        // A handshake under way when the server stops is finished, not dropped: its client
+        // dialled to send a request, which it gets answered (and is then asked to close).
+        let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.acceptor.accept(stream)).await {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(error)) => {
+                debug!(%peer, error = %error, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                debug!(%peer, "TLS handshake not done within {HANDSHAKE_TIMEOUT:?}");
+                return;
+            }
         };
-        let connection = self.builder.serve_connection(TokioIo::new(tls), self.service);
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+        debug!(%peer, protocol = if h2 { "h2" } else { "http/1.1" }, "connection opened");
+        let activity = Arc::new(Activity::new());
+        let answer = Answer {
+            router: TowerToHyperService::new(self.app.clone()),
+            activity: activity.clone(),
+            readiness: self.readiness.clone(),
+        };
+        let builder = if h2 { &self.http2 } else { &self.http1 };
+        let connection = builder.serve_connection(TokioIo::new(tls), answer);
         let mut connection = std::pin::pin!(connection);
         let max_age = self.connections.max_age.map(|age| jittered(age, peer));
-        // Its maximum age, then (once asked to close) the deadline of its requests in flight.
+        let in_flight_deadline = self.connections.in_flight_deadline;
+        let mut timer = if max_age.is_some() { Timer::Age } else { Timer::Off };
         let mut deadline = std::pin::pin!(tokio::time::sleep(max_age.unwrap_or_default()));
-        let mut asked_to_close = false;
+        let mut stopped = false;
+        let mut idle_closed = false;
         loop {
+            let closing = activity.closing.load(Ordering::SeqCst);
             tokio::select! {
                 served = connection.as_mut() => {
-                    if let Err(error) = served {
-                        debug!(%peer, error = %error, "connection ended with an error");
+                    match served {
+                        Ok(()) => debug!(%peer, closing, "connection closed"),
+                        Err(error) => debug!(%peer, error = %error, "connection ended with an error"),
                     }
                     return;
                 }
-                () = deadline.as_mut(), if max_age.is_some() => {
-                    if asked_to_close {
-                        debug!(%peer, "requests still in flight on a connection past its maximum age; closing it");
-                        return;
+                () = deadline.as_mut(), if timer != Timer::Off => match timer {
+                    Timer::Age => {
+                        debug!(%peer, "connection reached its maximum age; asking the client to reconnect");
+                        self.metrics.connections_aged_out.inc();
+                        activity.closing.store(true, Ordering::SeqCst);
+                        timer = Timer::Off;
+                        if h2 {
+                            connection.as_mut().graceful_shutdown();
+                            timer = Timer::CutOff;
+                            deadline.as_mut().reset(tokio::time::Instant::now() + in_flight_deadline);
+                        }
                     }
-                    debug!(%peer, "connection reached its maximum age; asking the client to reconnect");
-                    self.metrics.connections_aged_out.inc();
+                    Timer::CutOff => {
+                        // HTTP/2 after GOAWAY: open only for its streams in flight.
+                        if h2 || activity.in_flight.load(Ordering::SeqCst) > 0 {
+                            debug!(%peer, deadline = ?in_flight_deadline, "requests still in flight past their deadline; closing the connection");
+                            return;
+                        }
+                        timer = Timer::Off;
+                    }
+                    Timer::Off => {}
+                },
+                () = stopping(&mut self.stopped), if !stopped => {
+                    stopped = true;
+                    if !closing {
+                        activity.closing.store(true, Ordering::SeqCst);
+                        if h2 {
+                            connection.as_mut().graceful_shutdown();
+                        }
+                    }
+                    // Requests in flight get their deadline (HTTP/2 past its age has one
+                    // already); the server bounds the rest of the wait.
+                    if timer != Timer::CutOff {
+                        timer = Timer::CutOff;
+                        deadline.as_mut().reset(tokio::time::Instant::now() + in_flight_deadline);
+                    }
+                }
+                // An HTTP/1.1 connection asked to close closes after its next answer; one
+                // its client leaves idle is closed only when no client would still use it.
+                () = activity.idle_for(self.connections.idle_grace), if !h2 && closing && !idle_closed => {
+                    debug!(%peer, grace = ?self.connections.idle_grace, "closing an HTTP/1.1 connection idle past its grace");
+                    idle_closed = true;
                     connection.as_mut().graceful_shutdown();
-                    asked_to_close = true;
-                    let grace = self.connections.in_flight_deadline;
-                    deadline.as_mut().reset(tokio::time::Instant::now() + grace);
-                }
-                () = stopping(&mut self.stopped) => {
-                    if !asked_to_close {
-                        connection.as_mut().graceful_shutdown();
-                    }
-                    // Served to its end; the server bounds the wait.
-                    if let Err(error) = connection.await {
-                        debug!(%peer, error = %error, "connection ended with an error");
-                    }
-                    return;
                 }
             }
         }
     }
+}
+
+/// What a connection's timer is set for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Timer {
+    /// Its maximum age.
+    Age,
+    /// The deadline of its requests in flight (after GOAWAY, or once the server stopped).
+    CutOff,
+    Off,
 }
 
 /// Completes once the server stops.
@@ -596,11 +806,14 @@ mod tests {
 
     #[test]
     fn connections_from_flags() {
-        let connections = Connections::new(Duration::from_secs(7), Duration::ZERO);
+        let connections = Connections::new(Duration::from_secs(7), Duration::ZERO, DEFAULT_IDLE_GRACE);
         assert_eq!(connections.max_age, None, "0s: connections never age out");
         assert_eq!(connections.drain, Duration::from_secs(7));
         assert_eq!(connections.in_flight_deadline, DEFAULT_IN_FLIGHT_DEADLINE);
-        let aged = Connections::new(Duration::ZERO, Duration::from_secs(60));
+        assert_eq!(connections.idle_grace, Duration::from_secs(100));
+        assert_eq!(connections.closing_deadline(), Duration::from_secs(115));
+        let aged = Connections::new(Duration::ZERO, Duration::from_secs(60), Duration::ZERO);
         assert_eq!(aged.max_age, Some(Duration::from_secs(60)));
+        assert_eq!(aged.closing_deadline(), DEFAULT_IN_FLIGHT_DEADLINE);
     }
 }

@@ -201,6 +201,12 @@ struct Counts {
     stale_snapshot_pages: AtomicU64,
 }
 
+/// How long a replica may take to exit after SIGTERM: the webhook's drain (10 s), then up
+/// to 15 s for requests in flight and 100 s (`--webhook-idle-grace`) for the apiserver to
+/// close the HTTP/1.1 connections it keeps idle (it does after 90 s), and a margin. It
+/// exits as soon as they are closed.
+const EXIT_AFTER_SIGTERM: Duration = Duration::from_secs(135);
+
 /// Periods in which requests may fail without a fault of the operator's: the apiserver
 /// restarting, or a replica killed without a drain (its in-flight conversions are lost, as a
 /// pod's are). Only failures of the transport kind are excused, and only for requests sent or
@@ -1074,8 +1080,9 @@ async fn run(env: &Env) -> Outcome {
             format!("--metrics-addr=127.0.0.1:{metrics}"),
             "--resync=30s".to_owned(),
             format!("--webhook-port={port}"),
-            // Short, so that the apiserver's connections (HTTP/2, one at a time) move between
-            // the replicas within the soak, as the default 5 minutes does over a day.
+            // Short, so that the apiserver's connections (HTTP/2 to this loopback URL from
+            // 1.30 on, one at a time; HTTP/1.1, a pool, before) move between the replicas
+            // within the soak, as the default 5 minutes does over a day.
             "--webhook-max-connection-age=20s".to_owned(),
             format!("--webhook-url=https://{host}:{}", balancer.port),
             format!("--webhook-secret={}-soak-webhook", env.run_id),
@@ -1302,10 +1309,10 @@ async fn run(env: &Env) -> Outcome {
                     1 - leader
                 };
                 let replica = &mut replicas.replicas[index];
-                let status = tokio::task::block_in_place(|| replica.terminate(Duration::from_secs(30)));
+                let status = tokio::task::block_in_place(|| replica.terminate(EXIT_AFTER_SIGTERM));
                 ensure!(
                     status.is_some(),
-                    "replica {} did not stop within 30 s of SIGTERM",
+                    "replica {} did not stop within {EXIT_AFTER_SIGTERM:?} of SIGTERM",
                     replica.identity
                 );
                 replica.start()?;
@@ -1461,7 +1468,21 @@ async fn run(env: &Env) -> Outcome {
             );
         }
         for port in webhook_ports {
-            if !serves_certificate_of(&host, port, ca).await {
+            // A replica restarted late in the run (a SIGTERM'd one takes up to
+            // EXIT_AFTER_SIGTERM to exit, which can push the last restart to the run's end),
+            // or one that exits by itself meanwhile (a lease lost across the apiserver's
+            // restart) and is started again here, gets up to a minute to serve again.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            let mut serving = false;
+            while tokio::time::Instant::now() < deadline {
+                replicas.supervise()?;
+                if serves_certificate_of(&host, port, ca).await {
+                    serving = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            if !serving {
                 soak.problem(format!(
                     "rotation: the replica on port {port} does not serve a certificate of the rotated CA"
                 ));
@@ -1511,7 +1532,7 @@ async fn run(env: &Env) -> Outcome {
         counts.stale_snapshot_pages.load(Ordering::Relaxed),
     );
     for replica in &mut replicas.replicas {
-        tokio::task::block_in_place(|| replica.terminate(Duration::from_secs(30)));
+        tokio::task::block_in_place(|| replica.terminate(EXIT_AFTER_SIGTERM));
     }
     drop(clients);
     drop(balancer);

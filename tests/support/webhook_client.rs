@@ -81,12 +81,14 @@ impl Served {
     }
 }
 
-/// Connections that never age out and a drain that lasts until the test ends it.
+/// Connections that never age out, a drain that lasts until the test ends it, and idle
+/// HTTP/1.1 connections left to their clients for longer than any test.
 pub fn test_connections() -> Connections {
     Connections {
         drain: Duration::from_secs(3600),
         in_flight_deadline: Duration::from_secs(30),
         max_age: None,
+        idle_grace: Duration::from_secs(3600),
     }
 }
 
@@ -163,6 +165,18 @@ impl Client {
 
     /// As `connect`, saying why it could not.
     pub async fn try_connect(served: &Served, alpn: &[&[u8]]) -> Result<Client, String> {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", served.port))
+            .await
+            .map_err(|e| format!("cannot connect: {e}"))?;
+        Client::try_connect_over(tcp, served, alpn).await
+    }
+
+    /// As `try_connect`, over a TCP connection made already (its TLS handshake not begun).
+    pub async fn try_connect_over(
+        tcp: tokio::net::TcpStream,
+        served: &Served,
+        alpn: &[&[u8]],
+    ) -> Result<Client, String> {
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(CertificateDer::from_pem_slice(served.ca_pem.as_bytes()).map_err(|e| e.to_string())?)
@@ -175,9 +189,6 @@ impl Client {
             .with_no_client_auth();
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", served.port))
-            .await
-            .map_err(|e| format!("cannot connect: {e}"))?;
         tcp.set_nodelay(true).map_err(|e| e.to_string())?;
         let name = ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
         let tls = connector
@@ -237,6 +248,25 @@ impl Client {
         self.send(http::Method::GET, path, Vec::new()).await
     }
 
+    /// POSTs `body` to `path`; the answer's status code, headers and body.
+    pub async fn post_with_headers(&mut self, path: &str, body: Vec<u8>) -> (u16, http::HeaderMap, Bytes) {
+        try_send_with_headers(&mut self.sender, http::Method::POST, path, body)
+            .await
+            .expect("answered")
+    }
+
+    /// GETs `path`; the answer's status code, headers and body.
+    pub async fn get_with_headers(&mut self, path: &str) -> (u16, http::HeaderMap, Bytes) {
+        try_send_with_headers(&mut self.sender, http::Method::GET, path, Vec::new())
+            .await
+            .expect("answered")
+    }
+
+    /// Whether the connection has ended (either side closed it).
+    pub fn is_closed(&self) -> bool {
+        self.connection.is_finished()
+    }
+
     /// As `get`, saying why there is no answer.
     pub async fn try_get(&mut self, path: &str) -> Result<(u16, Bytes), String> {
         try_send(&mut self.sender, http::Method::GET, path, Vec::new()).await
@@ -257,6 +287,16 @@ async fn try_send(
     path: &str,
     body: Vec<u8>,
 ) -> Result<(u16, Bytes), String> {
+    let (status, _, body) = try_send_with_headers(sender, method, path, body).await?;
+    Ok((status, body))
+}
+
+async fn try_send_with_headers(
+    sender: &mut Sender,
+    method: http::Method,
+    path: &str,
+    body: Vec<u8>,
+) -> Result<(u16, http::HeaderMap, Bytes), String> {
     let request = http::Request::builder()
         .method(method)
         .uri(format!("https://127.0.0.1{path}"))
@@ -281,11 +321,12 @@ async fn try_send(
         }
     };
     let status = response.status().as_u16();
+    let headers = response.headers().clone();
     let body = response
         .into_body()
         .collect()
         .await
         .map_err(|e| e.to_string())?
         .to_bytes();
-    Ok((status, body))
+    Ok((status, headers, body))
 }
