@@ -74,6 +74,7 @@ pub struct Metrics {
     pub blocked: Family<BlockedLabels, Gauge>,
     pub policy_state: Family<StateLabels, Gauge>,
     pub leader: Gauge,
+    pub leadership_losses: Counter,
     pub objects_migrated: Family<CrdLabels, Counter>,
     pub objects_failed: Family<CrdLabels, Counter>,
     pub objects_remaining: Family<JobLabels, Gauge>,
@@ -135,6 +136,12 @@ impl Default for Metrics {
             "leader",
             "1 while this replica holds the leader lease",
             leader.clone(),
+        );
+        let leadership_losses = Counter::default();
+        registry.register(
+            "leadership_losses",
+            "Times this replica lost the leader lease (it stops every writer and stands by to lead again)",
+            leadership_losses.clone(),
         );
         let objects_migrated = Family::<CrdLabels, Counter>::default();
         registry.register(
@@ -204,6 +211,7 @@ impl Default for Metrics {
             blocked,
             policy_state,
             leader,
+            leadership_losses,
             objects_migrated,
             objects_failed,
             objects_remaining,

@@ -90,8 +90,6 @@ pub enum RunError {
     Unreachable(#[source] kube::Error),
     #[error("cannot serve metrics and probes on the --metrics-addr address: {0}")]
     Http(#[source] std::io::Error),
-    #[error(transparent)]
-    LeaseLost(#[from] leader::LeaseError),
     #[error("cannot start the conversion webhook: {0}")]
     Webhook(String),
     #[error(transparent)]
@@ -102,7 +100,7 @@ pub enum RunError {
 /// period is 30 s; a rollout should not wait for it).
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(4);
 
-/// Runs the controller until SIGTERM / SIGINT (or until leadership is lost).
+/// Runs the controller until SIGTERM / SIGINT or a failed essential task.
 ///
 /// SIGTERM ends two jobs on two clocks. The controller's writers (reconciles, migrations,
 /// cleanups, the sampler) stop within [`SHUTDOWN_GRACE`] and the leader releases its lease
@@ -112,8 +110,9 @@ pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(4
 /// replica and guarded by resourceVersion), keeps serving, not ready, for its drain period,
 /// then sends GOAWAY and lets its requests in flight finish (see
 /// [`crate::webhook::Connections`]); the process exits once both are done, and `/healthz`,
-/// `/readyz` and `/metrics` answer until then. A lost lease or a failed essential task exits
-/// at once, webhook included: the process is restarted.
+/// `/readyz` and `/metrics` answer until then. A lost lease stops the writers and makes the
+/// replica a standby again (see [`lead`]); a failed essential task exits at once, webhook
+/// included: the process is restarted.
 pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> {
     let metrics = Arc::new(Metrics::default());
     let webhook_readiness = settings
@@ -208,8 +207,14 @@ pub async fn replica(
 }
 
 /// Waits for leadership (when elected), then runs the controller on `clock` until
-/// `shutdown`, a lost lease or a failed essential task; releases the lease unless it was
-/// lost.
+/// `shutdown` or a failed essential task; releases the lease unless it was lost.
+///
+/// A lost lease (no renewal for the renew deadline: an apiserver restart, a partition)
+/// stops every writer at once and makes this replica a standby again in the same process:
+/// it waits for leadership anew, then starts a new controller with empty memory, as a
+/// restarted process would. The conversion webhook, the probes and the metrics serve on
+/// throughout: exiting would cut the connections of reviews in flight (an `EOF` to the
+/// apiserver's client where it speaks HTTP/1.1 to webhooks, as v1.24 does).
 #[allow(clippy::too_many_arguments)]
 async fn lead(
     client: Client,
@@ -225,78 +230,81 @@ async fn lead(
         .lease
         .clone()
         .map(|lease| Arc::new(LeaderElector::new(client.clone(), lease)));
-    let mut acquired = tokio::time::Instant::now();
-    if let Some(elector) = &elector {
-        // A standby replica is healthy and ready; it just does not reconcile.
-        health.ready.store(true, Ordering::Relaxed);
-        tokio::select! {
-            biased;
-            () = shutdown.clone() => {
-                // An acquiring write that landed as the signal came would keep the lease
-                // from the others for a whole lease duration: released if it is held.
-                elector.release().await;
-                return Ok(());
+    loop {
+        let mut acquired = tokio::time::Instant::now();
+        if let Some(elector) = &elector {
+            // A standby replica is healthy and ready; it just does not reconcile.
+            health.ready.store(true, Ordering::Relaxed);
+            tokio::select! {
+                biased;
+                () = shutdown.clone() => {
+                    // An acquiring write that landed as the signal came would keep the lease
+                    // from the others for a whole lease duration: released if it is held.
+                    elector.release().await;
+                    return Ok(());
+                }
+                failed = supervisor.first_failure() => return Err(failed.into()),
+                sent = elector.acquire() => acquired = sent,
             }
-            failed = supervisor.first_failure() => return Err(failed.into()),
-            sent = elector.acquire() => acquired = sent,
+            metrics.leader.set(1);
+            // The leader is ready once it has listed the policies (see `controller`).
+            health.ready.store(false, Ordering::Relaxed);
         }
-        metrics.leader.set(1);
-        // The leader is ready once it has listed the policies (see `controller`).
-        health.ready.store(false, Ordering::Relaxed);
-    }
 
-    let controller = controller(
-        client,
-        settings,
-        metrics.clone(),
-        health.clone(),
-        webhook,
-        clock,
-        shutdown.clone(),
-    );
-    // Leadership lost or a task failed: dropping the controller future stops every writer
-    // at once (reconciles with it, migrations and the sampler through `StopWriters`).
-    let hold = async {
-        match &elector {
-            Some(elector) => elector.hold(acquired).await,
-            None => std::future::pending().await,
+        let controller = controller(
+            client.clone(),
+            settings.clone(),
+            metrics.clone(),
+            health.clone(),
+            webhook.clone(),
+            clock.clone(),
+            shutdown.clone(),
+        );
+        // Leadership lost or a task failed: dropping the controller future stops every writer
+        // at once (reconciles with it, migrations and the sampler through `StopWriters`).
+        let hold = async {
+            match &elector {
+                Some(elector) => elector.hold(acquired).await,
+                None => std::future::pending().await,
+            }
+        };
+        // SIGTERM stops the controller within SHUTDOWN_GRACE whatever the watches are doing
+        // (refused, retrying, stalled): in-flight reconciles get that long to finish.
+        let deadline = {
+            let shutdown = shutdown.clone();
+            async move {
+                shutdown.await;
+                tokio::time::sleep(SHUTDOWN_GRACE).await;
+            }
+        };
+        // A lost lease first: a controller that ended at the same instant still reports it.
+        let result = tokio::select! {
+            biased;
+            lost = hold => {
+                // The controller future is dropped as this arm runs: nothing of this term
+                // writes any more.
+                error!(error = %lost, "lost leadership; stopped every writer, standing by to lead again");
+                metrics.leader.set(0);
+                metrics.leadership_losses.inc();
+                continue;
+            }
+            result = controller => result,
+            () = deadline => {
+                warn!("the controller did not stop within {SHUTDOWN_GRACE:?} of the shutdown signal; stopping it anyway");
+                Ok(())
+            }
+            failed = supervisor.first_failure() => {
+                error!(error = %failed, "an essential task stopped; exiting");
+                health.alive.store(false, Ordering::Relaxed);
+                Err(failed.into())
+            }
+        };
+        metrics.leader.set(0);
+        if let Some(elector) = &elector {
+            elector.release().await;
         }
-    };
-    // SIGTERM stops the controller within SHUTDOWN_GRACE whatever the watches are doing
-    // (refused, retrying, stalled): in-flight reconciles get that long to finish.
-    let deadline = {
-        let shutdown = shutdown.clone();
-        async move {
-            shutdown.await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        }
-    };
-    // A lost lease first: a controller that ended at the same instant still reports it.
-    let result = tokio::select! {
-        biased;
-        lost = hold => {
-            error!(error = %lost, "lost leadership; stopped every writer, exiting so that another replica takes over");
-            health.alive.store(false, Ordering::Relaxed);
-            Err(RunError::LeaseLost(lost))
-        }
-        result = controller => result,
-        () = deadline => {
-            warn!("the controller did not stop within {SHUTDOWN_GRACE:?} of the shutdown signal; stopping it anyway");
-            Ok(())
-        }
-        failed = supervisor.first_failure() => {
-            error!(error = %failed, "an essential task stopped; exiting");
-            health.alive.store(false, Ordering::Relaxed);
-            Err(failed.into())
-        }
-    };
-    metrics.leader.set(0);
-    if let Some(elector) = &elector
-        && !matches!(result, Err(RunError::LeaseLost(_)))
-    {
-        elector.release().await;
+        return result;
     }
-    result
 }
 
 /// Stops the controller's background writers when the controller stops, however it stops:

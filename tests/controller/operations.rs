@@ -191,8 +191,8 @@ async fn a_renewal_answered_late_does_not_extend_leadership() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn run_ends_before_the_lease_expires_when_the_renewal_hangs() {
-    use crd_lifecycle::controller::{RunError, RunSettings, run};
+async fn run_stands_by_when_the_renewal_hangs_and_leads_again_when_it_answers() {
+    use crd_lifecycle::controller::{RunSettings, run};
     let h = Harness::with_example();
     let mut lease = LeaseSettings::new("default".into(), "crd-lifecycle".into(), "replica-a".into());
     lease.lease_duration = std::time::Duration::from_millis(1500);
@@ -221,17 +221,46 @@ async fn run_ends_before_the_lease_expires_when_the_renewal_hangs() {
     }
     let stalled = tokio::time::Instant::now();
     h.fake.lock().leases_stall = true;
-    let result = tokio::time::timeout(std::time::Duration::from_secs(5), running)
-        .await
-        .expect("run returns although the renewal never answers")
-        .expect("no panic");
-    assert!(matches!(result, Err(RunError::LeaseLost(_))), "{result:?}");
-    // Before another replica could take over (a lease duration after the last renewal).
+    // It gives leadership up by its renew deadline, before another replica could take over
+    // (a lease duration after the last renewal), and does not exit: it stands by.
+    let lease_requests = |h: &Harness| {
+        h.fake
+            .requests()
+            .into_iter()
+            .filter(|r| r.path.contains("/leases"))
+            .map(|r| r.at)
+            .collect::<Vec<_>>()
+    };
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    assert!(!running.is_finished(), "run exited after it lost its lease");
+    let renewals_sent = lease_requests(&h);
+    let given_up = renewals_sent
+        .iter()
+        .filter(|at| **at > stalled)
+        .min()
+        .copied()
+        .expect("a renewal after the stall");
+    // The stalled renewal is the last of its term; the next one is a standby's acquire,
+    // sent a retry period after the term ended (within the renew deadline of the stall).
+    let acquires: Vec<_> = renewals_sent.iter().filter(|at| **at > given_up).collect();
+    assert!(!acquires.is_empty(), "the standby never tried to lead again");
     assert!(
-        stalled.elapsed() < std::time::Duration::from_millis(1500),
-        "{:?}",
-        stalled.elapsed()
+        *acquires[0] - stalled < std::time::Duration::from_millis(1500),
+        "gave leadership up {:?} after the stall",
+        *acquires[0] - stalled
     );
+    // The lease answers again: it leads again (it still holds the record, so it renews).
+    h.fake.lock().leases_stall = false;
+    let answered = tokio::time::Instant::now();
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let renewed = h
+        .fake
+        .requests()
+        .into_iter()
+        .any(|r| r.method == "PUT" && r.path.contains("/leases/crd-lifecycle") && r.at >= answered);
+    assert!(renewed, "it did not lead again once the lease answered");
+    assert!(!running.is_finished(), "run exited");
+    running.abort();
 }
 
 #[tokio::test(start_paused = true)]
