@@ -105,6 +105,11 @@ pub enum Fault {
     /// `storedVersions`) just before the controller's `after_reads + 1`-th read of the CRD
     /// from now: between a decision and the run it starts, or inside a run.
     ForeignFailureAtRead { after_reads: u32 },
+    /// Someone else's StorageVersionMigration fails, and Kubernetes processes its end (trims
+    /// `storedVersions`) between a reconcile's decision to start a run and the run's start:
+    /// at the run's read of its policy, whose answer then takes `wait_ms` (a slow answer, or a
+    /// run waiting for a free slot), so the run starts after the trim (finding 1's timing).
+    ForeignFailureBeforeRun { wait_ms: u64 },
     /// The built-in migrator fails every migration for `lasting` seconds.
     MigrationsFail { lasting: u64 },
     /// The controller's clock moves `seconds` (ahead or behind) against the apiserver's.
@@ -141,6 +146,7 @@ impl Fault {
             | Fault::FlipDuringRun { .. }
             | Fault::ForeignMigration { .. }
             | Fault::ForeignFailureAtRead { .. }
+            | Fault::ForeignFailureBeforeRun { .. }
             | Fault::MigrationsFail { .. } => "writer",
             Fault::Skew { .. } => "skew",
         }
@@ -173,6 +179,11 @@ impl fmt::Display for Fault {
                 f,
                 "another's StorageVersionMigration fails, its end trims storedVersions before the controller's read {}",
                 after_reads + 1
+            ),
+            Fault::ForeignFailureBeforeRun { wait_ms } => write!(
+                f,
+                "another's StorageVersionMigration fails, its end trims storedVersions as the controller's next run \
+                 reads its policy, answered {wait_ms}ms later"
             ),
             Fault::MigrationsFail { lasting } => {
                 write!(f, "every StorageVersionMigration fails for {lasting}s")
@@ -247,7 +258,10 @@ pub fn draw(seed: u64) -> Draw {
     let mut faults = Vec::new();
     for _ in 0..count {
         let at = rng.between(0, horizon);
-        let fault = match rng.between(0, 16) {
+        let fault = match rng.between(0, 17) {
+            17 => Fault::ForeignFailureBeforeRun {
+                wait_ms: rng.between(0, 3000),
+            },
             16 => Fault::SvmLateAfterPatch {
                 lag: rng.between(1, 40) as u32,
             },

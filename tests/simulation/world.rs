@@ -288,22 +288,24 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                             invariants::is_replica(actor) && method == "GET" && path == crd_path
                         },
                         *after_reads,
+                        move |state| foreign_migration_fails(state, &name),
+                    );
+                }
+                Fault::ForeignFailureBeforeRun { wait_ms } => {
+                    foreign += 1;
+                    let name = format!("someone-else-{foreign}");
+                    let wait = Duration::from_millis(*wait_ms);
+                    // A run reads its policy before it starts (`Migrations::fresh`); no
+                    // reconcile does (they read the watch's cache).
+                    let policy_path = "/apis/crdlifecycle.io/v1alpha1/versionpolicies/widgets";
+                    fake.before_request(
+                        move |actor, method, path| {
+                            invariants::is_replica(actor) && method == "GET" && path == policy_path
+                        },
+                        0,
                         move |state| {
-                            // No StorageVersionMigration where the API is not served.
-                            if !state.svm_served {
-                                return;
-                            }
-                            state
-                                .svm_fail_by_name
-                                .insert(name.clone(), "conversion webhook failed".into());
-                            state.create_svm(json!({
-                                "apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
-                                "metadata": {"name": name},
-                                "spec": {"resource": {"group": "example.com", "resource": "widgets"}}}));
-                            // Running, failed, its end processed (storedVersions trimmed).
-                            for _ in 0..3 {
-                                state.svm_advance(&name);
-                            }
+                            foreign_migration_fails(state, &name);
+                            state.this_answer_delay = wait;
                         },
                     );
                 }
@@ -676,4 +678,24 @@ fn state_after_faults(fake: &FakeApiserver) {
     let mut state = fake.lock();
     state.leases_stall_for = None;
     state.svm_paused = false;
+}
+
+/// Someone else's StorageVersionMigration of the CRD fails at once, and Kubernetes processes
+/// its end (trims `storedVersions`: tests/fixtures/svm-failed-trims-stored-versions.txt).
+fn foreign_migration_fails(state: &mut crate::apiserver::State, name: &str) {
+    // No StorageVersionMigration where the API is not served.
+    if !state.svm_served {
+        return;
+    }
+    state
+        .svm_fail_by_name
+        .insert(name.to_owned(), "conversion webhook failed".into());
+    state.create_svm(json!({
+        "apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
+        "metadata": {"name": name},
+        "spec": {"resource": {"group": "example.com", "resource": "widgets"}}}));
+    // Running, failed, its end processed (storedVersions trimmed).
+    for _ in 0..3 {
+        state.svm_advance(name);
+    }
 }

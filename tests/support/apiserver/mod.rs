@@ -218,6 +218,10 @@ pub struct State {
     /// the client: a slow network on the way back, so that a client stopped meanwhile has
     /// written without learning it.
     pub write_answer_delay: std::time::Duration,
+    /// How much later than its effect the answer to the request being handled reaches the
+    /// client, set by a trigger's hook for that one request (a slow answer on the way back,
+    /// during which other actors move on).
+    pub this_answer_delay: std::time::Duration,
     /// How long every request (but a watch) waits before the fake acts on it (a loaded
     /// apiserver or a slow network on the way there: other writers act meanwhile).
     pub request_latency: std::time::Duration,
@@ -698,19 +702,23 @@ impl FakeApiserver {
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
-        self.lock()
-            .fire_triggers(self.actor.unwrap_or("controller"), &watch.method, &watch.path);
+        let triggered_delay = {
+            let mut state = self.lock();
+            state.fire_triggers(self.actor.unwrap_or("controller"), &watch.method, &watch.path);
+            std::mem::take(&mut state.this_answer_delay)
+        };
         let mut response = self.answer(request).await;
         let delay = {
             let mut state = self.lock();
             state.current_write = write.then(|| (watch.method.clone(), watch.path.clone()));
             state.step(self.actor.unwrap_or("controller"));
             state.current_write = None;
-            if write {
-                state.write_answer_delay
-            } else {
-                std::time::Duration::ZERO
-            }
+            triggered_delay
+                + if write {
+                    state.write_answer_delay
+                } else {
+                    std::time::Duration::ZERO
+                }
         };
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
