@@ -203,7 +203,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                     let lag = *lag;
                     let crd_path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD}");
                     fake.before_request(
-                        move |actor, method, path| {
+                        move |_, actor, method, path| {
                             invariants::is_replica(actor) && method == "PATCH" && path == crd_path
                         },
                         0,
@@ -284,7 +284,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                     let name = format!("someone-else-{foreign}");
                     let crd_path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD}");
                     fake.before_request(
-                        move |actor, method, path| {
+                        move |_, actor, method, path| {
                             invariants::is_replica(actor) && method == "GET" && path == crd_path
                         },
                         *after_reads,
@@ -296,11 +296,15 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                     let name = format!("someone-else-{foreign}");
                     let wait = Duration::from_millis(*wait_ms);
                     // A run reads its policy before it starts (`Migrations::fresh`); no
-                    // reconcile does (they read the watch's cache).
+                    // reconcile does (they read the watch's cache). While a migration is
+                    // due: a trim then leaves objects in a version no longer listed.
                     let policy_path = "/apis/crdlifecycle.io/v1alpha1/versionpolicies/widgets";
                     fake.before_request(
-                        move |actor, method, path| {
-                            invariants::is_replica(actor) && method == "GET" && path == policy_path
+                        move |state, actor, method, path| {
+                            invariants::is_replica(actor)
+                                && method == "GET"
+                                && path == policy_path
+                                && migration_pending(state)
                         },
                         0,
                         move |state| {
@@ -698,4 +702,23 @@ fn foreign_migration_fails(state: &mut crate::apiserver::State, name: &str) {
     for _ in 0..3 {
         state.svm_advance(name);
     }
+}
+
+/// Whether `status.storedVersions` lists a version besides the storage version (a migration
+/// is due).
+fn migration_pending(state: &crate::apiserver::State) -> bool {
+    let Some(crd) = state.crds.get(CRD) else {
+        return false;
+    };
+    let storage = crd["spec"]["versions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["storage"] == true)
+        .map(|v| v["name"].clone());
+    crd["status"]["storedVersions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|stored| Some(stored) != storage.as_ref())
 }

@@ -61,7 +61,7 @@ impl Recorded {
 type Hook = Box<dyn FnOnce(&mut State) + Send>;
 
 /// Whether a request (actor, method, path) is the one a `Trigger` waits for.
-type Matcher = Box<dyn Fn(&str, &str, &str) -> bool + Send>;
+type Matcher = Box<dyn Fn(&State, &str, &str, &str) -> bool + Send>;
 
 /// A hook run once, just before the `skip + 1`-th request `when` matches (actor, method,
 /// path) is answered: a fault triggered by the client's own progress (Sieve's
@@ -241,7 +241,7 @@ impl State {
     fn fire_triggers(&mut self, actor: &str, method: &str, path: &str) {
         let mut i = 0;
         while i < self.triggers.len() {
-            if !(self.triggers[i].when)(actor, method, path) {
+            if !(self.triggers[i].when)(self, actor, method, path) {
                 i += 1;
             } else if self.triggers[i].skip > 0 {
                 self.triggers[i].skip -= 1;
@@ -617,11 +617,11 @@ impl FakeApiserver {
         self.lock().after_list_page.push_back(Box::new(hook));
     }
 
-    /// Runs `hook` just before the `skip + 1`-th request from now that `when` (actor,
-    /// method, path) matches is answered.
+    /// Runs `hook` just before the `skip + 1`-th request from now that `when` (the state as
+    /// the request arrives, actor, method, path) matches is answered.
     pub fn before_request(
         &self,
-        when: impl Fn(&str, &str, &str) -> bool + Send + 'static,
+        when: impl Fn(&State, &str, &str, &str) -> bool + Send + 'static,
         skip: u32,
         hook: impl FnOnce(&mut State) + Send + 'static,
     ) {
