@@ -107,9 +107,10 @@ pub enum Fault {
     ForeignFailureAtRead { after_reads: u32 },
     /// Someone else's StorageVersionMigration fails, and Kubernetes processes its end (trims
     /// `storedVersions`) between a reconcile's decision to start a run and the run's start:
-    /// at the run's read of its policy, whose answer then takes `wait_ms` (a slow answer, or a
-    /// run waiting for a free slot), so the run starts after the trim (finding 1's timing).
-    ForeignFailureBeforeRun { wait_ms: u64 },
+    /// at the read of its policy of the `runs + 1`-th run from now that starts while a
+    /// migration is due, whose answer then takes `wait_ms` (a slow answer, or a run waiting
+    /// for a free slot), so the run starts after the trim (finding 1's timing).
+    ForeignFailureBeforeRun { runs: u32, wait_ms: u64 },
     /// The built-in migrator fails every migration for `lasting` seconds.
     MigrationsFail { lasting: u64 },
     /// The controller's clock moves `seconds` (ahead or behind) against the apiserver's.
@@ -180,10 +181,11 @@ impl fmt::Display for Fault {
                 "another's StorageVersionMigration fails, its end trims storedVersions before the controller's read {}",
                 after_reads + 1
             ),
-            Fault::ForeignFailureBeforeRun { wait_ms } => write!(
+            Fault::ForeignFailureBeforeRun { runs, wait_ms } => write!(
                 f,
-                "another's StorageVersionMigration fails, its end trims storedVersions as the controller's next run \
-                 reads its policy, answered {wait_ms}ms later"
+                "another's StorageVersionMigration fails, its end trims storedVersions as the controller's run {} \
+                 from now that starts while a migration is due reads its policy, answered {wait_ms}ms later",
+                runs + 1
             ),
             Fault::MigrationsFail { lasting } => {
                 write!(f, "every StorageVersionMigration fails for {lasting}s")
@@ -260,6 +262,7 @@ pub fn draw(seed: u64) -> Draw {
         let at = rng.between(0, horizon);
         let fault = match rng.between(0, 17) {
             17 => Fault::ForeignFailureBeforeRun {
+                runs: rng.between(0, 2) as u32,
                 wait_ms: rng.between(0, 3000),
             },
             16 => Fault::SvmLateAfterPatch {

@@ -291,7 +291,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                         move |state| foreign_migration_fails(state, &name),
                     );
                 }
-                Fault::ForeignFailureBeforeRun { wait_ms } => {
+                Fault::ForeignFailureBeforeRun { runs, wait_ms } => {
                     foreign += 1;
                     let name = format!("someone-else-{foreign}");
                     let wait = Duration::from_millis(*wait_ms);
@@ -306,7 +306,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                                 && path == policy_path
                                 && migration_pending(state)
                         },
-                        0,
+                        *runs,
                         move |state| {
                             foreign_migration_fails(state, &name);
                             state.this_answer_delay = wait;
