@@ -200,8 +200,14 @@ impl CachedPolicies {
 }
 
 async fn log_watch_error<T>(what: &'static str, event: Result<T, kube::runtime::watcher::Error>) {
-    if let Err(error) = event {
-        tracing::warn!(error = %error, "the conversion webhook's {what} watch failed; retrying");
+    match event {
+        // A watch resumed from a resourceVersion etcd compacted away: routine, the watcher
+        // lists again (finding 11: not worth a warning on every apiserver restart).
+        Err(kube::runtime::watcher::Error::WatchError(status)) if status.code == 410 => {
+            tracing::debug!(error = %status.message, "the conversion webhook's {what} watch expired (410); listing again");
+        }
+        Err(error) => tracing::warn!(error = %error, "the conversion webhook's {what} watch failed; retrying"),
+        Ok(_) => {}
     }
 }
 
