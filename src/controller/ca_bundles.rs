@@ -4,125 +4,259 @@
 //! conflict, deleted and released with the webhook left in place) would keep the old CA:
 //! no replica would ever serve the rotated certificate (each waits until every CRD pointed
 //! at the webhook trusts its CA), and conversion of every CRD would fail once the old
-//! certificate expires. Only `caBundle` is written, guarded by the resourceVersion read.
+//! certificate expires.
+//!
+//! The CRDs are not listed: the candidates are those the webhook serves (a policy names
+//! them, or they record their conversion), and a candidate is read again only once it
+//! changed (`webhook_crds`), so a pass on an unchanged cluster sends no request.
+//!
+//! Only `caBundle` is written, by a merge patch carrying the resourceVersion read: it sets
+//! the field whether the CRD had one or not, and a CRD that changed since it was read answers
+//! 409 Conflict (tests/fixtures/apiserver/crd-ca-bundle-writes-v1.36.txt, 3), a lost race:
+//! the CRD is read again and written again. Any other refusal (the apiserver's validation of
+//! the bundle, an admission policy, RBAC: ibid., 4) is the apiserver saying no, not a race:
+//! it is reported (a Warning Event on the CRD and a log line, once per CRD and message) and
+//! tried again at each pass, since the bundle or the policy may change.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{EventType, Recorder};
 use serde_json::json;
 use tracing::{info, warn};
 
+use super::Error;
 use super::conversion_config::WebhookEndpoint;
+use super::events;
+use super::webhook_crds::PointedCrd;
 
 /// How often the CRDs are looked at when the bundle did not change (a CRD pointed at the
-/// webhook since, or a write that lost a race).
+/// webhook since, a write that lost a race, a refusal that may have been lifted).
 const LOOK_AGAIN_EVERY: Duration = Duration::from_secs(60);
+
+/// How many times one pass writes a CRD that keeps changing under it (409 each time) before
+/// leaving it to the next pass.
+const WRITE_ATTEMPTS: usize = 3;
 
 /// What one pass did.
 #[derive(Debug, Default)]
 pub struct Synced {
     /// The CRDs whose `caBundle` was written.
     pub written: Vec<String>,
-    /// The CRDs that could not be written, and why (each is tried again at the next pass;
-    /// one never keeps the others from their bundle).
+    /// The CRDs that changed under each of the pass's writes (409 every time): the next pass.
+    pub raced: Vec<String>,
+    /// The CRDs whose write the apiserver refused (a 4xx but 404, 409 and 429: validation,
+    /// admission, RBAC), with its message.
+    pub refused: Vec<(String, String)>,
+    /// The CRDs that could not be written for a reason that may pass by itself (a 5xx, a
+    /// 429, the network), with it.
     pub failed: Vec<(String, String)>,
 }
 
-/// Writes the bundle to every CRD pointed at the webhook whose `caBundle` differs. A CRD
-/// that changed since it was listed (the patch's `test` op fails) or was deleted is left
-/// for the next pass; `Err` only when the CRDs cannot be listed.
-pub async fn sync_ca_bundles(client: &Client, endpoint: &WebhookEndpoint) -> Result<Synced, kube::Error> {
-    let Some(bundle) = endpoint
-        .ca_bundle
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone()
-    else {
-        return Ok(Synced::default());
-    };
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut synced = Synced::default();
-    for crd in crds.list(&ListParams::default()).await?.items {
-        let Some(config) = crd
-            .spec
-            .conversion
-            .as_ref()
-            .and_then(|c| c.webhook.as_ref())
-            .and_then(|w| w.client_config.as_ref())
-            .filter(|config| endpoint.is_ours(config))
-        else {
-            continue;
-        };
-        if config
-            .ca_bundle
-            .as_ref()
-            .is_some_and(|b| b.0 == bundle.as_bytes())
-        {
-            continue;
-        }
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        let patch: json_patch::Patch = serde_json::from_value(json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": crd.metadata.resource_version},
-            {"op": "replace", "path": "/spec/conversion/webhook/clientConfig/caBundle",
-             "value": ByteString(bundle.clone().into_bytes())},
-        ]))
-        .map_err(kube::Error::SerdeError)?;
-        match crds
-            .patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
-            .await
-        {
-            Ok(_) => synced.written.push(name),
-            // Changed since the list (the test op failed: 422 with the generic message of a
-            // patch that does not apply, apiserver-samples/03), or deleted: the next pass.
-            Err(kube::Error::Api(status)) if status.code == 404 || test_failed(&status) => {}
-            // Anything else (an admission policy refusing it, a 5xx) is said, CRD by CRD.
-            Err(error) => synced.failed.push((name, error.to_string())),
+/// How one CRD's write went.
+enum Outcome {
+    Written,
+    /// Read again after a 409, it needs no write any more (or is gone).
+    Settled,
+    Raced,
+    Refused(String),
+    Failed(String),
+}
+
+/// The leader's keeper of the CRDs' `caBundle`.
+pub struct CaBundleKeeper {
+    client: Client,
+    endpoint: Arc<WebhookEndpoint>,
+    recorder: Recorder,
+    /// Each CRD refused at the last pass, and the apiserver's message: a refusal is reported
+    /// when it is new or its message changed, not at every pass.
+    refusals: HashMap<String, String>,
+}
+
+impl CaBundleKeeper {
+    /// A keeper writing `endpoint`'s bundle, reporting refusals through `recorder`.
+    pub fn new(client: Client, endpoint: Arc<WebhookEndpoint>, recorder: Recorder) -> CaBundleKeeper {
+        CaBundleKeeper {
+            client,
+            endpoint,
+            recorder,
+            refusals: HashMap::new(),
         }
     }
-    Ok(synced)
-}
 
-/// Whether a JSON Patch was refused because a `test` op failed (the CRD changed since it was
-/// read), not by validation or admission, which name the object in their message.
-fn test_failed(status: &kube::core::Status) -> bool {
-    status.code == 422
-        && (status.message.contains("testing value")
-            || status
-                .message
-                .starts_with("the server rejected our request due to an error in our request"))
-}
-
-/// Runs `sync_ca_bundles` whenever the bundle changes, and every minute.
-pub async fn keep_ca_bundles(client: Client, endpoint: Arc<WebhookEndpoint>) {
-    let mut changes = endpoint.bundle_changes();
-    loop {
-        match sync_ca_bundles(&client, &endpoint).await {
-            Ok(synced) => {
-                if !synced.written.is_empty() {
-                    info!(
-                        crds = synced.written.join(", "),
-                        "wrote the webhook's CA bundle to the CRDs pointed at it"
-                    );
-                }
-                for (crd, error) in &synced.failed {
-                    warn!(
-                        crd,
-                        error, "cannot write the webhook's CA bundle to the CRD; retrying"
-                    );
-                }
+    /// Writes the bundle to every CRD pointed at the webhook whose `caBundle` differs, and
+    /// reports what the apiserver refused. `Err` only when the CRDs cannot be read.
+    pub async fn sync(&mut self) -> Result<Synced, Error> {
+        let Some(bundle) = self
+            .endpoint
+            .ca_bundle
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        else {
+            return Ok(Synced::default());
+        };
+        let bundle = bundle.into_bytes();
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let mut synced = Synced::default();
+        for pointed in self.endpoint.pointed_crds(&self.client).await? {
+            if pointed.ca_bundle.as_deref() == Some(bundle.as_slice()) {
+                continue;
             }
-            Err(error) => {
-                warn!(error = %error, "cannot list the CRDs to write the webhook's CA bundle; retrying")
+            let name = pointed.name.clone();
+            match self.write(&crds, pointed, &bundle).await {
+                Outcome::Written => synced.written.push(name),
+                Outcome::Settled => {}
+                Outcome::Raced => synced.raced.push(name),
+                Outcome::Refused(message) => synced.refused.push((name, message)),
+                Outcome::Failed(error) => synced.failed.push((name, error)),
             }
         }
-        tokio::select! {
-            biased;
-            _ = changes.changed() => {}
-            () = tokio::time::sleep(LOOK_AGAIN_EVERY) => {}
+        self.report_refusals(&synced).await;
+        Ok(synced)
+    }
+
+    /// Writes `bundle` to one CRD, reading it again after each lost race.
+    async fn write(
+        &self,
+        crds: &Api<CustomResourceDefinition>,
+        mut crd: PointedCrd,
+        bundle: &[u8],
+    ) -> Outcome {
+        for _ in 0..WRITE_ATTEMPTS {
+            let patch = json!({
+                "metadata": {"resourceVersion": crd.resource_version},
+                "spec": {"conversion": {"webhook": {"clientConfig": {"caBundle": ByteString(bundle.to_vec())}}}},
+            });
+            match crds
+                .patch(&crd.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(written) => {
+                    self.endpoint.remember(&written).await;
+                    return Outcome::Written;
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 => match crds.get_opt(&crd.name).await {
+                    Ok(Some(current)) => match self.endpoint.remember(&current).await {
+                        Some(pointed) if pointed.ca_bundle.as_deref() != Some(bundle) => crd = pointed,
+                        // Pointed elsewhere now, or someone wrote the same bundle.
+                        _ => return Outcome::Settled,
+                    },
+                    Ok(None) => return Outcome::Settled,
+                    Err(error) => return Outcome::Failed(error.to_string()),
+                },
+                Err(kube::Error::Api(status)) if status.code == 404 => return Outcome::Settled,
+                Err(kube::Error::Api(status)) if refusal(status.code) => {
+                    return Outcome::Refused(status.message);
+                }
+                Err(error) => return Outcome::Failed(error.to_string()),
+            }
+        }
+        Outcome::Raced
+    }
+
+    /// A Warning Event on each CRD refused for a new reason, and a log line; a CRD refused
+    /// before and written now is logged too.
+    async fn report_refusals(&mut self, synced: &Synced) {
+        for (crd, message) in &synced.refused {
+            if self.refusals.get(crd) == Some(message) {
+                continue;
+            }
+            warn!(
+                crd,
+                message,
+                "the apiserver refused the webhook's CA bundle for the CRD; trying again every minute"
+            );
+            let note = format!(
+                "the apiserver refused the conversion webhook's CA bundle for {crd}: {message}. Until it \
+                 accepts one, the webhook's replicas do not serve a certificate of a new CA, and the \
+                 CRD's conversions fail once the certificate it trusts expires"
+            );
+            let event = events::event(EventType::Warning, "CABundleRefused", "WriteCABundle", note);
+            events::send(&self.recorder, &crd_reference(crd), event).await;
+        }
+        for crd in &synced.written {
+            if self.refusals.contains_key(crd) {
+                info!(
+                    crd,
+                    "the apiserver accepted the webhook's CA bundle for the CRD it had refused"
+                );
+            }
+        }
+        self.refusals = synced.refused.iter().cloned().collect();
+    }
+
+    /// Runs `sync` whenever the bundle changes, and every minute.
+    pub async fn run(mut self) {
+        let mut changes = self.endpoint.bundle_changes();
+        loop {
+            match self.sync().await {
+                Ok(synced) => {
+                    if !synced.written.is_empty() {
+                        info!(
+                            crds = synced.written.join(", "),
+                            "wrote the webhook's CA bundle to the CRDs pointed at it"
+                        );
+                    }
+                    if !synced.raced.is_empty() {
+                        info!(
+                            crds = synced.raced.join(", "),
+                            "the CRDs kept changing while the webhook's CA bundle was written; trying again"
+                        );
+                    }
+                    for (crd, error) in &synced.failed {
+                        warn!(
+                            crd,
+                            error, "cannot write the webhook's CA bundle to the CRD; retrying"
+                        );
+                    }
+                }
+                Err(error) => {
+                    warn!(error = %error, "cannot read the CRDs to write the webhook's CA bundle; retrying")
+                }
+            }
+            tokio::select! {
+                biased;
+                _ = changes.changed() => {}
+                () = tokio::time::sleep(LOOK_AGAIN_EVERY) => {}
+            }
+        }
+    }
+}
+
+/// Whether an error status is the apiserver refusing the write, rather than a race (409), a
+/// deletion (404) or a failure that passes by itself (429, 5xx).
+fn refusal(code: u16) -> bool {
+    (400..500).contains(&code) && !matches!(code, 404 | 409 | 429)
+}
+
+/// The CRD named `name`, as an Event's subject.
+fn crd_reference(name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("apiextensions.k8s.io/v1".to_owned()),
+        kind: Some("CustomResourceDefinition".to_owned()),
+        name: Some(name.to_owned()),
+        ..ObjectReference::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refusal;
+
+    #[test]
+    fn a_refusal_is_neither_a_race_nor_a_passing_failure() {
+        for code in [400, 403, 422] {
+            assert!(refusal(code), "{code}");
+        }
+        for code in [404, 409, 429, 500, 503] {
+            assert!(!refusal(code), "{code}");
         }
     }
 }

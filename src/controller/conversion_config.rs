@@ -5,9 +5,11 @@ use std::sync::RwLock;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::Api;
 use serde_json::{Value, json};
 use tokio::sync::watch;
+
+use super::Error;
+use super::webhook_crds::{PointedCrd, WebhookCrds};
 
 /// How the apiserver reaches the webhook.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,22 +67,31 @@ impl WebhookTarget {
     }
 }
 
-/// The webhook endpoint and the CA bundle the CRDs must trust.
+/// The webhook endpoint, the CA bundle the CRDs must trust, and the CRDs it serves.
 pub struct WebhookEndpoint {
     pub target: WebhookTarget,
     /// The CA certificates (PEM), once known.
     pub ca_bundle: RwLock<Option<String>>,
     /// Bumped whenever the bundle changes, so that every policy is reconciled at once.
     bundle_changes: watch::Sender<u64>,
+    /// The CRDs the webhook serves, as read.
+    crds: WebhookCrds,
 }
 
 impl WebhookEndpoint {
+    /// An endpoint that renders `spec.conversion` but cannot read the CRDs (see `with_crds`).
     pub fn new(target: WebhookTarget) -> Self {
         Self {
             target,
             ca_bundle: RwLock::new(None),
             bundle_changes: watch::Sender::new(0),
+            crds: WebhookCrds::unwatched(),
         }
+    }
+
+    /// The same, reading the CRDs it serves through `crds`.
+    pub fn with_crds(self, crds: WebhookCrds) -> Self {
+        Self { crds, ..self }
     }
 
     /// Sets the CAs the CRDs must trust (PEM, one or more certificates).
@@ -97,31 +108,43 @@ impl WebhookEndpoint {
         self.bundle_changes.subscribe()
     }
 
-    /// The `caBundle` of every CRD whose `spec.conversion` points at this webhook: one list
-    /// of the CRDs.
-    pub async fn read_bundles(&self, client: &kube::Client) -> Result<CrdBundles, kube::Error> {
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        let list = crds.list(&Default::default()).await?;
-        let bundles = list
-            .items
-            .iter()
-            .filter_map(|crd| {
-                crd.spec
-                    .conversion
-                    .as_ref()
-                    .and_then(|c| c.webhook.as_ref())
-                    .and_then(|w| w.client_config.as_ref())
-                    .filter(|config| self.is_ours(config))
-            })
-            .map(|config| {
-                config
-                    .ca_bundle
-                    .as_ref()
-                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-                    .unwrap_or_default()
-            })
+    /// Every CRD the webhook serves whose `spec.conversion` points at it, by name (see
+    /// `WebhookCrds`: no list of the CRDs, a GET of each that changed since it was read).
+    pub async fn pointed_crds(&self, client: &kube::Client) -> Result<Vec<PointedCrd>, Error> {
+        self.crds.pointed(client, |crd| self.pointed(crd)).await
+    }
+
+    /// Keeps a CRD as a write or a read answered it, so that the next pass need not read it
+    /// again; returns it if it points at the webhook.
+    pub async fn remember(&self, crd: &CustomResourceDefinition) -> Option<PointedCrd> {
+        self.crds.remember(crd, |crd| self.pointed(crd)).await
+    }
+
+    /// The `caBundle` of every CRD the webhook serves whose `spec.conversion` points at it.
+    pub async fn read_bundles(&self, client: &kube::Client) -> Result<CrdBundles, Error> {
+        let bundles = self
+            .pointed_crds(client)
+            .await?
+            .into_iter()
+            .map(|crd| String::from_utf8_lossy(&crd.ca_bundle.unwrap_or_default()).into_owned())
             .collect();
         Ok(CrdBundles { bundles })
+    }
+
+    /// The CRD, if its `spec.conversion` points at this webhook.
+    pub fn pointed(&self, crd: &CustomResourceDefinition) -> Option<PointedCrd> {
+        let config = crd
+            .spec
+            .conversion
+            .as_ref()
+            .and_then(|c| c.webhook.as_ref())
+            .and_then(|w| w.client_config.as_ref())
+            .filter(|config| self.is_ours(config))?;
+        Some(PointedCrd {
+            name: crd.metadata.name.clone().unwrap_or_default(),
+            resource_version: crd.metadata.resource_version.clone().unwrap_or_default(),
+            ca_bundle: config.ca_bundle.as_ref().map(|b| b.0.clone()),
+        })
     }
 
     /// Whether a CRD's webhook client config points at this webhook.

@@ -27,6 +27,7 @@ pub mod status;
 pub mod supervise;
 pub mod traffic;
 pub mod triggers;
+pub mod webhook_crds;
 mod webhook_tasks;
 pub mod writer_reads;
 
@@ -401,9 +402,9 @@ pub async fn controller(
         })),
         // Every CRD pointed at the webhook trusts its CAs, governed or not.
         ca_bundles: webhook.clone().map(|endpoint| {
-            let client = client.clone();
+            let keeper = ca_bundles::CaBundleKeeper::new(client.clone(), endpoint, recorder.clone());
             Essential::spawn("the CA bundle keeper", async move {
-                ca_bundles::keep_ca_bundles(client, endpoint).await;
+                keeper.run().await;
                 Err("it returned".to_owned())
             })
         }),

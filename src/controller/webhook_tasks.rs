@@ -19,6 +19,7 @@ use super::conversion_config::{
 };
 use super::rotation_record::RotationRecord;
 use super::supervise::{Essential, Supervisor};
+use super::webhook_crds::WebhookCrds;
 use crate::webhook::{CertStore, Connections, Readiness, Server, WebhookMetrics};
 
 /// Where the conversion webhook listens, how the apiserver reaches it, and its
@@ -100,7 +101,10 @@ pub(super) async fn start_webhook(
                 settings.address
             ))
         })?;
-    let endpoint = Arc::new(WebhookEndpoint::new(settings.target.clone()));
+    // The webhook's caches also say which CRDs its certificates must be trusted by.
+    let (cache, watches) = crate::webhook::CachedPolicies::watch(client.clone());
+    let crds = WebhookCrds::new(cache.policies.clone(), cache.crds.clone());
+    let endpoint = Arc::new(WebhookEndpoint::new(settings.target.clone()).with_crds(crds));
     let certs = Arc::new(CertStore::default());
     let refresher = CertificateRefresher::new(
         client.clone(),
@@ -119,7 +123,6 @@ pub(super) async fn start_webhook(
         },
     ));
 
-    let (cache, watches) = crate::webhook::CachedPolicies::watch(client);
     let cache = Arc::new(cache);
     // Ready only once the webhook knows every policy and every CRD's recorded conversion:
     // before that it would refuse reviews it can answer.
@@ -161,10 +164,11 @@ pub(super) async fn start_webhook(
 
 /// Keeps one replica's serving certificate fresh and the CAs the replicas need in the
 /// bundle the leader writes to the CRDs. Each pass reads the certificates (files, or the
-/// Secret, renewing it when due); the CRDs are read (one list) only when there is something
-/// to learn from them: a new certificate set, a set waiting for its CA to be trusted, a
-/// served CA some CRD does not trust, or a CA a live replica serves that this one has no
-/// copy of. What this replica serves is recorded on the Secret (`RotationRecord`) at least
+/// Secret, renewing it when due); the CRDs are looked at only when there is something to
+/// learn from them: a new certificate set, a set waiting for its CA to be trusted, a served
+/// CA some CRD does not trust, or a CA a live replica serves that this one has no copy of.
+/// Looking costs a GET of each CRD the webhook serves that changed since it was read, and
+/// nothing else (`webhook_crds`: never a list of the CRDs). What this replica serves is recorded on the Secret (`RotationRecord`) at least
 /// every third of the record's time to live. Reading certificates or CRDs and writing the
 /// record fail and are retried independently, with backoff; the bundle reaches the CRDs even
 /// while the record cannot be written (without pruning: liveness unknown). `/readyz` is

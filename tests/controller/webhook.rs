@@ -264,6 +264,17 @@ pub(crate) mod crd_conversion {
 
     const CRD: &str = "gadgets.example.com";
 
+    /// A CA certificate (PEM): the apiserver refuses a `caBundle` that holds none
+    /// (tests/fixtures/apiserver/crd-ca-bundle-writes-v1.36.txt, 4).
+    fn a_ca() -> String {
+        webhook::certs::new_bundle(
+            &["crd-lifecycle-webhook.crd-lifecycle.svc".to_owned()],
+            jiff::Timestamp::now(),
+        )
+        .expect("a CA")
+        .ca_pem
+    }
+
     /// The conversion example's CRD and policy (migrations off).
     pub(crate) fn harness() -> Harness {
         let mut h = Harness::new();
@@ -281,7 +292,7 @@ pub(crate) mod crd_conversion {
         let endpoint = Arc::new(WebhookEndpoint::new(
             WebhookTarget::parse_service("crd-lifecycle/crd-lifecycle-webhook").expect("service"),
         ));
-        endpoint.set_ca_bundle("-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n".into());
+        endpoint.set_ca_bundle(a_ca());
         h.serve_webhook(endpoint);
         h.at("2026-01-20T00:00:00Z");
         h.reconcile("gadgets").await;
@@ -332,7 +343,7 @@ pub(crate) mod crd_conversion {
         let endpoint = Arc::new(WebhookEndpoint::new(
             WebhookTarget::parse_service("crd-lifecycle/crd-lifecycle-webhook").expect("service"),
         ));
-        endpoint.set_ca_bundle("-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n".into());
+        endpoint.set_ca_bundle(a_ca());
         h.serve_webhook(endpoint);
         h
     }

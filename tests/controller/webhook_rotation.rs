@@ -6,11 +6,16 @@
 
 use std::sync::Arc;
 
+use crd_lifecycle::controller::ca_bundles::{CaBundleKeeper, Synced};
 use crd_lifecycle::controller::rotation_record::{RotationRecord, SINCE_ANNOTATION};
+use crd_lifecycle::controller::webhook_crds::WebhookCrds;
 use crd_lifecycle::controller::{
     CertificateRefresher, CertificateSource, WebhookEndpoint, WebhookSettings, WebhookTarget,
 };
-use crd_lifecycle::webhook::{CertStore, Readiness, WebhookMetrics, certs};
+use crd_lifecycle::conversion::CRD_CONVERSION_ANNOTATION;
+use crd_lifecycle::webhook::{CachedPolicies, CertStore, Readiness, WebhookMetrics, certs};
+use kube::ResourceExt;
+use kube::runtime::events::{Recorder, Reporter};
 
 use crate::Harness;
 use crate::webhook::crd_conversion::harness;
@@ -30,6 +35,18 @@ struct Replica {
     endpoint: Arc<WebhookEndpoint>,
     certs: Arc<CertStore>,
     readiness: Arc<Readiness>,
+    /// The webhook's caches (as `run` keeps them) the replica finds the CRDs through.
+    caches: CachedPolicies,
+    _watches: Watches,
+}
+
+/// The watches filling a replica's caches, stopped with it.
+struct Watches(tokio::task::JoinHandle<()>);
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Replica {
@@ -47,7 +64,9 @@ impl Replica {
             }),
             connections: Default::default(),
         };
-        let endpoint = Arc::new(WebhookEndpoint::new(target()));
+        let (caches, watches) = CachedPolicies::watch(h.ctx.client.clone());
+        let crds = WebhookCrds::new(caches.policies.clone(), caches.crds.clone());
+        let endpoint = Arc::new(WebhookEndpoint::new(target()).with_crds(crds));
         let certs = Arc::new(CertStore::default());
         let readiness = Arc::new(Readiness::default());
         readiness.policies_loaded();
@@ -64,14 +83,63 @@ impl Replica {
             endpoint,
             certs,
             readiness,
+            caches,
+            _watches: Watches(tokio::spawn(watches)),
         }
     }
 
-    /// One refresh; how many times it listed the CRDs.
+    /// Waits until the replica's watches have delivered every CRD and policy as the fake
+    /// holds them (a watch delivers a write some time after its answer).
+    async fn caught_up(&self, h: &Harness) {
+        for _ in 0..10_000 {
+            let (crds, policies) = {
+                let state = h.fake.lock();
+                let versions = |objects: &std::collections::BTreeMap<String, serde_json::Value>| {
+                    objects
+                        .iter()
+                        .map(|(name, o)| {
+                            (
+                                name.clone(),
+                                o["metadata"]["resourceVersion"]
+                                    .as_str()
+                                    .unwrap_or_default()
+                                    .to_owned(),
+                            )
+                        })
+                        .collect::<std::collections::BTreeMap<_, _>>()
+                };
+                (versions(&state.crds), versions(&state.policies))
+            };
+            let seen_crds: std::collections::BTreeMap<_, _> = self
+                .caches
+                .crds
+                .state()
+                .iter()
+                .map(|c| (c.name_any(), c.resource_version().unwrap_or_default()))
+                .collect();
+            let seen_policies: std::collections::BTreeMap<_, _> = self
+                .caches
+                .policies
+                .state()
+                .iter()
+                .map(|p| (p.name_any(), p.resource_version().unwrap_or_default()))
+                .collect();
+            if seen_crds == crds && seen_policies == policies {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        panic!("the replica's watches did not deliver the fake's CRDs and policies");
+    }
+
+    /// One refresh once the watches caught up; how many CRDs it read (GET), after checking
+    /// that it listed none in full.
     async fn refresh(&mut self, h: &Harness) -> usize {
-        let before = crd_lists(h);
+        self.caught_up(h).await;
+        let before = crd_reads(h).len();
         self.refresher.refresh().await;
-        crd_lists(h) - before
+        assert_eq!(full_crd_lists(h), 0, "the CRDs are never listed in full");
+        crd_reads(h).len() - before
     }
 
     fn ready(&self) -> Result<(), String> {
@@ -85,11 +153,23 @@ impl Replica {
     }
 }
 
-fn crd_lists(h: &Harness) -> usize {
+/// The CRDs read one by one (GET), in order.
+fn crd_reads(h: &Harness) -> Vec<String> {
+    let prefix = format!("{CRD_LIST}/");
     h.fake
         .requests()
         .iter()
-        .filter(|r| r.method == "GET" && r.path == CRD_LIST)
+        .filter(|r| r.method == "GET")
+        .filter_map(|r| r.path.strip_prefix(&prefix).map(str::to_owned))
+        .collect()
+}
+
+/// Lists of the CRDs' full objects (the webhook's metadata-only watch lists only metadata).
+fn full_crd_lists(h: &Harness) -> usize {
+    h.fake
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == CRD_LIST && !r.accept.contains("as=PartialObjectMetadata"))
         .count()
 }
 
@@ -101,6 +181,27 @@ fn decode(encoded: &serde_json::Value) -> String {
 /// The CRD's `caBundle` as the apiserver holds it.
 fn crd_bundle(h: &Harness) -> String {
     decode(&h.fake.crd(CRD)["spec"]["conversion"]["webhook"]["clientConfig"]["caBundle"])
+}
+
+/// The leader's CA bundle keeper for this replica's bundle, reporting to the fake.
+fn keeper(h: &Harness, replica: &Replica) -> CaBundleKeeper {
+    let reporter = Reporter {
+        controller: "crd-lifecycle".into(),
+        instance: Some("replica-a".into()),
+    };
+    CaBundleKeeper::new(
+        h.ctx.client.clone(),
+        replica.endpoint.clone(),
+        Recorder::new(h.ctx.client.clone(), reporter),
+    )
+}
+
+/// One pass of the keeper once the replica's watches caught up.
+async fn sync(h: &Harness, replica: &Replica, keeper: &mut CaBundleKeeper) -> Synced {
+    replica.caught_up(h).await;
+    let synced = keeper.sync().await.expect("the CRDs read");
+    assert_eq!(full_crd_lists(h), 0, "the CRDs are never listed in full");
+    synced
 }
 
 /// A CA and a serving certificate it signed.
@@ -174,8 +275,8 @@ struct Rotating {
     ca1: certs::Bundle,
     ca2: certs::Bundle,
     a: Replica,
-    /// CRD lists of the replica's first refresh.
-    first_lists: usize,
+    /// CRDs read by the replica's first refresh.
+    first_reads: usize,
 }
 
 async fn rotating(test: &str) -> Rotating {
@@ -184,7 +285,7 @@ async fn rotating(test: &str) -> Rotating {
     let (ca1, ca2) = (new_ca(), new_ca());
     files.write(&ca1);
     let mut a = Replica::new(&h, files.source(), "replica-a");
-    let first_lists = a.refresh(&h).await;
+    let first_reads = a.refresh(&h).await;
     record_kept_for_a_ttl(&h);
     lead(&mut h, &a).await;
     Rotating {
@@ -193,21 +294,23 @@ async fn rotating(test: &str) -> Rotating {
         ca1,
         ca2,
         a,
-        first_lists,
+        first_reads,
     }
 }
 
+/// A refresh reads the CRDs only to learn something, never lists them, and reads a CRD again
+/// only once it changed: waiting for the leader during a rotation costs no request.
 #[tokio::test]
-async fn a_refresh_lists_the_crds_at_most_once_and_only_to_learn_something() {
+async fn a_refresh_reads_a_crd_only_to_learn_something_and_only_once_it_changed() {
     let Rotating {
         mut h,
         files,
         ca1,
         ca2,
         mut a,
-        first_lists,
-    } = rotating("rotation-lists").await;
-    assert_eq!(first_lists, 1, "a first start reads the CRDs once");
+        first_reads,
+    } = rotating("rotation-reads").await;
+    assert_eq!(first_reads, 1, "a first start reads the policy's CRD once");
     assert!(a.certs.serves(&ca1.cert_pem));
     assert_eq!(a.ready(), Ok(()));
     assert_eq!(crd_bundle(&h), ca1.ca_pem);
@@ -215,23 +318,110 @@ async fn a_refresh_lists_the_crds_at_most_once_and_only_to_learn_something() {
         assert_eq!(a.refresh(&h).await, 0, "nothing changed: nothing to read");
     }
 
-    // cert-manager rotates the CA: one list; the new certificate waits, its CA appended.
+    // cert-manager rotates the CA: the new certificate waits, its CA appended. The CRD is
+    // read: it changed since the first read (the leader pointed it at the webhook).
     files.write(&ca2);
     assert_eq!(a.refresh(&h).await, 1);
     assert!(a.certs.serves(&ca1.cert_pem), "still the old certificate");
     assert_eq!(a.ready(), Ok(()), "serving a certificate the CRDs trust");
     assert_eq!(a.bundle(), format!("{}{}", ca1.ca_pem, ca2.ca_pem));
-    // While it waits: one list per pass.
-    assert_eq!(a.refresh(&h).await, 1);
+    // While it waits: nothing read until the CRD changes.
+    assert_eq!(a.refresh(&h).await, 0);
     lead(&mut h, &a).await;
     assert_eq!(crd_bundle(&h), format!("{}{}", ca1.ca_pem, ca2.ca_pem));
-    assert_eq!(a.refresh(&h).await, 1, "the CRDs trust the new CA");
+    assert_eq!(
+        a.refresh(&h).await,
+        1,
+        "the CRD changed: read once, and it trusts the new CA"
+    );
     assert!(a.certs.serves(&ca2.cert_pem));
     // No replica serves the old CA any more: it leaves the bundle.
     assert_eq!(a.bundle(), ca2.ca_pem);
     lead(&mut h, &a).await;
     assert_eq!(crd_bundle(&h), ca2.ca_pem);
     assert_eq!(a.refresh(&h).await, 0, "settled");
+}
+
+/// A CRD like the conversion example's, named `name`, that the webhook does not serve: no
+/// policy names it and it records no conversion. Some are pointed at another webhook.
+fn unrelated(i: usize) -> serde_json::Value {
+    let mut crd = crate::yaml(include_str!("../../examples/conversion/crd.yaml"));
+    crd["metadata"]["name"] = format!("things{i}.example.com").into();
+    crd["spec"]["names"]["plural"] = format!("things{i}").into();
+    if i.is_multiple_of(5) {
+        crd["spec"]["conversion"] = serde_json::json!({
+            "strategy": "Webhook",
+            "webhook": {"conversionReviewVersions": ["v1"], "clientConfig": {"service": {
+                "namespace": "other", "name": "other-webhook", "path": "/convert", "port": 443}}},
+        });
+    }
+    crd
+}
+
+/// Among 50 CRDs the webhook does not serve, the refresher and the keeper read only the two
+/// it does (the policy's, and one a deleted policy released with its conversion recorded),
+/// each once until it changes, and never list the CRDs: on a cluster of a thousand CRDs of
+/// hundreds of kB each, a minute's pass costs nothing when nothing changed. A CRD pointed at
+/// the webhook's Service that no policy names and that records no conversion is not read
+/// either: the webhook refuses every review for it, whatever CA it trusts.
+#[tokio::test]
+async fn only_the_crds_the_webhook_serves_are_read_and_only_once_they_changed() {
+    const RELEASED: &str = "widgets.example.com";
+    const STRAY: &str = "strays.example.com";
+    let h = harness();
+    for i in 0..50 {
+        h.fake.create_crd(unrelated(i));
+    }
+    h.fake.create_crd(released_without_a_bundle(RELEASED));
+    let mut stray = released_without_a_bundle(STRAY);
+    stray["metadata"]["annotations"] = serde_json::json!({});
+    h.fake.create_crd(stray);
+    let files = Files::new("rotation-reads-few");
+    let ca1 = new_ca();
+    files.write(&ca1);
+    let mut a = Replica::new(&h, files.source(), "replica-a");
+    a.refresh(&h).await;
+    let mut reads = crd_reads(&h);
+    reads.sort();
+    assert_eq!(
+        reads,
+        [CRD, RELEASED],
+        "each CRD the webhook serves read once, no other"
+    );
+
+    let mut keeper = keeper(&h, &a);
+    h.fake.clear_requests();
+    let synced = sync(&h, &a, &mut keeper).await;
+    assert_eq!(synced.written, [RELEASED], "{synced:?}");
+    assert!(
+        crd_reads(&h).is_empty(),
+        "what the refresher read serves the keeper"
+    );
+    assert_eq!(bundle_of(&h, RELEASED), ca1.ca_pem);
+    assert_eq!(bundle_of(&h, STRAY), "", "not the keeper's");
+
+    // Nothing changed: a pass of each reads nothing (the keeper's own write included).
+    h.fake.clear_requests();
+    sync(&h, &a, &mut keeper).await;
+    a.refresh(&h).await;
+    assert!(crd_reads(&h).is_empty(), "{:?}", crd_reads(&h));
+    // An unrelated CRD changes: nothing read.
+    h.fake.edit_crd("things7.example.com", |crd| {
+        crd["metadata"]["labels"] = serde_json::json!({"edited": "yes"})
+    });
+    sync(&h, &a, &mut keeper).await;
+    assert!(crd_reads(&h).is_empty(), "{:?}", crd_reads(&h));
+    // A CRD the webhook serves changes: read once, and its bundle put back.
+    h.fake.edit_crd(RELEASED, |crd| {
+        crd["spec"]["conversion"]["webhook"]["clientConfig"]
+            .as_object_mut()
+            .expect("clientConfig")
+            .remove("caBundle");
+    });
+    let synced = sync(&h, &a, &mut keeper).await;
+    assert_eq!(synced.written, [RELEASED]);
+    assert_eq!(crd_reads(&h), [RELEASED]);
+    assert_eq!(bundle_of(&h, RELEASED), ca1.ca_pem);
 }
 
 #[tokio::test]
@@ -461,21 +651,18 @@ async fn a_crd_whose_policy_is_suspended_still_gets_the_new_ca() {
     a.refresh(&h).await;
     assert!(a.certs.serves(&ca1.cert_pem), "the CRD does not trust CA2 yet");
 
-    // A write refused otherwise than by a race is said, and tried again at the next pass.
+    // A write that failed for a passing reason is said, and tried again at the next pass.
+    let mut keeper = keeper(&h, &a);
     h.fake.fail_next_crd_patch(500, "etcdserver: request timed out");
-    let refused = crd_lifecycle::controller::ca_bundles::sync_ca_bundles(&h.ctx.client, &a.endpoint)
-        .await
-        .expect("listed");
-    assert!(refused.written.is_empty());
-    assert_eq!(refused.failed.len(), 1, "{:?}", refused.failed);
+    let failed = sync(&h, &a, &mut keeper).await;
+    assert!(failed.written.is_empty() && failed.refused.is_empty());
+    assert_eq!(failed.failed.len(), 1, "{:?}", failed.failed);
     assert!(
-        refused.failed[0].1.contains("request timed out"),
+        failed.failed[0].1.contains("request timed out"),
         "{:?}",
-        refused.failed
+        failed.failed
     );
-    let synced = crd_lifecycle::controller::ca_bundles::sync_ca_bundles(&h.ctx.client, &a.endpoint)
-        .await
-        .expect("synced");
+    let synced = sync(&h, &a, &mut keeper).await;
     assert_eq!(synced.written, [CRD]);
     assert!(synced.failed.is_empty(), "{:?}", synced.failed);
     assert_eq!(crd_bundle(&h), format!("{}{}", ca1.ca_pem, ca2.ca_pem));
@@ -483,12 +670,151 @@ async fn a_crd_whose_policy_is_suspended_still_gets_the_new_ca() {
     assert!(a.certs.serves(&ca2.cert_pem), "trusted: served");
     // Once the old CA leaves the bundle, it leaves the CRD too; then nothing to write.
     a.refresh(&h).await;
-    crd_lifecycle::controller::ca_bundles::sync_ca_bundles(&h.ctx.client, &a.endpoint)
-        .await
-        .expect("synced");
+    sync(&h, &a, &mut keeper).await;
     assert_eq!(crd_bundle(&h), ca2.ca_pem);
-    let again = crd_lifecycle::controller::ca_bundles::sync_ca_bundles(&h.ctx.client, &a.endpoint)
-        .await
-        .expect("synced");
+    let again = sync(&h, &a, &mut keeper).await;
     assert!(again.written.is_empty() && again.failed.is_empty(), "{again:?}");
+}
+
+/// A CRD like the conversion example's, named `name`, that the policy `released` pointed at
+/// the webhook's Service before it was deleted: its conversion recorded on it (so the webhook
+/// still converts for it), and no `caBundle`, which the apiserver accepts
+/// (tests/fixtures/apiserver/crd-ca-bundle-writes-v1.36.txt, 1), e.g. applied again by a
+/// chart that leaves the bundle to whoever injects it.
+fn released_without_a_bundle(name: &str) -> serde_json::Value {
+    let mut crd = crate::yaml(include_str!("../../examples/conversion/crd.yaml"));
+    crd["metadata"]["name"] = name.into();
+    let plural = name.split('.').next().unwrap_or_default();
+    crd["spec"]["names"]["plural"] = plural.into();
+    crd["spec"]["conversion"] = serde_json::json!({
+        "strategy": "Webhook",
+        "webhook": {"conversionReviewVersions": ["v1"], "clientConfig": {"service": {
+            "namespace": NAMESPACE, "name": "crd-lifecycle-webhook",
+            "path": "/convert/released", "port": 443}}},
+    });
+    let policy = crate::yaml(include_str!("../../examples/conversion/policy.yaml"));
+    let record = serde_json::json!({"policy": "released", "conversion": policy["spec"]["conversion"]});
+    crd["metadata"]["annotations"] = serde_json::json!({CRD_CONVERSION_ANNOTATION: record.to_string()});
+    crd
+}
+
+/// The `caBundle` a CRD holds (PEM), empty when it has none.
+fn bundle_of(h: &Harness, name: &str) -> String {
+    let encoded = &h.fake.crd(name)["spec"]["conversion"]["webhook"]["clientConfig"]["caBundle"];
+    if encoded.is_null() {
+        return String::new();
+    }
+    decode(encoded)
+}
+
+/// The keeper's write of a CRD pointed at the webhook without a `caBundle` lands (a merge
+/// patch sets the absent member: ibid., 3a; the JSON Patch `replace` it sent before did too,
+/// 2a), so the rotation does not wait on that CRD for ever.
+#[tokio::test]
+async fn a_crd_pointed_at_the_webhook_without_a_bundle_gets_it() {
+    let Rotating { h, ca1, mut a, .. } = rotating("rotation-no-bundle").await;
+    const RELEASED: &str = "widgets.example.com";
+    h.fake.create_crd(released_without_a_bundle(RELEASED));
+    let synced = sync(&h, &a, &mut keeper(&h, &a)).await;
+    assert_eq!(synced.written, [RELEASED], "{synced:?}");
+    assert_eq!(bundle_of(&h, RELEASED), ca1.ca_pem);
+    a.refresh(&h).await;
+    assert_eq!(
+        a.ready(),
+        Ok(()),
+        "every CRD pointed at the webhook trusts the CA served"
+    );
+}
+
+/// The CRD changes between the keeper's read and its write: the merge patch's resourceVersion
+/// is stale, the apiserver answers 409 (ibid., 3b), and the keeper reads the CRD again and
+/// writes it in the same pass, not a minute later.
+#[tokio::test]
+async fn a_write_that_lost_a_race_is_read_and_written_again() {
+    let Rotating { h, ca1, a, .. } = rotating("rotation-race").await;
+    const RELEASED: &str = "widgets.example.com";
+    h.fake.create_crd(released_without_a_bundle(RELEASED));
+    // Someone labels the CRD just before the keeper's write lands.
+    h.fake.before_next_crd_patch(|state| {
+        let mut crd = state.crds[RELEASED].clone();
+        crd["metadata"]["labels"] = serde_json::json!({"team": "widgets"});
+        state.store_crd(crd, false);
+    });
+    h.fake.clear_requests();
+    let synced = sync(&h, &a, &mut keeper(&h, &a)).await;
+    assert_eq!(synced.written, [RELEASED], "{synced:?}");
+    assert!(synced.raced.is_empty() && synced.refused.is_empty() && synced.failed.is_empty());
+    assert_eq!(bundle_of(&h, RELEASED), ca1.ca_pem);
+    assert_eq!(
+        h.fake.crd(RELEASED)["metadata"]["labels"]["team"],
+        "widgets",
+        "the label kept"
+    );
+    let writes = h.fake.crd_writes();
+    assert_eq!(writes.len(), 2, "the write lost, then won");
+    for write in &writes {
+        assert!(write.content_type.starts_with("application/merge-patch+json"));
+        assert!(write.body["metadata"]["resourceVersion"].is_string(), "guarded");
+    }
+    assert_ne!(
+        writes[0].body["metadata"]["resourceVersion"], writes[1].body["metadata"]["resourceVersion"],
+        "the second write carries the resourceVersion read again"
+    );
+}
+
+/// The apiserver refuses the bundle (its validation: a CA file that holds no certificate,
+/// answered 422 as tests/fixtures/apiserver/crd-ca-bundle-writes-v1.36.txt, 4a): a refusal is
+/// not a race. The keeper says so on the CRD (a Warning Event with the apiserver's words) and
+/// in its result, once per refusal, keeps trying at each pass, and writes the next bundle the
+/// apiserver accepts.
+#[tokio::test]
+async fn a_bundle_the_apiserver_refuses_is_reported_not_taken_for_a_race() {
+    let Rotating { h, ca1, a, .. } = rotating("rotation-refused").await;
+    const RELEASED: &str = "widgets.example.com";
+    h.fake.create_crd(released_without_a_bundle(RELEASED));
+    let mut keeper = keeper(&h, &a);
+    a.endpoint
+        .set_ca_bundle("-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n".into());
+    let refused = sync(&h, &a, &mut keeper).await;
+    assert!(refused.written.is_empty() && refused.raced.is_empty() && refused.failed.is_empty());
+    let names: Vec<&str> = refused.refused.iter().map(|(crd, _)| crd.as_str()).collect();
+    assert_eq!(names, [CRD, RELEASED], "{refused:?}");
+    for (_, message) in &refused.refused {
+        assert!(
+            message.ends_with(
+                "spec.conversion.webhookClientConfig.caBundle: Invalid value: \"LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCkNBCi0tLS0tRU5EIENFUlRJRklDQVRFLS0tLS0K\": unable to load root certificates: unable to parse bytes as PEM block"
+            ),
+            "{message}"
+        );
+    }
+    let warnings = |h: &Harness| -> Vec<serde_json::Value> {
+        h.fake
+            .events()
+            .into_iter()
+            .filter(|e| e["reason"] == "CABundleRefused")
+            .collect()
+    };
+    let events = warnings(&h);
+    assert_eq!(events.len(), 2, "one per CRD: {events:?}");
+    assert_eq!(events[1]["type"], "Warning");
+    assert_eq!(events[1]["regarding"]["kind"], "CustomResourceDefinition");
+    assert_eq!(events[1]["regarding"]["name"], RELEASED);
+    let note = events[1]["note"].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with(&format!(
+            "the apiserver refused the conversion webhook's CA bundle for {RELEASED}: CustomResourceDefinition.apiextensions.k8s.io \"{RELEASED}\" is invalid"
+        )),
+        "{note}"
+    );
+    // The next pass tries again (the apiserver may accept it, e.g. an admission policy
+    // lifted) and reports nothing new.
+    let again = sync(&h, &a, &mut keeper).await;
+    assert_eq!(again.refused.len(), 2);
+    assert_eq!(warnings(&h).len(), 2, "reported once");
+    // A CA the apiserver accepts is written.
+    a.endpoint.set_ca_bundle(ca1.ca_pem.clone());
+    let synced = sync(&h, &a, &mut keeper).await;
+    assert_eq!(synced.written, [RELEASED], "{synced:?}");
+    assert!(synced.refused.is_empty());
+    assert_eq!(bundle_of(&h, RELEASED), ca1.ca_pem);
 }

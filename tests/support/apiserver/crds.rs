@@ -5,14 +5,17 @@ use serde_json::Value;
 
 use super::*;
 
-/// JSON Patch on a CRD, with the apiserver's checks:
+/// JSON Patch or merge patch (`merge`) on a CRD, with the apiserver's checks:
 /// - a failing `test` op answers 422 with a generic message (apiserver-samples/03);
+/// - a merge patch carrying a stale `metadata.resourceVersion` answers 409 Conflict
+///   (tests/fixtures/apiserver/crd-ca-bundle-writes-v1.36.txt, 3b);
 /// - exactly one storage version (05), every stored version still in spec.versions (04);
 /// - every deprecationWarning as `deprecation_warning_problem` (22-24);
+/// - the webhook's `caBundle` as `ca_bundle_problem`; an empty one is dropped (ibid., 4b);
 /// - a new storage version is appended to status.storedVersions (02, 06);
 /// - a patch that changes nothing keeps the resourceVersion and sends no watch event
 ///   (tests/fixtures/watch/crds-metadata.txt).
-pub(super) fn patch_crd(state: &mut State, name: &str, body: Value) -> (u16, Value) {
+pub(super) fn patch_crd(state: &mut State, name: &str, body: Value, merge: bool) -> (u16, Value) {
     if let Some(hook) = state.before_crd_patch.pop_front() {
         hook(state);
     }
@@ -23,8 +26,38 @@ pub(super) fn patch_crd(state: &mut State, name: &str, body: Value) -> (u16, Val
         return not_found("customresourcedefinitions.apiextensions.k8s.io", name);
     };
     let before = crd["spec"].clone();
-    if let Err(answer) = apply_json_patch(&mut crd, &body) {
+    if merge {
+        if let Some(expected) = body.pointer("/metadata/resourceVersion")
+            && *expected != crd["metadata"]["resourceVersion"]
+        {
+            return conflict("customresourcedefinitions.apiextensions.k8s.io", name);
+        }
+        json_patch::merge(&mut crd, &body);
+    } else if let Err(answer) = apply_json_patch(&mut crd, &body) {
         return answer;
+    }
+    let client_config = crd
+        .pointer_mut("/spec/conversion/webhook/clientConfig")
+        .and_then(Value::as_object_mut);
+    if let Some(config) = client_config {
+        if config.get("caBundle").and_then(Value::as_str) == Some("") {
+            config.remove("caBundle");
+        }
+        if let Some(encoded) = config.get("caBundle").cloned() {
+            let Some(pem) = encoded
+                .as_str()
+                .and_then(|b| base64::Engine::decode(&base64::engine::general_purpose::STANDARD, b).ok())
+            else {
+                // Not base64: no recorded answer, so no test may send it.
+                state
+                    .unknown_requests
+                    .push(format!("PATCH of CRD {name} with a caBundle that is not base64"));
+                return (501, status_body(501, "NotImplemented", "caBundle is not base64"));
+            };
+            if let Some(problem) = ca_bundle_problem(&pem) {
+                return ca_bundle_invalid(name, &encoded, problem);
+            }
+        }
     }
     let versions = crd["spec"]["versions"].as_array().cloned().unwrap_or_default();
     let storage: Vec<&Value> = versions.iter().filter(|v| v["storage"] == true).collect();
@@ -76,6 +109,53 @@ pub(super) fn patch_crd(state: &mut State, name: &str, body: Value) -> (u16, Val
     let spec_changed = crd["spec"] != before;
     state.store_crd(crd, spec_changed);
     (200, state.crds[name].clone())
+}
+
+/// Why the apiserver refuses a `caBundle` (PEM), as client-go's root pool words it
+/// (tests/fixtures/apiserver/crd-ca-bundle-writes-v1.36.txt, 4): none when one PEM
+/// `CERTIFICATE` block parses as X.509, whatever else the bundle holds (4d); else the first
+/// problem: no PEM block at all (4a: base64 that does not decode counts as none), a
+/// `CERTIFICATE` block that is not X.509 (4c; Go's wording of the parse error varies, the
+/// fake gives the recorded one), or no `CERTIFICATE` block (4e).
+pub(super) fn ca_bundle_problem(pem: &[u8]) -> Option<&'static str> {
+    use x509_parser::pem::Pem;
+    let mut blocks = 0;
+    let mut problem = None;
+    for block in Pem::iter_from_buffer(pem) {
+        let Ok(block) = block else {
+            problem.get_or_insert("unable to parse bytes as PEM block");
+            break;
+        };
+        blocks += 1;
+        if block.label != "CERTIFICATE" {
+            continue;
+        }
+        if x509_parser::parse_x509_certificate(&block.contents).is_ok() {
+            return None;
+        }
+        problem.get_or_insert("failed to parse certificate: x509: malformed certificate");
+    }
+    if blocks == 0 {
+        return Some("unable to parse bytes as PEM block");
+    }
+    Some(problem.unwrap_or("no valid certificate authority data seen"))
+}
+
+/// The 422 for a `caBundle` the apiserver cannot load, naming the field and the value
+/// (base64) as tests/fixtures/apiserver/crd-ca-bundle-writes-v1.36.txt, 4a, does.
+fn ca_bundle_invalid(name: &str, encoded: &Value, problem: &str) -> (u16, Value) {
+    let field = "spec.conversion.webhookClientConfig.caBundle";
+    let cause = format!("Invalid value: {encoded}: unable to load root certificates: {problem}");
+    let mut body = status_body(
+        422,
+        "Invalid",
+        &format!("CustomResourceDefinition.apiextensions.k8s.io \"{name}\" is invalid: {field}: {cause}"),
+    );
+    body["details"] = serde_json::json!({
+        "name": name, "group": "apiextensions.k8s.io", "kind": "CustomResourceDefinition",
+        "causes": [{"reason": "FieldValueInvalid", "message": cause, "field": field}],
+    });
+    (422, body)
 }
 
 /// The 422 for a stored version missing from `spec.versions`, as the apiserver of `server`

@@ -943,7 +943,12 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
                 "customresourcedefinitions",
                 name,
             ],
-        ) => patch_crd(state, name, body),
+        ) => patch_crd(
+            state,
+            name,
+            body,
+            request.content_type.starts_with("application/merge-patch+json"),
+        ),
         (
             "PATCH",
             [
@@ -1178,12 +1183,16 @@ pub fn status_body(code: u16, reason: &str, message: &str) -> Value {
 }
 
 /// Applies a JSON Patch as the apiserver does: 400 for a body that is not one; 422 with
-/// the generic message when an op (a failing `test`) does not apply (sample 03).
+/// the generic message when an op (a failing `test`) does not apply (sample 03, and on v1.36
+/// tests/fixtures/apiserver/crd-ca-bundle-writes-v1.36.txt, 2b). Unlike RFC 6902 and the
+/// `json_patch` crate, the apiserver's JSON Patch (evanphx/json-patch v4, the same for every
+/// resource) applies a `replace` of a missing member of an existing object as an `add` (ibid.,
+/// 2a); under a missing parent it is the generic 422 (ibid., 2c).
 pub(super) fn apply_json_patch(target: &mut Value, body: &Value) -> Result<(), (u16, Value)> {
     let Ok(patch) = serde_json::from_value::<json_patch::Patch>(body.clone()) else {
         return Err((400, status_body(400, "BadRequest", "invalid JSON Patch")));
     };
-    json_patch::patch(target, &patch).map_err(|_| {
+    let refused = || {
         (
             422,
             status_body(
@@ -1192,7 +1201,34 @@ pub(super) fn apply_json_patch(target: &mut Value, body: &Value) -> Result<(), (
                 "the server rejected our request due to an error in our request",
             ),
         )
-    })
+    };
+    // Op by op on a copy: whether a member is missing depends on the ops before it.
+    let mut patched = target.clone();
+    for op in patch.0 {
+        let op = match op {
+            json_patch::PatchOperation::Replace(replace) if missing_member(&patched, &replace.path) => {
+                json_patch::PatchOperation::Add(json_patch::AddOperation {
+                    path: replace.path,
+                    value: replace.value,
+                })
+            }
+            op => op,
+        };
+        json_patch::patch(&mut patched, &[op]).map_err(|_| refused())?;
+    }
+    *target = patched;
+    Ok(())
+}
+
+/// Whether `path` names a member its parent object does not have (the parent exists).
+fn missing_member(document: &Value, path: &json_patch::jsonptr::Pointer) -> bool {
+    let Some((parent, member)) = path.split_back() else {
+        return false;
+    };
+    match parent.resolve(document) {
+        Ok(Value::Object(object)) => !object.contains_key(member.decoded().as_ref()),
+        _ => false,
+    }
 }
 
 pub(super) fn respond(code: u16, body: &Value) -> Response<Body> {
