@@ -291,6 +291,16 @@ impl Metrics {
         }
     }
 
+    /// Forgets what this replica reported of each policy (its state, blocks, next
+    /// transition): a replica that stopped leading no longer knows, and a standby that went
+    /// on exporting its last view would keep alerts firing (or double them) after the leader
+    /// resolved them.
+    pub fn forget_policies(&self) {
+        self.next_transition.clear();
+        self.blocked.clear();
+        self.policy_state.clear();
+    }
+
     /// Forgets the progress gauges of a job that ended.
     pub fn forget_job(&self, labels: &JobLabels) {
         self.objects_remaining.remove(labels);

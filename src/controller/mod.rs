@@ -231,7 +231,20 @@ async fn lead(
         .lease
         .clone()
         .map(|lease| Arc::new(LeaderElector::new(client.clone(), lease)));
+    // After a lost lease: how long to stand by before trying to lead again, and when the
+    // last term began.
+    let mut standby: Option<backon::ExponentialBackoff> = None;
+    let mut pause = Duration::ZERO;
     loop {
+        if !pause.is_zero() {
+            tokio::select! {
+                biased;
+                // The lease was lost, so there is nothing to release.
+                () = shutdown.clone() => return Ok(()),
+                failed = supervisor.first_failure() => return Err(failed.into()),
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
         let mut acquired = tokio::time::Instant::now();
         if let Some(elector) = &elector {
             // A standby replica is healthy and ready; it just does not reconcile.
@@ -283,10 +296,24 @@ async fn lead(
             biased;
             lost = hold => {
                 // The controller future is dropped as this arm runs: nothing of this term
-                // writes any more.
-                error!(error = %lost, "lost leadership; stopped every writer, standing by to lead again");
+                // writes any more, but requests it sent may still land. So this replica
+                // stands by at least a lease duration, as long as any other replica waits
+                // before taking over a lease it saw unrenewed (its own record would let it
+                // renew at once), and longer after each term that ended so (an apiserver
+                // too loaded to renew should not be sent a new term's lists and reads every
+                // few seconds), back to a lease duration after a term of an hour.
+                let lease = settings.lease.as_ref().map_or(Duration::from_secs(15), |l| l.lease_duration);
+                if acquired.elapsed() >= STABLE_TERM {
+                    standby = None;
+                }
+                pause = standby
+                    .get_or_insert_with(|| standby_backoff(lease))
+                    .next()
+                    .unwrap_or(MAX_STANDBY);
+                error!(error = %lost, standby = ?pause, "lost leadership; stopped every writer, standing by to lead again");
                 metrics.leader.set(0);
                 metrics.leadership_losses.inc();
+                metrics.forget_policies();
                 continue;
             }
             result = controller => result,
@@ -306,6 +333,22 @@ async fn lead(
         }
         return result;
     }
+}
+
+/// The longest a replica that lost its lease stands by before it tries to lead again.
+const MAX_STANDBY: Duration = Duration::from_secs(300);
+
+/// A term at least this long resets the standby to a lease duration.
+const STABLE_TERM: Duration = Duration::from_secs(3600);
+
+/// From a lease duration, doubling after each lost term, up to `MAX_STANDBY`.
+fn standby_backoff(lease_duration: Duration) -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::new()
+        .with_min_delay(lease_duration)
+        .with_max_delay(MAX_STANDBY)
+        .without_max_times()
+        .build()
 }
 
 /// Stops the controller's background writers when the controller stops, however it stops:
@@ -343,8 +386,12 @@ pub async fn controller(
     // The cache sees every change of a policy; only a change of what a reconcile acts on
     // starts one (`triggers::policy_inputs`), not its own status and finalizer writes.
     let (store, writer) = reflector::store();
+    // Not `store.wait_until_ready()`: kube-runtime's `Controller` waits on it, and it wakes
+    // one waiter only (`sync::Listed`).
+    let (policies_listed, policy_lists) = crate::sync::Listed::new();
     let policy_changes = watcher(policies.clone(), watcher::Config::default().any_semantic())
         .reflect(writer)
+        .inspect(policy_lists)
         .applied_objects()
         .predicate_filter(triggers::policy_inputs, Default::default());
     let mut controller = Controller::for_stream(policy_changes, store.clone());
@@ -427,10 +474,9 @@ pub async fn controller(
     // Ready once the policies are listed: a controller whose watch is refused (no
     // VersionPolicy CRD, no permission) is not.
     let ready_when_listed = {
-        let store = context.policies.clone();
         let health = health.clone();
         async move {
-            if store.wait_until_ready().await.is_ok() {
+            if policies_listed.wait().await {
                 health.ready.store(true, Ordering::Relaxed);
                 info!("VersionPolicies listed; ready");
             }
@@ -490,11 +536,13 @@ pub async fn controller(
                 }
             }
         });
-    let mut sampler_only = Supervisor::default();
-    sampler_only.extend(stop_writers.sampler.take());
+    // The leader's own essential tasks: one that stops ends this term.
+    let mut leader_tasks = Supervisor::default();
+    leader_tasks.extend(stop_writers.sampler.take());
+    leader_tasks.extend(stop_writers.ca_bundles.take());
     let result = tokio::select! {
         biased;
-        failed = sampler_only.first_failure() => Err(failed.into()),
+        failed = leader_tasks.first_failure() => Err(failed.into()),
         () = running => Ok(()),
         () = async { ready_when_listed.await; std::future::pending::<()>().await } => Ok(()),
     };

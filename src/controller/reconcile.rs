@@ -525,15 +525,30 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 .iter()
                 .find(|v| v.storage)
                 .map(|v| v.name.clone());
-            let unfinished = match ctx
+            // This controller's own job of the CRD first: until it has finished (a built-in
+            // job checks the storage guard after Kubernetes' migrator trimmed), a trim may
+            // be ahead of its verdict.
+            let own_job = ctx
                 .migrations
-                .removal_hold(policy, storage.as_deref(), policy.spec.dry_run)
-                .await
-            {
-                Ok(hold) => hold,
-                Err(reason) => Some(format!(
-                    "it is known whether a StorageVersionMigration of it runs ({reason})"
-                )),
+                .running_goal(&policy.spec.crd_name)
+                .map(|goal| match goal.split_once(' ') {
+                    Some((into, versions)) => format!(
+                        "this controller's rewrite of the managedFields entries naming {versions} into {into} has finished"
+                    ),
+                    None => format!("this controller's migration into {goal} has finished"),
+                });
+            let unfinished = match own_job {
+                Some(job) => Some(job),
+                None => match ctx
+                    .migrations
+                    .removal_hold(policy, storage.as_deref(), policy.spec.dry_run)
+                    .await
+                {
+                    Ok(hold) => hold,
+                    Err(reason) => Some(format!(
+                        "it is known whether a StorageVersionMigration of it runs ({reason})"
+                    )),
+                },
             };
             if unfinished.is_some() {
                 outcome.removal_held = true;

@@ -51,6 +51,8 @@ pub struct PointedCrd {
 pub struct WebhookCrds {
     policies: Store<DeserializeGuard<VersionPolicy>>,
     crds: Store<PartialObjectMeta<CustomResourceDefinition>>,
+    /// Whether the two watches behind them listed once.
+    listed: [crate::sync::Listed; 2],
     /// Each candidate read, by name: the resourceVersion it was read at and, if it points at
     /// the webhook, what it holds. One pass at a time, so that two never read the same CRD.
     read: tokio::sync::Mutex<BTreeMap<String, Read>>,
@@ -63,13 +65,11 @@ struct Read {
 
 impl WebhookCrds {
     /// Candidates from the webhook's caches (see `webhook::CachedPolicies::watch`).
-    pub fn new(
-        policies: Store<DeserializeGuard<VersionPolicy>>,
-        crds: Store<PartialObjectMeta<CustomResourceDefinition>>,
-    ) -> WebhookCrds {
+    pub fn new(caches: &crate::webhook::CachedPolicies) -> WebhookCrds {
         WebhookCrds {
-            policies,
-            crds,
+            policies: caches.policies.clone(),
+            crds: caches.crds.clone(),
+            listed: caches.listed(),
             read: tokio::sync::Mutex::default(),
         }
     }
@@ -78,7 +78,7 @@ impl WebhookCrds {
     pub fn unwatched() -> WebhookCrds {
         let (policies, _) = kube::runtime::reflector::store();
         let (crds, _) = kube::runtime::reflector::store();
-        WebhookCrds::new(policies, crds)
+        WebhookCrds::new(&crate::webhook::CachedPolicies::new(policies, crds))
     }
 
     /// Every candidate that `pointed` says points at the webhook, by name, reading the
@@ -147,9 +147,9 @@ impl WebhookCrds {
 
     /// Waits (bounded) until both watches have listed once.
     async fn listed(&self) -> Result<(), Error> {
-        let both = async {
-            self.policies.wait_until_ready().await.is_ok() && self.crds.wait_until_ready().await.is_ok()
-        };
+        // Not the stores' own `wait_until_ready`: the webhook's readiness waits on them too,
+        // and they wake one waiter only (`sync::Listed`).
+        let both = async { self.listed[0].wait().await && self.listed[1].wait().await };
         match tokio::time::timeout(LISTED_WITHIN, both).await {
             Ok(true) => Ok(()),
             _ => Err(Error::NotListed {
@@ -237,8 +237,17 @@ mod tests {
         let client = kube::Client::new(service, "default");
         let (policies, _policy_writer) = kube::runtime::reflector::store();
         let (crds, _crd_writer) = kube::runtime::reflector::store();
+        // Watches that run but have not listed yet.
+        let (policies_listed, _policy_lists) = crate::sync::Listed::new::<()>();
+        let (crds_listed, _crd_lists) = crate::sync::Listed::new::<()>();
+        let unlisted = WebhookCrds {
+            policies,
+            crds,
+            listed: [policies_listed, crds_listed],
+            read: tokio::sync::Mutex::default(),
+        };
         let started = tokio::time::Instant::now();
-        let read = WebhookCrds::new(policies, crds).pointed(&client, |_| None).await;
+        let read = unlisted.pointed(&client, |_| None).await;
         assert!(matches!(read, Err(Error::NotListed { .. })), "{read:?}");
         assert_eq!(started.elapsed(), LISTED_WITHIN);
         let read = WebhookCrds::unwatched().pointed(&client, |_| None).await;

@@ -103,7 +103,7 @@ pub(super) async fn start_webhook(
         })?;
     // The webhook's caches also say which CRDs its certificates must be trusted by.
     let (cache, watches) = crate::webhook::CachedPolicies::watch(client.clone());
-    let crds = WebhookCrds::new(cache.policies.clone(), cache.crds.clone());
+    let crds = WebhookCrds::new(&cache);
     let endpoint = Arc::new(WebhookEndpoint::new(settings.target.clone()).with_crds(crds));
     let certs = Arc::new(CertStore::default());
     let refresher = CertificateRefresher::new(
@@ -129,7 +129,7 @@ pub(super) async fn start_webhook(
     let loaded = {
         let (cache, readiness) = (cache.clone(), readiness.clone());
         async move {
-            if cache.wait_until_ready().await.is_ok() {
+            if cache.wait_until_ready().await {
                 readiness.policies_loaded();
                 info!("the conversion webhook's caches are filled");
             }

@@ -132,6 +132,8 @@ pub struct CachedPolicies {
     pub policies: kube::runtime::reflector::Store<kube::core::DeserializeGuard<VersionPolicy>>,
     pub crds: kube::runtime::reflector::Store<PartialObjectMeta<CustomResourceDefinition>>,
     converters: ConverterCache,
+    /// Whether each watch (policies, CRDs) has listed once; never, for caches filled by hand.
+    listed: [crate::sync::Listed; 2],
 }
 
 impl PolicySource for CachedPolicies {
@@ -165,6 +167,7 @@ impl CachedPolicies {
             policies,
             crds,
             converters: ConverterCache::default(),
+            listed: [crate::sync::Listed::never(), crate::sync::Listed::never()],
         }
     }
 
@@ -181,21 +184,35 @@ impl CachedPolicies {
             kube::Api::all(client.clone());
         // Metadata only: the annotations are all the webhook needs of a CRD.
         let crd_api: kube::Api<PartialObjectMeta<CustomResourceDefinition>> = kube::Api::all(client);
-        let policy_stream = reflector(policy_writer, watcher(policy_api, config()).default_backoff());
-        let crd_stream = reflector(crd_writer, watcher(crd_api, config()).default_backoff());
+        let (policies_listed, policy_lists) = crate::sync::Listed::new();
+        let (crds_listed, crd_lists) = crate::sync::Listed::new();
+        let policy_stream =
+            reflector(policy_writer, watcher(policy_api, config()).default_backoff()).inspect(policy_lists);
+        let crd_stream =
+            reflector(crd_writer, watcher(crd_api, config()).default_backoff()).inspect(crd_lists);
         let watches = futures::future::join(
             policy_stream.for_each(|event| log_watch_error("VersionPolicy", event)),
             crd_stream.for_each(|event| log_watch_error("CustomResourceDefinition", event)),
         )
         .map(|_| ())
         .boxed();
-        (CachedPolicies::new(policies, crds), watches)
+        let cache = CachedPolicies {
+            listed: [policies_listed, crds_listed],
+            ..CachedPolicies::new(policies, crds)
+        };
+        (cache, watches)
     }
 
-    /// Waits until both caches have their first full list.
-    pub async fn wait_until_ready(&self) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
-        self.policies.wait_until_ready().await?;
-        self.crds.wait_until_ready().await
+    /// Waits until both caches have their first full list: `false` when they never will
+    /// (their watches are gone, or the caches were filled by hand). Any number of tasks may
+    /// wait at once (see `sync::Listed`).
+    pub async fn wait_until_ready(&self) -> bool {
+        self.listed[0].wait().await && self.listed[1].wait().await
+    }
+
+    /// What `wait_until_ready` waits for, for a reader of these caches.
+    pub(crate) fn listed(&self) -> [crate::sync::Listed; 2] {
+        self.listed.clone()
     }
 }
 
@@ -206,7 +223,9 @@ async fn log_watch_error<T>(what: &'static str, event: Result<T, kube::runtime::
         Err(kube::runtime::watcher::Error::WatchError(status)) if status.code == 410 => {
             tracing::debug!(error = %status.message, "the conversion webhook's {what} watch expired (410); listing again");
         }
-        Err(error) => tracing::warn!(error = %error, "the conversion webhook's {what} watch failed; retrying"),
+        Err(error) => {
+            tracing::warn!(error = %error, "the conversion webhook's {what} watch failed; retrying")
+        }
         Ok(_) => {}
     }
 }

@@ -83,7 +83,9 @@ pub async fn run(args: &StandaloneSettings, client: Option<kube::Client>) -> Res
         let client = client.ok_or(Error::NoPolicySource)?;
         let (cache, watches) = CachedPolicies::watch(client);
         tokio::spawn(watches);
-        cache.wait_until_ready().await.map_err(|_| Error::CacheClosed)?;
+        if !cache.wait_until_ready().await {
+            return Err(Error::CacheClosed);
+        }
         Arc::new(cache)
     } else {
         let mut loaded = Vec::new();

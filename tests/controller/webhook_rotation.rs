@@ -65,7 +65,7 @@ impl Replica {
             connections: Default::default(),
         };
         let (caches, watches) = CachedPolicies::watch(h.ctx.client.clone());
-        let crds = WebhookCrds::new(caches.policies.clone(), caches.crds.clone());
+        let crds = WebhookCrds::new(&caches);
         let endpoint = Arc::new(WebhookEndpoint::new(target()).with_crds(crds));
         let certs = Arc::new(CertStore::default());
         let readiness = Arc::new(Readiness::default());

@@ -68,6 +68,10 @@ enum Followed {
     Failed,
 }
 
+/// Settles in a row a job of the built-in engine tries while the CRD keeps changing under
+/// it, before the attempt fails (and the next one starts over).
+const SETTLES_PER_ATTEMPT: u32 = 3;
+
 impl Migrations {
     /// The built-in migrator's API at its newest served version, `None` when it is not
     /// served (asked at most once a minute, or every 5 s while it is not); `Err` when that
@@ -477,15 +481,45 @@ impl Migrations {
         // its first rewrite: Kubernetes' migrator re-encodes each object through whichever
         // apiserver answers, and one that has not acted on the switch yet writes the old
         // version; the migration would still succeed and trim `storedVersions`.
-        let now = migrate::settled_target(&self.client, crd, settings)
-            .await
-            .map_err(|e| format!("cannot confirm the storage version of {crd}: {e}"))?;
-        if now.storage_version != storage_version {
-            return Err(format!(
-                "the storage version of {crd} is {}, not {storage_version}",
-                now.storage_version
-            ));
-        }
+        // The settle takes seconds: a CRD changed meanwhile (a storage version moved, or
+        // moved and moved back, v2 -> v1 -> v2, by a GitOps self-heal) may not have reached
+        // every apiserver either, so it is settled again (this controller's own patches,
+        // which change no storage version, cost one more settle each).
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let mut settles = 0;
+        let now = loop {
+            let now = migrate::settled_target(&self.client, crd, settings)
+                .await
+                .map_err(|e| format!("cannot confirm the storage version of {crd}: {e}"))?;
+            if now.storage_version != storage_version {
+                return Err(format!(
+                    "the storage version of {crd} is {}, not {storage_version}",
+                    now.storage_version
+                ));
+            }
+            let fresh = crds
+                .get(crd)
+                .await
+                .map_err(|e| format!("cannot read {crd} before creating its StorageVersionMigration: {e}"))?;
+            if fresh.metadata.generation == now.generation {
+                break now;
+            }
+            settles += 1;
+            if settles == SETTLES_PER_ATTEMPT {
+                return Err(format!(
+                    "{crd} changed while it settled, {SETTLES_PER_ATTEMPT} times in a row (generation {} -> {}); \
+                     the next attempt settles again",
+                    now.generation.unwrap_or_default(),
+                    fresh.metadata.generation.unwrap_or_default()
+                ));
+            }
+            info!(
+                crd,
+                "{crd} changed while it settled (generation {} -> {}); settling again",
+                now.generation.unwrap_or_default(),
+                fresh.metadata.generation.unwrap_or_default()
+            );
+        };
         let ours: Vec<Migration> = listed
             .migrations
             .into_iter()
@@ -537,25 +571,6 @@ impl Migrations {
                     last.name
                 ),
             }
-        }
-        // The settle took seconds: a storage version moved meanwhile (a kubectl edit, a
-        // GitOps re-apply) is settled again by the next attempt rather than migrated into.
-        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
-        let fresh = crds
-            .get(crd)
-            .await
-            .map_err(|e| format!("cannot read {crd} before creating its StorageVersionMigration: {e}"))?;
-        let fresh_storage = fresh
-            .spec
-            .versions
-            .iter()
-            .find(|v| v.storage)
-            .map(|v| v.name.as_str());
-        if fresh_storage != Some(storage_version) {
-            return Err(format!(
-                "the storage version of {crd} moved to {} while it settled; the next attempt settles again",
-                fresh_storage.unwrap_or("none")
-            ));
         }
         let created_for = CreatedFor {
             resource_version: now.resource_version.clone().unwrap_or_default(),
