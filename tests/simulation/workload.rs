@@ -127,6 +127,10 @@ pub enum Fault {
     /// Write answers come back `millis` late for `lasting` seconds (a crash in between
     /// wrote without learning it).
     SlowAnswers { millis: u64, lasting: u64 },
+    /// The policy is deleted (`kubectl delete versionpolicy`): the controller releases the
+    /// CRD wherever its lifecycle stands, and no trim or removal may follow that loses
+    /// objects.
+    DeletePolicy,
     /// Every request takes `millis` before the apiserver acts on it, for `lasting` seconds
     /// (other writers act between a read and the write decided on it).
     SlowApiserver { millis: u64, lasting: u64 },
@@ -148,6 +152,7 @@ impl Fault {
             | Fault::ForeignMigration { .. }
             | Fault::ForeignFailureAtRead { .. }
             | Fault::ForeignFailureBeforeRun { .. }
+            | Fault::DeletePolicy
             | Fault::MigrationsFail { .. } => "writer",
             Fault::Skew { .. } => "skew",
         }
@@ -187,6 +192,7 @@ impl fmt::Display for Fault {
                  from now that starts while a migration is due reads its policy, answered {wait_ms}ms later",
                 runs + 1
             ),
+            Fault::DeletePolicy => write!(f, "kubectl delete versionpolicy widgets"),
             Fault::MigrationsFail { lasting } => {
                 write!(f, "every StorageVersionMigration fails for {lasting}s")
             }
@@ -260,7 +266,9 @@ pub fn draw(seed: u64) -> Draw {
     let mut faults = Vec::new();
     for _ in 0..count {
         let at = rng.between(0, horizon);
-        let fault = match rng.between(0, 17) {
+        let fault = match rng.between(0, 18) {
+            // Rarer than the others: it ends the lifecycle the other faults act on.
+            18 if rng.chance(30) => Fault::DeletePolicy,
             17 => Fault::ForeignFailureBeforeRun {
                 runs: rng.between(0, 2) as u32,
                 wait_ms: rng.between(0, 3000),

@@ -181,6 +181,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
     let mut applied = Vec::new();
     let mut engine = workload.engine;
     let mut foreign = 0;
+    let mut policy_deleted = false;
     let mut second = 0u64;
     let mut quiet_since = None;
     loop {
@@ -326,6 +327,13 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                         "metadata": {"name": name},
                         "spec": {"resource": {"group": "example.com", "resource": "widgets"}}}));
                 }
+                Fault::DeletePolicy => {
+                    if !policy_deleted {
+                        fake.delete_policy("widgets");
+                        fake.lock().step("kubectl delete versionpolicy");
+                        policy_deleted = true;
+                    }
+                }
                 Fault::MigrationsFail { lasting } => {
                     fake.lock().svm_fail = Some("conversion webhook failed".into());
                     ends.push((second + lasting, fault.clone()));
@@ -370,7 +378,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                 process.start();
             }
         }
-        if workload.engine_switch_at == Some(second) {
+        if workload.engine_switch_at == Some(second) && !policy_deleted {
             engine = match engine {
                 Engine::Internal => Engine::Builtin,
                 Engine::Builtin => Engine::Internal,
@@ -417,12 +425,20 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
         }
         if second >= horizon {
             let excused = excused(&findings);
-            let reached = invariants::scheduled_end_missed(&fake.lock(), &excused).is_none();
+            // A deleted policy's end: released (its finalizer removed, so it is gone).
+            let reached = if policy_deleted {
+                fake.policy("widgets").is_null()
+            } else {
+                invariants::scheduled_end_missed(&fake.lock(), &excused).is_none()
+            };
             if reached {
                 quiet_since.get_or_insert(second);
             }
             // At rest for longer than a resync, to see that it stays there (and that the
             // policy still reads as valid and done).
+            if quiet_since.is_some_and(|since| second >= since + REST) && policy_deleted {
+                break;
+            }
             if quiet_since.is_some_and(|since| second >= since + REST) {
                 let conditions = fake.policy("widgets")["status"]["conditions"].clone();
                 let ready = conditions
@@ -444,7 +460,11 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             if second >= horizon + LIVENESS_BOUND {
                 let state = fake.lock();
                 let foreign_failed = someone_elses_failed(&state);
-                let missed = invariants::scheduled_end_missed(&state, &excused);
+                let missed = if policy_deleted {
+                    Some("the deleted policy was not released (it still exists)".to_owned())
+                } else {
+                    invariants::scheduled_end_missed(&state, &excused)
+                };
                 drop(state);
                 let policy_status = fake.policy("widgets")["status"]["conditions"].clone();
                 if let Some(missed) = missed {
