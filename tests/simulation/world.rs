@@ -203,9 +203,17 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                     fake.lock().svm_paused = true;
                     let lag = *lag;
                     let crd_path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD}");
+                    // The patch that matters is one that may land a store while a migration
+                    // of the controller's own is unfinished (within the skew bound of the
+                    // store's instant); any other leaves the svm controller idle.
+                    let stores = (workload.milestones[0], workload.milestones[2]);
                     fake.before_request(
-                        move |_, actor, method, path| {
-                            invariants::is_replica(actor) && method == "PATCH" && path == crd_path
+                        move |state, actor, method, path| {
+                            invariants::is_replica(actor)
+                                && method == "PATCH"
+                                && path == crd_path
+                                && own_migration_unfinished(state)
+                                && store_may_land(state, stores, origin.elapsed().as_secs())
                         },
                         0,
                         move |state| {
@@ -741,4 +749,35 @@ fn migration_pending(state: &crate::apiserver::State) -> bool {
         .into_iter()
         .flatten()
         .any(|stored| Some(stored) != storage.as_ref())
+}
+
+/// Whether a StorageVersionMigration the controller created is neither Succeeded nor Failed.
+fn own_migration_unfinished(state: &crate::apiserver::State) -> bool {
+    state.svms.values().any(|m| {
+        m["metadata"]["labels"]["crdlifecycle.io/policy"].is_string()
+            && !m["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| (c["type"] == "Succeeded" || c["type"] == "Failed") && c["status"] == "True")
+    })
+}
+
+/// Whether a store may be due at `second` (`stores`: the seconds of the v1beta1 and v1
+/// stores), within the controller's clock skew (up to 30 s), and not landed yet.
+fn store_may_land(state: &crate::apiserver::State, stores: (u64, u64), second: u64) -> bool {
+    let storage = state.crds.get(CRD).and_then(|crd| {
+        crd["spec"]["versions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["storage"] == true)
+            .and_then(|v| v["name"].as_str().map(str::to_owned))
+    });
+    let due = |at: u64| second + 30 >= at;
+    match storage.as_deref() {
+        Some("v1alpha1") => due(stores.0) || due(stores.1),
+        Some("v1beta1") => due(stores.1),
+        _ => false,
+    }
 }
