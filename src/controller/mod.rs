@@ -314,6 +314,9 @@ async fn lead(
                 metrics.leader.set(0);
                 metrics.leadership_losses.inc();
                 metrics.forget_policies();
+                // A standby is ready (its webhook stays in the Service), also while it
+                // pauses; a term that had not listed its policies yet left this false.
+                health.ready.store(true, Ordering::Relaxed);
                 continue;
             }
             result = controller => result,
