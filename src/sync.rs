@@ -44,6 +44,17 @@ impl Listed {
     pub async fn wait(&self) -> bool {
         self.0.clone().wait_for(|listed| *listed).await.is_ok()
     }
+
+    /// Waits until every one of `watches` has listed once: `false` as soon as one is gone
+    /// unlisted.
+    pub async fn all(watches: &[Listed]) -> bool {
+        for watch in watches {
+            if !watch.wait().await {
+                return false;
+            }
+        }
+        true
+    }
 }
 
 #[cfg(test)]
@@ -68,5 +79,7 @@ mod tests {
         }
         assert!(listed.wait().await, "listed stays listed");
         assert!(!Listed::never().wait().await);
+        assert!(Listed::all(&[listed.clone(), listed.clone()]).await);
+        assert!(!Listed::all(&[listed, Listed::never()]).await);
     }
 }

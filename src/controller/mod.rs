@@ -231,8 +231,7 @@ async fn lead(
         .lease
         .clone()
         .map(|lease| Arc::new(LeaderElector::new(client.clone(), lease)));
-    // After a lost lease: how long to stand by before trying to lead again, and when the
-    // last term began.
+    // After a lost lease: the standby's growing pauses, and the one before the next try.
     let mut standby: Option<backon::ExponentialBackoff> = None;
     let mut pause = Duration::ZERO;
     loop {
@@ -302,12 +301,13 @@ async fn lead(
                 // renew at once), and longer after each term that ended so (an apiserver
                 // too loaded to renew should not be sent a new term's lists and reads every
                 // few seconds), back to a lease duration after a term of an hour.
-                let lease = settings.lease.as_ref().map_or(Duration::from_secs(15), |l| l.lease_duration);
                 if acquired.elapsed() >= STABLE_TERM {
                     standby = None;
                 }
+                // Only an elected replica loses a lease: `settings.lease` is set.
+                let lease_duration = settings.lease.as_ref().map(|l| l.lease_duration).unwrap_or_default();
                 pause = standby
-                    .get_or_insert_with(|| standby_backoff(lease))
+                    .get_or_insert_with(|| standby_backoff(lease_duration))
                     .next()
                     .unwrap_or(MAX_STANDBY);
                 error!(error = %lost, standby = ?pause, "lost leadership; stopped every writer, standing by to lead again");

@@ -174,12 +174,13 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         {
             let engine = policy.spec.migration.engine;
             // Ours, under way with this engine: nothing to check again.
-            let ours_under_way = ctx.migrations.running_goal(&crd_name).is_some_and(|goal| {
-                goal == match engine {
-                    MigrationEngine::Internal => storage.to_owned(),
-                    MigrationEngine::StorageVersionMigration => format!("builtin {storage}"),
-                }
-            });
+            let ours_under_way = ctx
+                .migrations
+                .running_migration(&crd_name)
+                .is_some_and(|running| {
+                    running.storage_version == storage
+                        && running.builtin == (engine == MigrationEngine::StorageVersionMigration)
+                });
             // Never two migrators at once: with the internal engine every unfinished
             // StorageVersionMigration counts (one this policy made under the other engine
             // too), with the built-in one those of others. Unknown (the API's discovery or
@@ -492,12 +493,10 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             // settles for seconds before it creates its StorageVersionMigration.
             let ours = ctx
                 .migrations
-                .running_goal(crd_name)
-                .and_then(|goal| goal.strip_prefix("builtin ").map(str::to_owned));
+                .running_migration(crd_name)
+                .filter(|running| running.builtin);
             gates.inputs.migration_under_way = match ours {
-                Some(storage) => Some(format!(
-                    "this controller's StorageVersionMigration of {crd_name} into {storage} has finished"
-                )),
+                Some(running) => Some(running.awaited(crd_name)),
                 None => match ctx.migrations.unfinished_migration(policy, false).await {
                     Ok(None) => None,
                     Ok(Some(name)) => Some(format!("StorageVersionMigration {name} has finished")),
@@ -525,20 +524,12 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 .iter()
                 .find(|v| v.storage)
                 .map(|v| v.name.clone());
-            // This controller's own job of the CRD first: until it has finished (a built-in
-            // job checks the storage guard after Kubernetes' migrator trimmed), a trim may
-            // be ahead of its verdict.
-            let own_job = ctx
-                .migrations
-                .running_goal(&policy.spec.crd_name)
-                .map(|goal| match goal.split_once(' ') {
-                    Some((into, versions)) => format!(
-                        "this controller's rewrite of the managedFields entries naming {versions} into {into} has finished"
-                    ),
-                    None => format!("this controller's migration into {goal} has finished"),
-                });
-            let unfinished = match own_job {
-                Some(job) => Some(job),
+            // This controller's own migration of the CRD first: until it has finished (a
+            // built-in job checks the storage guard after Kubernetes' migrator trimmed), a
+            // trim may be ahead of its verdict.
+            let ours = ctx.migrations.running_migration(crd_name);
+            let unfinished = match ours {
+                Some(running) => Some(running.awaited(crd_name)),
                 None => match ctx
                     .migrations
                     .removal_hold(policy, storage.as_deref(), policy.spec.dry_run)

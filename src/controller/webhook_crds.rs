@@ -149,7 +149,7 @@ impl WebhookCrds {
     async fn listed(&self) -> Result<(), Error> {
         // Not the stores' own `wait_until_ready`: the webhook's readiness waits on them too,
         // and they wake one waiter only (`sync::Listed`).
-        let both = async { self.listed[0].wait().await && self.listed[1].wait().await };
+        let both = crate::sync::Listed::all(&self.listed);
         match tokio::time::timeout(LISTED_WITHIN, both).await {
             Ok(true) => Ok(()),
             _ => Err(Error::NotListed {

@@ -207,7 +207,7 @@ impl CachedPolicies {
     /// (their watches are gone, or the caches were filled by hand). Any number of tasks may
     /// wait at once (see `sync::Listed`).
     pub async fn wait_until_ready(&self) -> bool {
-        self.listed[0].wait().await && self.listed[1].wait().await
+        crate::sync::Listed::all(&self.listed).await
     }
 
     /// What `wait_until_ready` waits for, for a reader of these caches.

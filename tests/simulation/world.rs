@@ -265,16 +265,13 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                     fake.after_next_list_page(move |state| {
                         let Some(crd) = state.crds.get(CRD) else { return };
                         let versions = crd["spec"]["versions"].as_array().cloned().unwrap_or_default();
-                        let storage = versions
-                            .iter()
-                            .find(|v| v["storage"] == true)
-                            .map(|v| v["name"].clone());
+                        let storage = state.storage_version(CRD);
                         let other = crd["status"]["storedVersions"]
                             .as_array()
                             .into_iter()
                             .flatten()
                             .find(|stored| {
-                                Some(*stored) != storage.as_ref()
+                                stored.as_str() != storage.as_deref()
                                     && versions
                                         .iter()
                                         .any(|v| v["name"] == **stored && v["served"] == true)
@@ -330,10 +327,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                             .svm_fail_by_name
                             .insert(name.clone(), "conversion webhook failed".into());
                     }
-                    fake.create_svm(json!({
-                        "apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
-                        "metadata": {"name": name},
-                        "spec": {"resource": {"group": "example.com", "resource": "widgets"}}}));
+                    fake.create_svm(someone_elses_migration(&name));
                 }
                 Fault::DeletePolicy => {
                     if !policy_deleted {
@@ -722,10 +716,7 @@ fn foreign_migration_fails(state: &mut crate::apiserver::State, name: &str) {
     state
         .svm_fail_by_name
         .insert(name.to_owned(), "conversion webhook failed".into());
-    state.create_svm(json!({
-        "apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
-        "metadata": {"name": name},
-        "spec": {"resource": {"group": "example.com", "resource": "widgets"}}}));
+    state.create_svm(someone_elses_migration(name));
     // Running, failed, its end processed (storedVersions trimmed).
     for _ in 0..3 {
         state.svm_advance(name);
@@ -738,17 +729,12 @@ fn migration_pending(state: &crate::apiserver::State) -> bool {
     let Some(crd) = state.crds.get(CRD) else {
         return false;
     };
-    let storage = crd["spec"]["versions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|v| v["storage"] == true)
-        .map(|v| v["name"].clone());
+    let storage = state.storage_version(CRD);
     crd["status"]["storedVersions"]
         .as_array()
         .into_iter()
         .flatten()
-        .any(|stored| Some(stored) != storage.as_ref())
+        .any(|stored| stored.as_str() != storage.as_deref())
 }
 
 /// Whether a StorageVersionMigration the controller created is neither Succeeded nor Failed.
@@ -766,18 +752,19 @@ fn own_migration_unfinished(state: &crate::apiserver::State) -> bool {
 /// Whether a store may be due at `second` (`stores`: the seconds of the v1beta1 and v1
 /// stores), within the controller's clock skew (up to 30 s), and not landed yet.
 fn store_may_land(state: &crate::apiserver::State, stores: (u64, u64), second: u64) -> bool {
-    let storage = state.crds.get(CRD).and_then(|crd| {
-        crd["spec"]["versions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|v| v["storage"] == true)
-            .and_then(|v| v["name"].as_str().map(str::to_owned))
-    });
+    let storage = state.storage_version(CRD);
     let due = |at: u64| second + 30 >= at;
     match storage.as_deref() {
         Some("v1alpha1") => due(stores.0) || due(stores.1),
         Some("v1beta1") => due(stores.1),
         _ => false,
     }
+}
+
+/// Someone else's StorageVersionMigration of the CRD's resource, as they would create it.
+fn someone_elses_migration(name: &str) -> Value {
+    json!({
+        "apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
+        "metadata": {"name": name},
+        "spec": {"resource": {"group": "example.com", "resource": "widgets"}}})
 }

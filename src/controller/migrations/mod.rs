@@ -154,6 +154,30 @@ pub struct Migrations {
     pub(super) clock: super::clock::Clock,
 }
 
+/// This controller's migration of a CRD under way (`Migrations::running_migration`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunningMigration {
+    pub storage_version: String,
+    /// It follows a StorageVersionMigration of its own (the built-in engine); it settles for
+    /// seconds before it creates it, and checks the storage guard after Kubernetes trims.
+    pub builtin: bool,
+}
+
+impl RunningMigration {
+    /// What a gate waiting for it waits for.
+    pub fn awaited(&self, crd: &str) -> String {
+        let what = if self.builtin {
+            "StorageVersionMigration"
+        } else {
+            "migration"
+        };
+        format!(
+            "this controller's {what} of {crd} into {} has finished",
+            self.storage_version
+        )
+    }
+}
+
 impl Migrations {
     /// At most `parallel` migrations run at once; the others wait for a slot.
     pub fn new(client: Client, recorder: Recorder, metrics: Arc<Metrics>, parallel: usize) -> Self {
@@ -227,6 +251,22 @@ impl Migrations {
             .get(crd)
             .filter(|r| !r.handle.is_finished())
             .map(|r| r.goal.clone())
+    }
+
+    /// This controller's migration of the CRD under way, if any: what a gate that waits for
+    /// it says it waits for ("... has finished").
+    pub fn running_migration(&self, crd: &str) -> Option<RunningMigration> {
+        let goal = self.running_goal(crd)?;
+        Some(match goal.strip_prefix("builtin ") {
+            Some(storage) => RunningMigration {
+                storage_version: storage.to_owned(),
+                builtin: true,
+            },
+            None => RunningMigration {
+                storage_version: goal,
+                builtin: false,
+            },
+        })
     }
 
     /// Whether a migration of this CRD is under way.

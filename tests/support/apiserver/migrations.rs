@@ -160,7 +160,7 @@ fn advance(state: &mut State, mut object: Value) -> Value {
         ]);
         return object;
     }
-    if storage_version(state, &crd_name).is_some() {
+    if state.storage_version(&crd_name).is_some() {
         // Each object is written through an apiserver, which encodes it in the storage
         // version as it sees it (`switch_lag`: one that has not acted on a switch yet).
         let keys: Vec<_> = state
@@ -206,10 +206,6 @@ fn crd_of(object: &Value) -> String {
     )
 }
 
-fn storage_version(state: &State, crd_name: &str) -> Option<String> {
-    state.crds.get(crd_name).and_then(storage_of)
-}
-
 /// The version a CRD marks `storage: true`.
 fn storage_of(crd: &Value) -> Option<String> {
     crd["spec"]["versions"]
@@ -236,10 +232,9 @@ fn trim_stored_versions(state: &mut State, crd_name: &str, migration: &str) {
     {
         return;
     }
-    if let (Some(storage), Some(mut crd)) = (
-        storage_version(state, crd_name),
-        state.crds.get(crd_name).cloned(),
-    ) {
+    if let (Some(storage), Some(mut crd)) =
+        (state.storage_version(crd_name), state.crds.get(crd_name).cloned())
+    {
         crd["status"]["storedVersions"] = json!([storage]);
         state.store_crd(crd, false);
     }
@@ -252,6 +247,11 @@ impl State {
     }
 
     /// The svm controller acts on migration `name` alone, now (one step of `advance`).
+    /// The version the CRD marks `storage: true`, as stored.
+    pub fn storage_version(&self, crd_name: &str) -> Option<String> {
+        self.crds.get(crd_name).and_then(storage_of)
+    }
+
     pub fn svm_advance(&mut self, name: &str) {
         if let Some(object) = self.svms.get(name).cloned() {
             let advanced = advance(self, object);
