@@ -284,6 +284,13 @@ pub struct MigrationStatus {
     /// a failed StorageVersionMigration's hold on removals.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rewrote_all: bool,
+    /// The UIDs of the failed StorageVersionMigrations of the resource whose end (and with
+    /// it Kubernetes' trim of `status.storedVersions`) was processed before this run listed
+    /// its first object. A run that rewrote every object releases their hold on removals,
+    /// and only theirs: a failure processed later may have trimmed a version whose objects
+    /// it never saw.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub covers_failed_migrations: Vec<String>,
 }
 
 impl MigrationStatus {
@@ -317,6 +324,7 @@ impl MigrationStatus {
             message: None,
             storage_version_migration: None,
             rewrote_all: false,
+            covers_failed_migrations: Vec::new(),
         }
     }
 }

@@ -85,6 +85,23 @@ pub fn superseded(failed: &Migration, all: &[Migration]) -> bool {
     })
 }
 
+/// At most this many failed migrations are recorded as covered by one run
+/// (`processed_failures`); any beyond hold removals until a later run covers them.
+pub const MAX_COVERED_FAILURES: usize = 50;
+
+/// The UIDs of the failed migrations in `all` whose end Kubernetes has processed (and with
+/// it trimmed `storedVersions`) and that still hold removals: read before a run lists its
+/// first object, they are what that run covers, if it rewrites every object. A causal
+/// order, not a comparison of two clocks: no skew between the controller and the
+/// kube-controller-manager can make a failure look older than a run.
+pub fn processed_failures(all: &[Migration]) -> Vec<String> {
+    all.iter()
+        .filter(|m| matches!(m.state, State::Failed(_)) && !m.running && m.holds_removals())
+        .filter_map(|m| m.uid.clone())
+        .take(MAX_COVERED_FAILURES)
+        .collect()
+}
+
 impl Migration {
     /// Whether removing a version of the resource must wait for this migration. Kubernetes
     /// can trim `status.storedVersions` before every object is rewritten: as a migration
@@ -105,6 +122,9 @@ impl Migration {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Migration {
     pub name: String,
+    /// Its `metadata.uid`: a migration deleted and created again under the same name is
+    /// another migration.
+    pub uid: Option<String>,
     pub group: String,
     pub resource: String,
     pub state: State,
@@ -202,6 +222,7 @@ impl Migration {
             .max();
         Migration {
             name: text("/metadata/name").unwrap_or_default(),
+            uid: text("/metadata/uid"),
             group: text("/spec/resource/group").unwrap_or_default(),
             resource: text("/spec/resource/resource").unwrap_or_default(),
             state,

@@ -497,7 +497,8 @@ async fn no_removal_lands_while_a_storage_version_migration_is_unfinished() {
 /// Kubernetes trims `storedVersions` as a failed migration ends too, with objects still
 /// stored in the versions it removed (tests/fixtures/svm-failed-trims-stored-versions.txt).
 /// A failed migration of the policy's own gets them back before any removal; one of
-/// someone else's holds every removal until a migration started after it succeeded.
+/// someone else's (what it trimmed unknown) gets every version listed again, and holds every
+/// removal until a migration started after it succeeded.
 #[tokio::test(start_paused = true)]
 async fn a_failed_storage_version_migration_holds_removals_until_what_it_trimmed_is_safe() {
     let mut h = unserved_with_its_removal_due().await;
@@ -544,8 +545,8 @@ async fn a_failed_storage_version_migration_holds_removals_until_what_it_trimmed
         "true"
     );
 
-    // Someone else's failed migration, its storedVersions unknown: held until a migration
-    // started after it succeeds.
+    // Someone else's failed migration, its storedVersions unknown: every version is listed
+    // again, and removals are held until a migration started after it succeeds.
     h.fake.lock().svms.insert(
         "someone-elses".into(),
         failed("someone-elses", json!({}), json!({})),
@@ -557,14 +558,18 @@ async fn a_failed_storage_version_migration_holds_removals_until_what_it_trimmed
         "v1alpha1:d v1beta1:sd v1:sS",
         "v1alpha1 is not removed"
     );
+    assert_eq!(h.stored_versions(), json!(["v1", "v1alpha1", "v1beta1"]));
     let (status, reason, message) = h.condition("widgets", "Blocked");
     assert_eq!((status.as_str(), reason.as_str()), ("True", "AwaitingMigration"));
     assert!(
         message.contains(
-            "StorageVersionMigration someone-elses, which failed, is followed by a migration that succeeds"
+            "a migration of every object of widgets.example.com that starts after StorageVersionMigration \
+             someone-elses, which failed"
         ),
         "{message}"
     );
+    // That migration (migration is not the policy's job here) succeeds and trims.
+    h.trim_stored_versions(&["v1"]);
     h.fake.lock().svms.insert(
         "later".into(),
         json!({"apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
@@ -642,7 +647,8 @@ async fn only_a_run_that_rewrote_every_object_releases_a_failed_migrations_hold(
         state.svms.insert(
             "someone-elses".into(),
             json!({"apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
-                   "metadata": {"name": "someone-elses", "creationTimestamp": "2026-06-27T00:00:00Z"},
+                   "metadata": {"name": "someone-elses", "uid": "uid-someone-elses",
+                                "creationTimestamp": "2026-06-27T00:00:00Z"},
                    "spec": {"resource": {"group": "example.com", "resource": "widgets"}},
                    "status": {"conditions": [
                        {"type": "Running", "status": "False", "reason": "MigrationCompleted",
@@ -655,15 +661,15 @@ async fn only_a_run_that_rewrote_every_object_releases_a_failed_migrations_hold(
     // The API was just enabled: the "not served" answer of the walk stands 5 s.
     tokio::time::sleep(Duration::from_secs(5)).await;
     h.trim_stored_versions(&["v1"]);
-    let run = |rewrote_all: bool| {
+    let run = |rewrote_all: bool, covers: Value| {
         json!({"migration": {"phase": "Succeeded", "storageVersion": "v1",
                              "startedAt": "2026-06-28T00:00:00Z", "finishedAt": "2026-06-28T00:00:01Z",
-                             "rewroteAll": rewrote_all}})
+                             "rewroteAll": rewrote_all, "coversFailedMigrations": covers}})
     };
     // A run after the failure that found storedVersions trimmed: it rewrote nothing.
     h.apply_status_as(
         crd_lifecycle::controller::migrations::MIGRATION_FIELD_MANAGER,
-        run(false),
+        run(false, json!(["uid-someone-elses"])),
     )
     .await;
     h.at("2026-06-29T00:00:00Z");
@@ -676,14 +682,90 @@ async fn only_a_run_that_rewrote_every_object_releases_a_failed_migrations_hold(
     let (_, reason, message) = h.condition("widgets", "Blocked");
     assert_eq!(reason, "AwaitingMigration");
     assert!(message.contains("someone-elses, which failed"), "{message}");
-    // A run after the failure that rewrote every object: the removal lands.
+    // Review finding F4: a run that rewrote every object and started after the failure
+    // ended, by the controller's clock, but had not seen it processed when it listed (the
+    // controller's clock ahead of the kube-controller-manager's): it covers nothing.
     h.apply_status_as(
         crd_lifecycle::controller::migrations::MIGRATION_FIELD_MANAGER,
-        run(true),
+        run(true, json!([])),
     )
     .await;
+    h.trim_stored_versions(&["v1"]);
+    h.reconcile_through_cleanup("widgets").await;
+    assert_eq!(
+        h.flags(),
+        "v1alpha1:d v1beta1:sd v1:sS",
+        "v1alpha1 is not removed"
+    );
+    assert_eq!(
+        h.stored_versions(),
+        json!(["v1", "v1alpha1", "v1beta1"]),
+        "every version listed again"
+    );
+    // A run that had seen the failure processed before it listed, and rewrote every object
+    // (and trimmed): the removal lands.
+    h.apply_status_as(
+        crd_lifecycle::controller::migrations::MIGRATION_FIELD_MANAGER,
+        run(true, json!(["uid-someone-elses"])),
+    )
+    .await;
+    h.trim_stored_versions(&["v1"]);
     h.reconcile_through_cleanup("widgets").await;
     assert_eq!(h.flags(), "v1beta1:sd v1:sS");
+}
+
+/// Review finding F4: someone else's failed migration trimmed `storedVersions` with objects
+/// still stored in what it dropped. The controller lists every version again, and the next
+/// run records the failure as seen processed before it listed its first object; having
+/// rewritten every object, it releases the hold. No clock is compared: the controller's is
+/// two days ahead of the kube-controller-manager's here.
+#[tokio::test(start_paused = true)]
+async fn someone_elses_failure_is_covered_by_the_next_full_run_whatever_the_clocks() {
+    let mut h = unserved_with_its_removal_due().await;
+    h.fake.add_objects(CRD, 10, 2, "v1alpha1");
+    h.edit_policy("widgets", |p| p["spec"]["migration"]["enabled"] = json!(true));
+    {
+        let mut state = h.fake.lock();
+        state.svm_served = true;
+        state.svm_paused = true;
+        state.svms.insert(
+            "someone-elses".into(),
+            json!({"apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
+                   "metadata": {"name": "someone-elses", "uid": "uid-someone-elses",
+                                "creationTimestamp": "2026-06-27T00:00:00Z"},
+                   "spec": {"resource": {"group": "example.com", "resource": "widgets"}},
+                   "status": {"conditions": [
+                       {"type": "Running", "status": "False", "reason": "MigrationCompleted",
+                        "lastTransitionTime": "2026-06-27T00:10:00Z"},
+                       {"type": "Failed", "status": "True", "reason": "StorageVersionMigrationFailed",
+                        "lastTransitionTime": "2026-06-27T00:10:00Z",
+                        "message": "migration encountered unhandled error: denied"}]}}),
+        );
+    }
+    // The API was just enabled: the "not served" answer of the walk stands 5 s.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    h.trim_stored_versions(&["v1"]);
+    h.at("2026-06-29T00:00:00Z");
+    h.reconcile("widgets").await;
+    assert_eq!(
+        h.flags(),
+        "v1alpha1:d v1beta1:sd v1:sS",
+        "v1alpha1 is not removed"
+    );
+    assert_eq!(h.stored_versions(), json!(["v1", "v1alpha1", "v1beta1"]));
+    // The next reconcile (the CRD's change) starts a run, which covers the failure.
+    h.reconcile("widgets").await;
+    wait_until("the run succeeds", || migration(&h)["phase"] == "Succeeded").await;
+    assert_eq!(
+        migration(&h)["coversFailedMigrations"],
+        json!(["uid-someone-elses"]),
+        "{:#}",
+        migration(&h)
+    );
+    assert_eq!(h.stored_versions(), json!(["v1"]));
+    h.reconcile_through_cleanup("widgets").await;
+    assert_eq!(h.flags(), "v1beta1:sd v1:sS");
+    assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 10)].into());
 }
 
 /// Review finding: the built-in engine's job settles for seconds before it creates its

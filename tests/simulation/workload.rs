@@ -134,6 +134,13 @@ pub enum Fault {
     /// Every request takes `millis` before the apiserver acts on it, for `lasting` seconds
     /// (other writers act between a read and the write decided on it).
     SlowApiserver { millis: u64, lasting: u64 },
+    /// The controller's clock runs `ahead` seconds ahead of the control plane's from now;
+    /// right after the controller's next migration succeeds, `kubectl edit` flips the
+    /// storage version back to another served version and forth again, a client writes
+    /// `writes` objects in between, and someone else's StorageVersionMigration fails (its end
+    /// trims `storedVersions`): a failure that ended after the run, although the run's
+    /// `startedAt` on the controller's clock is later (review finding F4).
+    FlipBackAfterRun { writes: usize, ahead: i64 },
 }
 
 impl Fault {
@@ -153,6 +160,7 @@ impl Fault {
             | Fault::ForeignFailureAtRead { .. }
             | Fault::ForeignFailureBeforeRun { .. }
             | Fault::DeletePolicy
+            | Fault::FlipBackAfterRun { .. }
             | Fault::MigrationsFail { .. } => "writer",
             Fault::Skew { .. } => "skew",
         }
@@ -210,6 +218,11 @@ impl fmt::Display for Fault {
             Fault::SlowApiserver { millis, lasting } => {
                 write!(f, "every request {millis}ms slow for {lasting}s")
             }
+            Fault::FlipBackAfterRun { writes, ahead } => write!(
+                f,
+                "controller clock {ahead:+}s; after its next migration: kubectl edit flips the storage version back \
+                 and forth, {writes} object(s) written, another's StorageVersionMigration fails"
+            ),
         }
     }
 }
@@ -269,6 +282,10 @@ pub fn draw(seed: u64) -> Draw {
         let fault = match rng.between(0, 18) {
             // Rarer than the others: it ends the lifecycle the other faults act on.
             18 if rng.chance(30) => Fault::DeletePolicy,
+            18 => Fault::FlipBackAfterRun {
+                writes: rng.between(1, 4) as usize,
+                ahead: rng.between(5, 30) as i64,
+            },
             17 => Fault::ForeignFailureBeforeRun {
                 runs: rng.between(0, 2) as u32,
                 wait_ms: rng.between(0, 3000),

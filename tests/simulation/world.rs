@@ -341,6 +341,22 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                     ends.push((second + lasting, fault.clone()));
                 }
                 Fault::Skew { seconds } => skew.store(seconds * 1000, Ordering::Relaxed),
+                Fault::FlipBackAfterRun { writes, ahead } => {
+                    skew.store(ahead * 1000, Ordering::Relaxed);
+                    foreign += 1;
+                    let name = format!("someone-else-{foreign}");
+                    let writes = *writes;
+                    // The next request of a replica once a run of its own has succeeded (an
+                    // internal run's status, or the built-in job's).
+                    let ran = last_run_succeeded(&fake.lock());
+                    fake.before_request(
+                        move |state, actor, _, _| {
+                            invariants::is_replica(actor) && last_run_succeeded(state) != ran
+                        },
+                        0,
+                        move |state| flip_back_and_fail(state, writes, &name),
+                    );
+                }
                 Fault::SlowAnswers { millis, lasting } => {
                     fake.lock().write_answer_delay = Duration::from_millis(*millis);
                     ends.push((second + lasting, fault.clone()));
@@ -735,6 +751,35 @@ fn migration_pending(state: &crate::apiserver::State) -> bool {
         .into_iter()
         .flatten()
         .any(|stored| stored.as_str() != storage.as_deref())
+}
+
+/// The `finishedAt` of the policy's last migration run, if it succeeded.
+fn last_run_succeeded(state: &crate::apiserver::State) -> Option<String> {
+    let run = &state.policies.get("widgets")?["status"]["migration"];
+    (run["phase"] == "Succeeded").then(|| run["finishedAt"].as_str().unwrap_or_default().to_owned())
+}
+
+/// `FlipBackAfterRun`'s writers: the storage version back to another served version and
+/// forth again with objects written in between, then someone else's migration fails.
+fn flip_back_and_fail(state: &mut crate::apiserver::State, writes: usize, name: &str) {
+    let Some(storage) = state.storage_version(CRD) else {
+        return;
+    };
+    let other = state.crds[CRD]["spec"]["versions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v["served"] == true && v["name"] != storage.as_str())
+        .find_map(|v| v["name"].as_str().map(str::to_owned));
+    if let Some(other) = other {
+        state.switch_storage(CRD, &other);
+        state.step("kubectl edit (after a run)");
+        state.write_objects(CRD, writes);
+        state.step("a user's client (after a run)");
+        state.switch_storage(CRD, &storage);
+        state.step("kubectl edit (after a run, back)");
+    }
+    foreign_migration_fails(state, name);
 }
 
 /// Whether a StorageVersionMigration the controller created is neither Succeeded nor Failed.

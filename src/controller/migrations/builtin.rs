@@ -131,10 +131,14 @@ impl Migrations {
     /// StorageVersionMigrations (`Migration::holds_removals`): "StorageVersionMigration X has
     /// finished", or what else must happen. `Err` when that cannot be told. A failed
     /// migration holds no more once a later one succeeded (`builtin::superseded`), or this
-    /// policy's own full run into `storage_version` (the storage version now) succeeded after
-    /// it, or, for one of this policy's own, once the `storedVersions` it was created for are
-    /// restored, which this does unless `dry_run`: Kubernetes trims them as a failed
-    /// migration ends (tests/fixtures/svm-failed-trims-stored-versions.txt).
+    /// policy's own last run into `storage_version` (the storage version now) rewrote every
+    /// object and had seen the failure processed before it listed the first
+    /// (`covers_failed_migrations`: an order of events, not of two clocks), or, for one of
+    /// this policy's own, once the `storedVersions` it was created for are restored, which
+    /// this does unless `dry_run`: Kubernetes trims them as a failed migration ends
+    /// (tests/fixtures/svm-failed-trims-stored-versions.txt). Someone else's failure, which
+    /// records no `storedVersions`, gets every version of the CRD listed again instead (also
+    /// unless `dry_run`): the next migration then rewrites every object, and covers it.
     pub async fn removal_hold(
         &self,
         policy: &VersionPolicy,
@@ -151,17 +155,17 @@ impl Migrations {
             format!("cannot list StorageVersionMigrations: {error}")
         })?;
         // This policy's last full run (one that rewrote every object: a run that found
-        // storedVersions trimmed already, by the very failure it would release, did not), if
-        // it succeeded into the storage version of now (on the controller's clock, against
-        // the kube-controller-manager's: both the cluster's).
-        let last_run = Job::Migrate
+        // storedVersions trimmed already, by the very failure it would release, did not)
+        // if it succeeded into the storage version of now.
+        let covered: Vec<String> = Job::Migrate
             .previous(policy)
             .filter(|run| {
                 run.phase == MigrationPhase::Succeeded
                     && run.rewrote_all
                     && Some(run.storage_version.as_str()) == storage_version
             })
-            .and_then(|run| run.started_at.map(|at| at.0));
+            .map(|run| run.covers_failed_migrations)
+            .unwrap_or_default();
         for migration in listed.migrations.iter().filter(|m| m.holds_removals()) {
             if !matches!(migration.state, State::Failed(_)) || migration.running {
                 return Ok(Some(format!(
@@ -169,48 +173,115 @@ impl Migrations {
                     migration.name
                 )));
             }
-            let run_since = migration
-                .changed
-                .is_some_and(|ended| last_run.is_some_and(|started| started > ended));
+            let run_since = migration.uid.as_ref().is_some_and(|uid| covered.contains(uid));
             if run_since || builtin::superseded(migration, &listed.migrations) {
                 continue;
             }
             let ours = migration.policy.as_deref() == policy.metadata.name.as_deref();
-            match (&migration.created_for, ours, dry_run) {
+            let hold = match (&migration.created_for, ours, dry_run) {
                 (Some(created_for), true, false) => {
                     match self
                         .restore_stored_versions(crd, migration, created_for, &api)
                         .await
                     {
                         Ok(()) => continue,
-                        Err(error) => {
-                            return Ok(Some(format!(
-                                "status.storedVersions lists again what it listed when StorageVersionMigration {} \
-                                 was created ({error})",
-                                migration.name
-                            )));
-                        }
+                        Err(error) => format!(
+                            "status.storedVersions lists again what it listed when StorageVersionMigration {} \
+                             was created ({error})",
+                            migration.name
+                        ),
                     }
                 }
-                (Some(_), true, true) => {
-                    return Ok(Some(format!(
-                        "status.storedVersions lists again what it listed when StorageVersionMigration {} was \
-                         created (Kubernetes trims it as a failed migration ends; not restored in a dry run)",
+                (Some(_), true, true) => format!(
+                    "status.storedVersions lists again what it listed when StorageVersionMigration {} was \
+                     created (Kubernetes trims it as a failed migration ends; not restored in a dry run)",
+                    migration.name
+                ),
+                (_, _, false) => match self.list_every_version(crd, migration).await {
+                    Ok(()) => format!(
+                        "a migration of every object of {crd} that starts after StorageVersionMigration {}, which \
+                         failed (Kubernetes trims status.storedVersions as a failed migration ends, so every \
+                         version of {crd} is listed there again and the next migration rewrites every object)",
                         migration.name
-                    )));
-                }
-                _ => {
-                    return Ok(Some(format!(
-                        "StorageVersionMigration {}, which failed, is followed by a migration that succeeds, or is \
-                         deleted once every object of {crd} is rewritten (Kubernetes trims status.storedVersions as a \
-                         failed migration ends too: list every version of {crd} in status.storedVersions again, and the \
-                         next migration rewrites every object)",
+                    ),
+                    Err(error) => format!(
+                        "StorageVersionMigration {}, which failed, is followed by a migration of every object of \
+                         {crd}: {error}",
                         migration.name
-                    )));
-                }
-            }
+                    ),
+                },
+                (_, _, true) => format!(
+                    "StorageVersionMigration {}, which failed, is followed by a migration that succeeds, or is \
+                     deleted once every object of {crd} is rewritten (Kubernetes trims status.storedVersions as a \
+                     failed migration ends too: list every version of {crd} in status.storedVersions again, and the \
+                     next migration rewrites every object; not done in a dry run)",
+                    migration.name
+                ),
+            };
+            return Ok(Some(hold));
         }
         Ok(None)
+    }
+
+    /// Lists every version the CRD has in its `status.storedVersions`, guarded by the
+    /// resourceVersion just read, after `failed` (someone else's StorageVersionMigration, or
+    /// one of this policy's that recorded nothing) trimmed it: whatever it trimmed is back,
+    /// and the next migration rewrites every object. Adding a version the CRD has is always
+    /// safe: at worst it asks for a migration that finds nothing to rewrite.
+    async fn list_every_version(&self, crd: &str, failed: &Migration) -> Result<(), String> {
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let current = crds
+            .get(crd)
+            .await
+            .map_err(|e| format!("cannot read CustomResourceDefinition {crd}: {e}"))?;
+        let mut stored = current
+            .status
+            .as_ref()
+            .and_then(|s| s.stored_versions.clone())
+            .unwrap_or_default();
+        let trimmed: Vec<String> = current
+            .spec
+            .versions
+            .iter()
+            .map(|v| v.name.clone())
+            .filter(|v| !stored.contains(v))
+            .collect();
+        if trimmed.is_empty() {
+            return Ok(());
+        }
+        stored.extend(trimmed.iter().cloned());
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": current.metadata.resource_version},
+            "status": {"storedVersions": stored},
+        });
+        crds.patch_status(crd, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| format!("cannot list every version in status.storedVersions of {crd} again: {e}"))?;
+        warn!(
+            crd,
+            migration = failed.name,
+            listed = trimmed.join(", "),
+            "a StorageVersionMigration failed and no migration since covers it; listed every version in \
+             status.storedVersions again, so that the next migration rewrites every object"
+        );
+        Ok(())
+    }
+
+    /// The failed StorageVersionMigrations of the CRD's resource whose end Kubernetes has
+    /// processed, read as a run starts (`MigrationStatus::covers_failed_migrations`). None
+    /// when the API is not served or cannot be read: the run then covers none.
+    pub(super) async fn processed_failures(&self, crd: &str) -> Vec<String> {
+        let Ok(Some(api)) = self.builtin_api().await else {
+            return Vec::new();
+        };
+        let (group, resource) = group_resource(crd);
+        match api.of_resource(group, resource).await {
+            Ok(listed) => builtin::processed_failures(&listed.migrations),
+            Err(error) => {
+                warn!(crd, error = %error, "cannot list StorageVersionMigrations; this run covers no failed one");
+                Vec::new()
+            }
+        }
     }
 
     /// Restores what the policy's own failed StorageVersionMigration (named in

@@ -471,9 +471,20 @@ impl Migrations {
                 .unwrap_or(Time(self.now())),
             None => Time(self.now()),
         };
+        // Read before the run lists its first object (a resumed run keeps what its start
+        // read): the failed migrations this run covers if it rewrites every object.
+        let covers_failed_migrations = match (&job, &resume) {
+            (Job::Migrate, Some(_)) => previous
+                .as_ref()
+                .map(|run| run.covers_failed_migrations.clone())
+                .unwrap_or_default(),
+            (Job::Migrate, None) => self.processed_failures(&crd).await,
+            (Job::CleanManagedFields { .. }, _) => Vec::new(),
+        };
         let mut status = MigrationStatus {
             versions: job.versions(),
             crd_generation: resume.as_ref().and_then(|r| r.crd_generation),
+            covers_failed_migrations,
             ..MigrationStatus::running(&storage_version, started_at)
         };
         let what = match &job {
