@@ -768,6 +768,77 @@ async fn someone_elses_failure_is_covered_by_the_next_full_run_whatever_the_cloc
     assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 10)].into());
 }
 
+/// Found by the simulation (seed 26): with the built-in engine, after someone else's
+/// migration failed, the controller listed every version again, and its job reused its own
+/// migration that had succeeded before that failure (the CRD's generation unchanged): the
+/// trim followed at once, the failure stayed unsuperseded, and the two alternated forever.
+/// The job creates the next attempt instead, which supersedes the failure.
+#[tokio::test(start_paused = true)]
+async fn after_someone_elses_failure_the_built_in_job_migrates_again_instead_of_reusing() {
+    let mut h = Harness::with_example_and_objects(10);
+    h.fake.lock().svm_served = true;
+    builtin(&mut h);
+    for (instant, storage) in [
+        ("2026-01-05T00:00:00Z", "v1beta1"),
+        ("2026-01-15T00:00:00Z", "v1beta1"),
+        ("2026-02-01T00:00:00Z", "v1"),
+    ] {
+        h.at(instant);
+        h.reconcile_through_preflight("widgets").await;
+        h.reconcile("widgets").await;
+        wait_until("the built-in migration succeeds", || {
+            migration(&h)["storageVersion"] == storage && migration(&h)["phase"] == "Succeeded"
+        })
+        .await;
+    }
+    let first = "crd-lifecycle.widgets.example.com-v1-1";
+    assert_eq!(
+        migration(&h)["storageVersionMigration"],
+        first,
+        "{} {:?}",
+        h.flags(),
+        h.condition("widgets", "Blocked")
+    );
+    for instant in [
+        "2026-03-01T00:00:00Z",
+        "2026-04-01T00:00:00Z",
+        "2026-05-30T00:00:00Z",
+    ] {
+        h.at(instant);
+        h.reconcile("widgets").await;
+    }
+    assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS");
+    // Someone else's migration fails after ours succeeded; its end trims storedVersions.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    {
+        let mut state = h.fake.lock();
+        state
+            .svm_fail_by_name
+            .insert("someone-elses".into(), "conversion webhook failed".into());
+        state.create_svm(json!({
+            "apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
+            "metadata": {"name": "someone-elses"},
+            "spec": {"resource": {"group": "example.com", "resource": "widgets"}}}));
+        for _ in 0..3 {
+            state.svm_advance("someone-elses");
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    h.at("2026-06-29T00:00:00Z");
+    h.reconcile("widgets").await;
+    assert_eq!(h.stored_versions(), json!(["v1", "v1alpha1", "v1beta1"]));
+    h.reconcile("widgets").await;
+    let second = "crd-lifecycle.widgets.example.com-v1-2";
+    wait_until("the next attempt succeeds", || {
+        migration(&h)["storageVersionMigration"] == second && migration(&h)["phase"] == "Succeeded"
+    })
+    .await;
+    assert_eq!(h.stored_versions(), json!(["v1"]));
+    h.reconcile_through_cleanup("widgets").await;
+    assert_eq!(h.flags(), "v1beta1:sd v1:sS");
+    assert_eq!(h.stored_versions(), json!(["v1"]), "not listed again");
+}
+
 /// Review finding: the built-in engine's job settles for seconds before it creates its
 /// StorageVersionMigration; a store due meanwhile waits for it (and for the migration once
 /// created), or the migration would run at the later storage version through an apiserver

@@ -11,6 +11,8 @@
 //! - `SIM_SEED=N cargo test --test simulation`: replays seed N and prints its whole trace;
 //!   `SIM_FAULTS=0,3` keeps only those faults of its schedule (what the shrinker printed);
 //!   `SIM_LOG=info` adds the controller's log, `SIM_REQUESTS=1` every request it sent.
+//! - `SIM_FAULT=TEXT` runs only the seeds whose schedule has a fault whose description
+//!   contains TEXT (e.g. `SIM_FAULT="flips the storage version back"`).
 //! - `SIM_KEEP_GOING=1` runs every seed of the budget even after a violation;
 //!   `SIM_NO_SHRINK=1` reports a violation without shrinking its schedule.
 //! - `scripts/mutants.sh`: every known bug (`tests/mutants/*.patch`) must be caught.
@@ -55,10 +57,31 @@ fn main() -> ExitCode {
     let mut failed = Vec::new();
     let mut known_open = 0;
     let mut replays = 0;
+    // Aims a run at one fault: only the seeds whose schedule has a fault described so.
+    let only = std::env::var("SIM_FAULT").ok();
     for seed in first..first + seeds {
         let draw = workload::draw(seed);
+        if let Some(only) = &only
+            && !draw
+                .faults
+                .iter()
+                .any(|(_, f)| f.to_string().contains(only.as_str()))
+        {
+            continue;
+        }
+        if only.is_some() {
+            println!("simulation: seed {seed}");
+        }
+        let seed_started = Instant::now();
         let outcome = world::run(seed, &draw, &|_| true);
         steps += outcome.steps;
+        if std::env::var("SIM_PROFILE").is_ok() {
+            println!(
+                "simulation: seed {seed}: {} steps in {:.1}s",
+                outcome.steps,
+                seed_started.elapsed().as_secs_f64()
+            );
+        }
         if seed % REPLAY_EVERY == 0 {
             replays += 1;
             let again = world::run(seed, &draw, &|_| true);

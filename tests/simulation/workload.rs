@@ -337,6 +337,11 @@ pub fn draw(seed: u64) -> Draw {
                 lasting: rng.between(5, 60),
             },
         };
+        // It acts at the end of a migration: set before the last store, or it never acts.
+        let at = match fault {
+            Fault::FlipBackAfterRun { .. } => at % (milestones[2] + 1),
+            _ => at,
+        };
         faults.push((at, fault));
     }
     faults.sort_by_key(|(at, _)| *at);

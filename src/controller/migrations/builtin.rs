@@ -591,6 +591,18 @@ impl Migrations {
                 fresh.metadata.generation.unwrap_or_default()
             );
         };
+        // A failed migration no later one supersedes: one of ours that succeeded before it
+        // ended cannot release its hold (`builtin::superseded`), the next attempt can.
+        let uncovered = listed
+            .migrations
+            .iter()
+            .find(|m| {
+                matches!(m.state, State::Failed(_))
+                    && !m.running
+                    && m.holds_removals()
+                    && !builtin::superseded(m, &listed.migrations)
+            })
+            .map(|m| m.name.clone());
         let ours: Vec<Migration> = listed
             .migrations
             .into_iter()
@@ -617,6 +629,12 @@ impl Migrations {
                     return Ok((last.clone(), created_for.clone(), guard_from(created_for)));
                 }
                 (State::Failed(_), _) => {}
+                (State::Succeeded, _) if let Some(failed) = &uncovered => info!(
+                    crd,
+                    "StorageVersionMigration {} succeeded before StorageVersionMigration {failed} failed; creating the \
+                     next attempt",
+                    last.name
+                ),
                 (_, Some(created_for)) if created_for.conversion == now.conversion => {
                     let guard = guard_from(created_for);
                     if created_for.generation.is_some() && created_for.generation == now.generation {
