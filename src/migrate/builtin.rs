@@ -86,17 +86,25 @@ pub fn superseded(failed: &Migration, all: &[Migration]) -> bool {
 }
 
 /// At most this many failed migrations are recorded as covered by one run
-/// (`processed_failures`); any beyond hold removals until a later run covers them.
-pub const MAX_COVERED_FAILURES: usize = 50;
+/// (`processed_failures`), the latest to end first: only failures no later migration
+/// superseded count, so more than this many of one resource means a migrator that has
+/// failed for months without one success; the oldest beyond it keep holding removals.
+pub const MAX_COVERED_FAILURES: usize = 200;
 
 /// The UIDs of the failed migrations in `all` whose end Kubernetes has processed (and with
-/// it trimmed `storedVersions`) and that still hold removals: read before a run lists its
-/// first object, they are what that run covers, if it rewrites every object. A causal
-/// order, not a comparison of two clocks: no skew between the controller and the
-/// kube-controller-manager can make a failure look older than a run.
+/// it trimmed `storedVersions`) and that still hold removals (not superseded by a later
+/// success): read before a run lists its first object, they are what that run covers, if it
+/// rewrites every object. A causal order, not a comparison of two clocks: no skew between
+/// the controller and the kube-controller-manager can make a failure look older than a run.
 pub fn processed_failures(all: &[Migration]) -> Vec<String> {
-    all.iter()
+    let mut failed: Vec<&Migration> = all
+        .iter()
         .filter(|m| matches!(m.state, State::Failed(_)) && !m.running && m.holds_removals())
+        .filter(|m| !superseded(m, all))
+        .collect();
+    failed.sort_by(|a, b| b.changed.cmp(&a.changed));
+    failed
+        .into_iter()
         .filter_map(|m| m.uid.clone())
         .take(MAX_COVERED_FAILURES)
         .collect()
@@ -411,6 +419,50 @@ mod tests {
             ),
             State::Failed("boom".into())
         );
+    }
+
+    /// A run covers the failures processed before it lists: ended (not `Running`), not
+    /// superseded by a later success, not restored; the latest first, by UID.
+    #[test]
+    fn a_run_covers_the_processed_failures_no_success_superseded() {
+        let at = |name: &str, created: &str, conditions: Value| {
+            Migration::from_json(&json!({
+                "metadata": {"name": name, "uid": format!("uid-{name}"), "creationTimestamp": created},
+                "spec": {"resource": {"group": "g", "resource": "r"}},
+                "status": {"conditions": conditions}}))
+        };
+        let failed = |ended: &str, running: &str| {
+            json!([{"type": "Running", "status": running, "lastTransitionTime": ended},
+                   {"type": "Failed", "status": "True", "lastTransitionTime": ended}])
+        };
+        let succeeded = json!([{"type": "Running", "status": "False", "lastTransitionTime": "2026-01-01T05:00:00Z"},
+                               {"type": "Succeeded", "status": "True", "lastTransitionTime": "2026-01-01T05:00:00Z"}]);
+        let all = [
+            at(
+                "old",
+                "2026-01-01T00:00:00Z",
+                failed("2026-01-01T01:00:00Z", "False"),
+            ),
+            at("success", "2026-01-01T02:00:00Z", succeeded),
+            at(
+                "later",
+                "2026-01-01T03:00:00Z",
+                failed("2026-01-01T04:00:00Z", "False"),
+            ),
+            at(
+                "latest",
+                "2026-01-01T06:00:00Z",
+                failed("2026-01-01T07:00:00Z", "False"),
+            ),
+            at(
+                "ending",
+                "2026-01-01T08:00:00Z",
+                failed("2026-01-01T09:00:00Z", "True"),
+            ),
+        ];
+        // "old" is superseded by "success" (created after it ended); "ending" is not
+        // processed yet (its trim is still to come).
+        assert_eq!(processed_failures(&all), ["uid-latest", "uid-later"]);
     }
 
     #[test]

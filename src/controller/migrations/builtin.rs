@@ -154,18 +154,7 @@ impl Migrations {
             warn!(crd, error = %error, "cannot list StorageVersionMigrations");
             format!("cannot list StorageVersionMigrations: {error}")
         })?;
-        // This policy's last full run (one that rewrote every object: a run that found
-        // storedVersions trimmed already, by the very failure it would release, did not)
-        // if it succeeded into the storage version of now.
-        let covered: Vec<String> = Job::Migrate
-            .previous(policy)
-            .filter(|run| {
-                run.phase == MigrationPhase::Succeeded
-                    && run.rewrote_all
-                    && Some(run.storage_version.as_str()) == storage_version
-            })
-            .map(|run| run.covers_failed_migrations)
-            .unwrap_or_default();
+        let covered = covered_failures(policy, storage_version);
         for migration in listed.migrations.iter().filter(|m| m.holds_removals()) {
             if !matches!(migration.state, State::Failed(_)) || migration.running {
                 return Ok(Some(format!(
@@ -197,19 +186,26 @@ impl Migrations {
                      created (Kubernetes trims it as a failed migration ends; not restored in a dry run)",
                     migration.name
                 ),
-                (_, _, false) => match self.list_every_version(crd, migration).await {
-                    Ok(()) => format!(
-                        "a migration of every object of {crd} that starts after StorageVersionMigration {}, which \
-                         failed (Kubernetes trims status.storedVersions as a failed migration ends, so every \
-                         version of {crd} is listed there again and the next migration rewrites every object)",
-                        migration.name
-                    ),
-                    Err(error) => format!(
-                        "StorageVersionMigration {}, which failed, is followed by a migration of every object of \
-                         {crd}: {error}",
-                        migration.name
-                    ),
-                },
+                (_, _, false) if !policy.spec.migration.enabled => format!(
+                    "StorageVersionMigration {}, which failed, is followed by a migration that succeeds, or is \
+                     deleted once every object of {crd} is rewritten (`crd-lifecycle migrate {crd}`; Kubernetes \
+                     trims status.storedVersions as a failed migration ends, so objects may be stored in a version \
+                     it no longer lists; spec.migration.enabled is false, so this controller does not migrate)",
+                    migration.name
+                ),
+                (_, _, false) => {
+                    // The run that covers it may have ended after the policy this reconcile
+                    // decided on was read: another full run would cost the cluster a rewrite.
+                    let fresh = self.fresh(policy.clone()).await;
+                    if migration
+                        .uid
+                        .as_ref()
+                        .is_some_and(|uid| covered_failures(&fresh, storage_version).contains(uid))
+                    {
+                        continue;
+                    }
+                    self.relisted_hold(crd, migration).await
+                }
                 (_, _, true) => format!(
                     "StorageVersionMigration {}, which failed, is followed by a migration that succeeds, or is \
                      deleted once every object of {crd} is rewritten (Kubernetes trims status.storedVersions as a \
@@ -221,6 +217,24 @@ impl Migrations {
             return Ok(Some(hold));
         }
         Ok(None)
+    }
+
+    /// Lists every version of the CRD in `status.storedVersions` again after `failed`
+    /// (`list_every_version`) and says what the removal now waits for.
+    async fn relisted_hold(&self, crd: &str, failed: &Migration) -> String {
+        match self.list_every_version(crd, failed).await {
+            Ok(()) => format!(
+                "a migration of every object of {crd} that starts after StorageVersionMigration {}, which failed \
+                 (Kubernetes trims status.storedVersions as a failed migration ends, so every version of {crd} is \
+                 listed there again and the next migration rewrites every object)",
+                failed.name
+            ),
+            Err(error) => format!(
+                "StorageVersionMigration {}, which failed, is followed by a migration of every object of {crd}: \
+                 {error}",
+                failed.name
+            ),
+        }
     }
 
     /// Lists every version the CRD has in its `status.storedVersions`, guarded by the
@@ -769,4 +783,19 @@ impl Migrations {
             pending_for = between(read.created, date);
         }
     }
+}
+
+/// The failed StorageVersionMigrations (UIDs) that the policy's last run covers: one that
+/// succeeded into `storage_version` (the storage version now) and rewrote every object (a run
+/// that found storedVersions trimmed already, by the very failure it would release, did not).
+fn covered_failures(policy: &VersionPolicy, storage_version: Option<&str>) -> Vec<String> {
+    Job::Migrate
+        .previous(policy)
+        .filter(|run| {
+            run.phase == MigrationPhase::Succeeded
+                && run.rewrote_all
+                && Some(run.storage_version.as_str()) == storage_version
+        })
+        .map(|run| run.covers_failed_migrations)
+        .unwrap_or_default()
 }
