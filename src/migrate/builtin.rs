@@ -102,7 +102,7 @@ pub fn processed_failures(all: &[Migration]) -> Vec<String> {
         .filter(|m| matches!(m.state, State::Failed(_)) && !m.running && m.holds_removals())
         .filter(|m| !superseded(m, all))
         .collect();
-    failed.sort_by(|a, b| b.changed.cmp(&a.changed));
+    failed.sort_by_key(|m| std::cmp::Reverse(m.changed));
     failed
         .into_iter()
         .filter_map(|m| m.uid.clone())
