@@ -545,6 +545,27 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 outcome.removal_held = true;
                 decision = decide(policy, &crd, &gates.inputs, &webhook, now, unfinished);
             }
+        } else if crate::migrate::builtin::shows_failed_migration(&crd)
+            && policy.spec.migration.enabled
+            && !policy.spec.dry_run
+            && ctx.migrations.running_migration(crd_name).is_none()
+        {
+            // Someone else's failed migration trimmed storedVersions: what it trimmed is
+            // listed again now, not only once a removal is due, since the migration may be
+            // deleted before then and take the knowledge with it. No removal waits here;
+            // what it would wait for is dropped.
+            let storage = crd
+                .spec
+                .versions
+                .iter()
+                .find(|v| v.storage)
+                .map(|v| v.name.as_str());
+            if let Err(reason) = ctx.migrations.removal_hold(policy, storage, false).await {
+                debug!(
+                    crd = crd_name,
+                    "cannot tell whether a failed StorageVersionMigration holds removals: {reason}"
+                );
+            }
         }
         let Decision {
             state,

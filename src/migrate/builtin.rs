@@ -85,6 +85,26 @@ pub fn superseded(failed: &Migration, all: &[Migration]) -> bool {
     })
 }
 
+/// Whether the CRD says the last StorageVersionMigration of its resource failed: Kubernetes'
+/// migrator sets its condition `StorageMigrating` to `False` with reason `MigrationFailed`
+/// as it processes a failed migration's end, trimming `storedVersions` in the same write
+/// (tests/fixtures/svm-failed-trims-stored-versions.txt), and moves it on only when a later
+/// migration runs. Seen on the CRD the controller watches anyway, it costs no request.
+pub fn shows_failed_migration(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> bool {
+    crd.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c.type_ == "StorageMigrating"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("MigrationFailed")
+        })
+}
+
 /// At most this many failed migrations are recorded as covered by one run
 /// (`processed_failures`), the latest to end first: only failures no later migration
 /// superseded count, so more than this many of one resource means a migrator that has

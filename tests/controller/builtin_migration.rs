@@ -764,6 +764,78 @@ async fn someone_elses_failure_is_covered_by_the_next_full_run_that_saw_it_end()
     assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 10)].into());
 }
 
+/// Review: someone else's migration failed, trimming `storedVersions` with objects still
+/// stored in what it dropped, and its owner deleted it before any removal was due. The CRD
+/// says a migration failed (`StorageMigrating` `MigrationFailed`): every version is listed
+/// again at the next reconcile, whatever is due, so the migration that follows rewrites those
+/// objects before any removal, and the deletion takes no knowledge with it.
+#[tokio::test(start_paused = true)]
+async fn someone_elses_failure_is_listed_again_before_its_migration_can_be_deleted() {
+    let mut h = Harness::with_example_and_objects(10);
+    h.fake.lock().svm_served = true;
+    for instant in [
+        "2026-01-05T00:00:00Z",
+        "2026-01-15T00:00:00Z",
+        "2026-02-01T00:00:00Z",
+    ] {
+        h.at(instant);
+        h.reconcile_through_preflight("widgets").await;
+        h.reconcile("widgets").await;
+        wait_until("the migration ends", || migration(&h)["phase"] != "Running").await;
+    }
+    wait_until("every object in v1", || {
+        h.fake.encodings(CRD) == [("v1".to_owned(), 10)].into() && h.stored_versions() == json!(["v1"])
+    })
+    .await;
+    // Objects written while the storage version was flipped back (v1beta1), then someone
+    // else's migration fails and its end trims storedVersions to [v1].
+    {
+        let mut state = h.fake.lock();
+        for stored in state.objects.values_mut().take(3) {
+            stored.encoded_as = "v1beta1".into();
+        }
+        state
+            .svm_fail_by_name
+            .insert("someone-elses".into(), "conversion webhook failed".into());
+        state.create_svm(json!({
+            "apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
+            "metadata": {"name": "someone-elses"},
+            "spec": {"resource": {"group": "example.com", "resource": "widgets"}}}));
+        for _ in 0..3 {
+            state.svm_advance("someone-elses");
+        }
+    }
+    assert_eq!(h.stored_versions(), json!(["v1"]), "trimmed by the failure");
+    assert_eq!(
+        h.fake.crd(CRD)["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "StorageMigrating"))
+            .map(|c| c["reason"].clone()),
+        Some(json!("MigrationFailed"))
+    );
+    // No removal due for months.
+    h.at("2026-03-01T00:00:00Z");
+    h.reconcile("widgets").await;
+    assert_eq!(h.stored_versions(), json!(["v1", "v1alpha1", "v1beta1"]));
+    // Its owner deletes it; the migration listed again follows all the same.
+    h.fake.lock().svms.remove("someone-elses");
+    h.reconcile("widgets").await;
+    wait_until("the migration rewrites every object", || {
+        h.fake.encodings(CRD) == [("v1".to_owned(), 10)].into() && h.stored_versions() == json!(["v1"])
+    })
+    .await;
+    for instant in [
+        "2026-04-01T00:00:00Z",
+        "2026-05-30T00:00:00Z",
+        "2026-06-29T00:00:00Z",
+    ] {
+        h.at(instant);
+        h.reconcile_through_cleanup("widgets").await;
+    }
+    assert_eq!(h.flags(), "v1beta1:sd v1:sS");
+    assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 10)].into());
+}
+
 /// Found by the simulation (seed 26): with the built-in engine, after someone else's
 /// migration failed, the controller listed every version again, and its job reused its own
 /// migration that had succeeded before that failure (the CRD's generation unchanged): the

@@ -141,6 +141,10 @@ pub enum Fault {
     /// trims `storedVersions`): a failure that ended after the run, although the run's
     /// `startedAt` on the controller's clock is later (review finding F4).
     FlipBackAfterRun { writes: usize, ahead: i64 },
+    /// Someone else's StorageVersionMigration fails (its end trims `storedVersions`), and
+    /// `after` seconds later its owner deletes the failed migrations: the knowledge that a
+    /// trim left objects behind goes with them (review: a removal due only later).
+    ForeignFailureDeleted { after: u64 },
 }
 
 impl Fault {
@@ -161,6 +165,7 @@ impl Fault {
             | Fault::ForeignFailureBeforeRun { .. }
             | Fault::DeletePolicy
             | Fault::FlipBackAfterRun { .. }
+            | Fault::ForeignFailureDeleted { .. }
             | Fault::MigrationsFail { .. } => "writer",
             Fault::Skew { .. } => "skew",
         }
@@ -218,6 +223,10 @@ impl fmt::Display for Fault {
             Fault::SlowApiserver { millis, lasting } => {
                 write!(f, "every request {millis}ms slow for {lasting}s")
             }
+            Fault::ForeignFailureDeleted { after } => write!(
+                f,
+                "another's StorageVersionMigration fails, and {after}s later the failed ones are deleted"
+            ),
             Fault::FlipBackAfterRun { writes, ahead } => write!(
                 f,
                 "controller clock {ahead:+}s; after its next migration: kubectl edit flips the storage version back \
@@ -282,9 +291,12 @@ pub fn draw(seed: u64) -> Draw {
         let fault = match rng.between(0, 18) {
             // Rarer than the others: it ends the lifecycle the other faults act on.
             18 if rng.chance(30) => Fault::DeletePolicy,
-            18 => Fault::FlipBackAfterRun {
+            18 if rng.chance(50) => Fault::FlipBackAfterRun {
                 writes: rng.between(1, 4) as usize,
                 ahead: rng.between(5, 30) as i64,
+            },
+            18 => Fault::ForeignFailureDeleted {
+                after: rng.between(0, 60),
             },
             17 => Fault::ForeignFailureBeforeRun {
                 runs: rng.between(0, 2) as u32,

@@ -358,6 +358,11 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                         move |state| flip_back_and_fail(state, writes, &name),
                     );
                 }
+                Fault::ForeignFailureDeleted { after } => {
+                    foreign += 1;
+                    foreign_migration_fails(&mut fake.lock(), &format!("someone-else-{foreign}"));
+                    ends.push((second + after, fault.clone()));
+                }
                 Fault::SlowAnswers { millis, lasting } => {
                     fake.lock().write_answer_delay = Duration::from_millis(*millis);
                     ends.push((second + lasting, fault.clone()));
@@ -380,6 +385,18 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                 Fault::SlowAnswers { .. } => state.write_answer_delay = Duration::ZERO,
                 Fault::SlowApiserver { .. } => state.request_latency = Duration::ZERO,
                 Fault::PartitionLeader { .. } => state.leases_stall_for = None,
+                Fault::ForeignFailureDeleted { .. } => {
+                    // `kubectl delete storageversionmigration` of someone else's failed ones.
+                    state.svms.retain(|_, m| {
+                        m["metadata"]["labels"]["crdlifecycle.io/policy"].is_string()
+                            || !m["status"]["conditions"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .any(|c| c["type"] == "Failed" && c["status"] == "True")
+                    });
+                    state.step("someone deleted the failed StorageVersionMigrations");
+                }
                 _ => {}
             }
             false

@@ -102,11 +102,26 @@ fn advance(state: &mut State, mut object: Value) -> Value {
     if !running {
         object["status"]["conditions"] = json!([condition(now, "Running", "True", "MigrationRunning", "")]);
         // The generation it runs for: its end trims storedVersions only if it did not move.
+        // The CRD says it runs ("Migration NAME is running", recorded in
+        // tests/fixtures/svm-failed-trims-stored-versions.txt).
+        let crd_name = crd_of(&object);
         let generation = state
             .crds
-            .get(&crd_of(&object))
+            .get(&crd_name)
             .map(|crd| crd["metadata"]["generation"].clone());
-        state.svm_generations.insert(name, generation.unwrap_or_default());
+        state
+            .svm_generations
+            .insert(name.clone(), generation.unwrap_or_default());
+        if let Some(mut crd) = state.crds.get(&crd_name).cloned() {
+            set_storage_migrating(
+                state,
+                &mut crd,
+                "True",
+                "MigrationRunning",
+                &format!("Migration {name} is running"),
+            );
+            state.store_crd(crd, false);
+        }
         return object;
     }
     let group = object["spec"]["resource"]["group"]
@@ -120,7 +135,7 @@ fn advance(state: &mut State, mut object: Value) -> Value {
     let crd_name = format!("{resource}.{group}");
     // The end of a failed migration processed: storedVersions trimmed, nothing rewritten.
     if failed {
-        trim_stored_versions(state, &crd_name, &name);
+        trim_stored_versions(state, &crd_name, &name, false);
         state.step(&format!("kubernetes: failed StorageVersionMigration {name}"));
         let mut conditions = conditions;
         conditions.retain(|c| c["type"] != "Running");
@@ -175,7 +190,7 @@ fn advance(state: &mut State, mut object: Value) -> Value {
                 stored.encoded_as = storage;
             }
         }
-        trim_stored_versions(state, &crd_name, &name);
+        trim_stored_versions(state, &crd_name, &name, true);
         let whose = if ours { "the controller's" } else { "another's" };
         state.step(&format!(
             "kubernetes: {whose} StorageVersionMigration {name} succeeded"
@@ -218,26 +233,52 @@ fn storage_of(crd: &Value) -> Option<String> {
 
 /// `finishCRDMigration`: a status write of the CRD, as any, trimming `storedVersions` to
 /// the storage version, whether the migration succeeded or failed, when the CRD's
-/// generation did not move since the migration started running (the fixture's note).
-fn trim_stored_versions(state: &mut State, crd_name: &str, migration: &str) {
+/// generation did not move since the migration started running (the fixture's note), and
+/// setting its condition `StorageMigrating` to `False` in the same write: reason
+/// `MigrationFailed` ("The migration has failed", recorded in
+/// tests/fixtures/svm-failed-trims-stored-versions.txt) or `MigrationSucceeded`
+/// (`finishCRDMigration` in pkg/controller/storageversionmigrator/migrationrunner.go, seen on
+/// v1.36.2 by the e2e scenario `builtin_migration`).
+fn trim_stored_versions(state: &mut State, crd_name: &str, migration: &str, succeeded: bool) {
     if state.svm_leaves_stored_versions {
         return;
     }
-    let now = state
-        .crds
-        .get(crd_name)
-        .map(|crd| crd["metadata"]["generation"].clone());
-    if let (Some(started), Some(now)) = (state.svm_generations.get(migration), now)
-        && *started != now
-    {
+    let Some(mut crd) = state.crds.get(crd_name).cloned() else {
         return;
-    }
-    if let (Some(storage), Some(mut crd)) =
-        (state.storage_version(crd_name), state.crds.get(crd_name).cloned())
+    };
+    let (reason, message) = if succeeded {
+        (
+            "MigrationSucceeded",
+            "The migration has succeeded and the stored versions have been updated",
+        )
+    } else {
+        ("MigrationFailed", "The migration has failed")
+    };
+    set_storage_migrating(state, &mut crd, "False", reason, message);
+    let started = state.svm_generations.get(migration);
+    if started.is_none_or(|started| *started == crd["metadata"]["generation"])
+        && let Some(storage) = state.storage_version(crd_name)
     {
         crd["status"]["storedVersions"] = json!([storage]);
-        state.store_crd(crd, false);
     }
+    state.store_crd(crd, false);
+}
+
+/// The CRD's condition `StorageMigrating` as Kubernetes' migrator sets it (a server-side
+/// apply of the status, `observedGeneration` the CRD's generation).
+fn set_storage_migrating(state: &mut State, crd: &mut Value, status: &str, reason: &str, message: &str) {
+    let mut condition = condition(state.now(), "StorageMigrating", status, reason, message);
+    condition["observedGeneration"] = crd["metadata"]["generation"].clone();
+    let conditions = crd["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut conditions: Vec<Value> = conditions
+        .into_iter()
+        .filter(|c| c["type"] != "StorageMigrating")
+        .collect();
+    conditions.push(condition);
+    crd["status"]["conditions"] = json!(conditions);
 }
 
 impl State {
