@@ -74,6 +74,16 @@ pub async fn builtin_migration(env: &Env) -> Outcome {
         "named {}",
         svm.name
     );
+    // The fake apiserver's rule for a success (tests/support/apiserver/migrations.rs,
+    // `trim_stored_versions`): the CRD says so.
+    let (live, migrating) = storage_migrating(env, &crd.name).await?;
+    println!("e2e: builtin_migration: the CRD's StorageMigrating condition: {migrating}");
+    ensure!(
+        migrating["status"] == "False"
+            && migrating["reason"] == "MigrationSucceeded"
+            && migrating["observedGeneration"] == live["metadata"]["generation"],
+        "the CRD's StorageMigrating condition after a success: {migrating}"
+    );
     wait_for(
         "status.migration says Succeeded",
         Duration::from_secs(30),
@@ -155,20 +165,7 @@ pub async fn builtin_migration_fails(env: &Env) -> Outcome {
     // Kubernetes processed the end at the generation it ran at, so it trimmed storedVersions
     // (finishCRDMigration trims when the StorageMigrating condition's observedGeneration is
     // the CRD's generation).
-    let request = http::Request::get(format!(
-        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{}",
-        crd.name
-    ))
-    .body(Vec::new())
-    .map_err(|e| e.to_string())?;
-    let live: serde_json::Value = env.client.request(request).await.map_err(|e| e.to_string())?;
-    let migrating = live["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == "StorageMigrating")
-        .cloned()
-        .ok_or("the CRD has no StorageMigrating condition")?;
+    let (live, migrating) = storage_migrating(env, &crd.name).await?;
     println!("e2e: builtin_migration_fails: the CRD's StorageMigrating condition: {migrating}");
     ensure!(
         migrating["status"] == "False"
@@ -218,4 +215,23 @@ pub async fn builtin_migration_fails(env: &Env) -> Outcome {
     let (_, _, message) = env.condition(&name, "Blocked").await?;
     println!("e2e: builtin_migration_fails: Blocked: {message}");
     Ok(())
+}
+
+/// The CRD as the apiserver has it (JSON) and its condition `StorageMigrating`, which
+/// Kubernetes' migrator sets as a migration runs and ends.
+async fn storage_migrating(env: &Env, crd: &str) -> Result<(serde_json::Value, serde_json::Value), String> {
+    let request = http::Request::get(format!(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}"
+    ))
+    .body(Vec::new())
+    .map_err(|e| e.to_string())?;
+    let live: serde_json::Value = env.client.request(request).await.map_err(|e| e.to_string())?;
+    let migrating = live["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "StorageMigrating")
+        .cloned()
+        .ok_or("the CRD has no StorageMigrating condition")?;
+    Ok((live, migrating))
 }
