@@ -141,9 +141,11 @@ pub enum Fault {
     /// trims `storedVersions`): a failure that ended after the run, although the run's
     /// `startedAt` on the controller's clock is later (review finding F4).
     FlipBackAfterRun { writes: usize, ahead: i64 },
-    /// Someone else's StorageVersionMigration fails (its end trims `storedVersions`), and
-    /// `after` seconds later its owner deletes the failed migrations: the knowledge that a
-    /// trim left objects behind goes with them (review: a removal due only later).
+    /// Right after the controller's next migration succeeds, `kubectl edit` flips the
+    /// storage version back and forth with two objects written in between, someone else's
+    /// StorageVersionMigration fails (its end trims `storedVersions`), and `after` seconds
+    /// later its owner deletes the failed migrations: the knowledge that a trim left objects
+    /// behind goes with them, long before a removal is due (review).
     ForeignFailureDeleted { after: u64 },
 }
 
@@ -225,7 +227,8 @@ impl fmt::Display for Fault {
             }
             Fault::ForeignFailureDeleted { after } => write!(
                 f,
-                "another's StorageVersionMigration fails, and {after}s later the failed ones are deleted"
+                "after its next migration: kubectl edit flips the storage version back and forth, 2 objects \
+                 written, another's StorageVersionMigration fails, and {after}s later the failed ones are deleted"
             ),
             Fault::FlipBackAfterRun { writes, ahead } => write!(
                 f,
@@ -351,7 +354,7 @@ pub fn draw(seed: u64) -> Draw {
         };
         // It acts at the end of a migration: set before the last store, or it never acts.
         let at = match fault {
-            Fault::FlipBackAfterRun { .. } => at % (milestones[2] + 1),
+            Fault::FlipBackAfterRun { .. } | Fault::ForeignFailureDeleted { .. } => at % (milestones[2] + 1),
             _ => at,
         };
         faults.push((at, fault));

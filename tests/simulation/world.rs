@@ -4,7 +4,7 @@
 //! faults.
 
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -178,6 +178,9 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
 
     let horizon = draw.horizon();
     let mut ends: Vec<(u64, Fault)> = Vec::new();
+    // Someone else's failed migrations to delete: when they failed (a hook sets it), and
+    // how many seconds after.
+    let mut deletions: Vec<(Arc<AtomicU64>, u64)> = Vec::new();
     let mut applied = Vec::new();
     let mut engine = workload.engine;
     let mut foreign = 0;
@@ -360,8 +363,21 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                 }
                 Fault::ForeignFailureDeleted { after } => {
                     foreign += 1;
-                    foreign_migration_fails(&mut fake.lock(), &format!("someone-else-{foreign}"));
-                    ends.push((second + after, fault.clone()));
+                    let name = format!("someone-else-{foreign}");
+                    let failed_at = Arc::new(AtomicU64::new(u64::MAX));
+                    deletions.push((failed_at.clone(), *after));
+                    let ran = last_run_succeeded(&fake.lock());
+                    fake.before_request(
+                        move |state, actor, _, _| {
+                            invariants::is_replica(actor)
+                                && last_run_succeeded(state).is_some_and(|run| Some(&run) != ran.as_ref())
+                        },
+                        0,
+                        move |state| {
+                            flip_back_and_fail(state, 2, &name);
+                            failed_at.store(origin.elapsed().as_secs(), Ordering::Relaxed);
+                        },
+                    );
                 }
                 Fault::SlowAnswers { millis, lasting } => {
                     fake.lock().write_answer_delay = Duration::from_millis(*millis);
@@ -385,20 +401,26 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                 Fault::SlowAnswers { .. } => state.write_answer_delay = Duration::ZERO,
                 Fault::SlowApiserver { .. } => state.request_latency = Duration::ZERO,
                 Fault::PartitionLeader { .. } => state.leases_stall_for = None,
-                Fault::ForeignFailureDeleted { .. } => {
-                    // `kubectl delete storageversionmigration` of someone else's failed ones.
-                    state.svms.retain(|_, m| {
-                        m["metadata"]["labels"]["crdlifecycle.io/policy"].is_string()
-                            || !m["status"]["conditions"]
-                                .as_array()
-                                .into_iter()
-                                .flatten()
-                                .any(|c| c["type"] == "Failed" && c["status"] == "True")
-                    });
-                    state.step("someone deleted the failed StorageVersionMigrations");
-                }
                 _ => {}
             }
+            false
+        });
+        // `kubectl delete storageversionmigration` of someone else's failed ones.
+        deletions.retain(|(failed_at, after)| {
+            let at = failed_at.load(Ordering::Relaxed);
+            if at == u64::MAX || second < at.saturating_add(*after) {
+                return true;
+            }
+            let mut state = fake.lock();
+            state.svms.retain(|_, m| {
+                m["metadata"]["labels"]["crdlifecycle.io/policy"].is_string()
+                    || !m["status"]["conditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["type"] == "Failed" && c["status"] == "True")
+            });
+            state.step("someone deleted the failed StorageVersionMigrations");
             false
         });
         for process in &mut processes {
