@@ -291,6 +291,12 @@ pub struct MigrationStatus {
     /// it never saw.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub covers_failed_migrations: Vec<String>,
+    /// The CRD's record of a failed StorageVersionMigration (its condition `StorageMigrating`
+    /// with reason `MigrationFailed`: its time and message) as this run read it
+    /// before it listed its first object. While the CRD shows another such record, no run
+    /// covers that failure, and every version is listed in `status.storedVersions` again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub covers_failed_migration_on_crd: Option<String>,
 }
 
 impl MigrationStatus {
@@ -325,6 +331,7 @@ impl MigrationStatus {
             storage_version_migration: None,
             rewrote_all: false,
             covers_failed_migrations: Vec::new(),
+            covers_failed_migration_on_crd: None,
         }
     }
 }

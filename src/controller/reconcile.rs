@@ -140,7 +140,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         writers_recheck = outcome.writers_recheck;
         // A removal held by a StorageVersionMigration waits on a change nothing watched
         // here announces.
-        unavailable_recheck |= outcome.removal_held || outcome.store_held;
+        unavailable_recheck |= outcome.removal_held || outcome.store_held || outcome.failure_recheck;
         observation.blocked = outcome.blocked;
         observation.applied = outcome.applied;
         observation.dry_run_patch = outcome.dry_run_patch;
@@ -401,6 +401,9 @@ struct Applied {
     removal_held: bool,
     /// Whether a store waits for a StorageVersionMigration (`GateInputs::migration_under_way`).
     store_held: bool,
+    /// Whether the versions a failed StorageVersionMigration trimmed could not be listed
+    /// again (`Migrations::list_again_after_failure_on_crd`): looked at again soon.
+    failure_recheck: bool,
     /// The CRD's resourceVersion the decision was made on (after the patch, if any).
     crd_resource_version: Option<String>,
     /// Whether this reconcile patched the CRD (`crd_resource_version` is then the patch's).
@@ -545,26 +548,26 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 outcome.removal_held = true;
                 decision = decide(policy, &crd, &gates.inputs, &webhook, now, unfinished);
             }
-        } else if crate::migrate::builtin::shows_failed_migration(&crd)
+        } else if let Some(failure) = crate::migrate::builtin::failure_on_crd(&crd)
             && policy.spec.migration.enabled
             && !policy.spec.dry_run
             && ctx.migrations.running_migration(crd_name).is_none()
         {
-            // Someone else's failed migration trimmed storedVersions: what it trimmed is
-            // listed again now, not only once a removal is due, since the migration may be
-            // deleted before then and take the knowledge with it. No removal waits here;
-            // what it would wait for is dropped.
+            // The CRD records that a StorageVersionMigration failed (and trimmed
+            // storedVersions): unless a run covers it, every version is listed again now.
             let storage = crd
                 .spec
                 .versions
                 .iter()
                 .find(|v| v.storage)
                 .map(|v| v.name.as_str());
-            if let Err(reason) = ctx.migrations.removal_hold(policy, storage, false).await {
-                debug!(
-                    crd = crd_name,
-                    "cannot tell whether a failed StorageVersionMigration holds removals: {reason}"
-                );
+            if let Err(error) = ctx
+                .migrations
+                .list_again_after_failure_on_crd(policy, storage, &failure)
+                .await
+            {
+                warn!(crd = crd_name, "{error}");
+                outcome.failure_recheck = true;
             }
         }
         let Decision {

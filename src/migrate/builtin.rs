@@ -85,23 +85,33 @@ pub fn superseded(failed: &Migration, all: &[Migration]) -> bool {
     })
 }
 
-/// Whether the CRD says the last StorageVersionMigration of its resource failed: Kubernetes'
-/// migrator sets its condition `StorageMigrating` to `False` with reason `MigrationFailed`
-/// as it processes a failed migration's end, trimming `storedVersions` in the same write
-/// (tests/fixtures/svm-failed-trims-stored-versions.txt), and moves it on only when a later
-/// migration runs. Seen on the CRD the controller watches anyway, it costs no request.
-pub fn shows_failed_migration(
+/// The CRD's record that the last StorageVersionMigration of its resource failed, if it
+/// says so: Kubernetes' migrator sets its condition `StorageMigrating` to `False` with
+/// reason `MigrationFailed` in the same write as its trim of `storedVersions`
+/// (tests/fixtures/svm-failed-trims-stored-versions.txt; `finishCRDMigration` in
+/// pkg/controller/storageversionmigrator/migrationrunner.go), and rewrites it only when a
+/// later migration runs. The record (its `lastTransitionTime` and message)
+/// outlives the migration, which may be deleted; it is only ever compared for equality
+/// (`MigrationStatus::covers_failed_migration_on_crd`), never as a time.
+pub fn failure_on_crd(
     crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-) -> bool {
+) -> Option<String> {
     crd.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .into_iter()
         .flatten()
-        .any(|c| {
+        .find(|c| {
             c.type_ == "StorageMigrating"
                 && c.status == "False"
                 && c.reason.as_deref() == Some("MigrationFailed")
+        })
+        .map(|c| {
+            format!(
+                "{}: {}",
+                c.last_transition_time.as_ref().map(|t| t.0.to_string()).unwrap_or_default(),
+                c.message.as_deref().unwrap_or_default()
+            )
         })
 }
 

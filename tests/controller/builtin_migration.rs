@@ -447,6 +447,53 @@ async fn unserved_with_its_removal_due() -> Harness {
     h
 }
 
+/// Walks the example to v1's store (2026-02-01), each store's migration succeeded.
+async fn migrate_into_v1(h: &mut Harness) {
+    for (instant, storage) in [
+        ("2026-01-05T00:00:00Z", "v1beta1"),
+        ("2026-01-15T00:00:00Z", "v1beta1"),
+        ("2026-02-01T00:00:00Z", "v1"),
+    ] {
+        h.at(instant);
+        h.reconcile_through_preflight("widgets").await;
+        h.reconcile("widgets").await;
+        wait_until("the migration succeeds", || {
+            migration(h)["storageVersion"] == storage && migration(h)["phase"] == "Succeeded"
+        })
+        .await;
+    }
+}
+
+/// Someone else's StorageVersionMigration `someone-elses` of the example's resource fails,
+/// and Kubernetes processes its end (trimming `storedVersions`).
+fn someone_elses_migration_fails(state: &mut crate::apiserver::State) {
+    state
+        .svm_fail_by_name
+        .insert("someone-elses".into(), "conversion webhook failed".into());
+    state.create_svm(json!({
+        "apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
+        "metadata": {"name": "someone-elses"},
+        "spec": {"resource": {"group": "example.com", "resource": "widgets"}}}));
+    for _ in 0..3 {
+        state.svm_advance("someone-elses");
+    }
+}
+
+/// A StorageVersionMigration of the example's resource that failed on 2026-06-27, its end
+/// processed (`Running` False), as `kubectl get -o json` shows it; UID `uid-NAME`.
+fn failed_migration(name: &str, labels: Value, annotations: Value) -> Value {
+    json!({"apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
+           "metadata": {"name": name, "uid": format!("uid-{name}"), "creationTimestamp": "2026-06-27T00:00:00Z",
+                        "labels": labels, "annotations": annotations},
+           "spec": {"resource": {"group": "example.com", "resource": "widgets"}},
+           "status": {"conditions": [
+               {"type": "Running", "status": "False", "reason": "MigrationCompleted",
+                "lastTransitionTime": "2026-06-27T00:10:00Z"},
+               {"type": "Failed", "status": "True", "reason": "StorageVersionMigrationFailed",
+                "lastTransitionTime": "2026-06-27T00:10:00Z",
+                "message": "migration encountered unhandled error: denied"}]}})
+}
+
 /// Kubernetes' migrator can trim `storedVersions` as a migration starts, before it has
 /// rewritten the objects (seen on v1.36.2: `[v2]` 0.4 s after the second migration was
 /// created, with 100 objects still stored as v1). So a due removal waits while any
@@ -502,18 +549,7 @@ async fn no_removal_lands_while_a_storage_version_migration_is_unfinished() {
 #[tokio::test(start_paused = true)]
 async fn a_failed_storage_version_migration_holds_removals_until_what_it_trimmed_is_safe() {
     let mut h = unserved_with_its_removal_due().await;
-    let failed = |name: &str, labels: Value, annotations: Value| {
-        json!({"apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
-               "metadata": {"name": name, "creationTimestamp": "2026-06-27T00:00:00Z",
-                            "labels": labels, "annotations": annotations},
-               "spec": {"resource": {"group": "example.com", "resource": "widgets"}},
-               "status": {"conditions": [
-                   {"type": "Running", "status": "False", "reason": "MigrationCompleted",
-                    "lastTransitionTime": "2026-06-27T00:10:00Z"},
-                   {"type": "Failed", "status": "True", "reason": "StorageVersionMigrationFailed",
-                    "lastTransitionTime": "2026-06-27T00:10:00Z",
-                    "message": "migration encountered unhandled error: denied"}]}})
-    };
+    let failed = failed_migration;
     {
         let mut state = h.fake.lock();
         state.svm_served = true;
@@ -626,10 +662,12 @@ async fn a_failed_migration_whose_end_comes_late_is_restored_at_the_next_reconci
         "nothing trimmed yet"
     );
 
-    // It processes the end (trimming), and the next reconcile restores.
+    // It processes the end (trimming), and the next reconcile restores what it listed; the
+    // CRD's record of the failure, which no run covers, also lists every version it has (v1,
+    // introduced since: the next attempt finds nothing stored there and trims it).
     h.fake.lock().svm_paused = false;
     h.reconcile("widgets").await;
-    assert_eq!(h.stored_versions(), json!(["v1beta1", "v1alpha1"]));
+    assert_eq!(h.stored_versions(), json!(["v1beta1", "v1alpha1", "v1"]));
     assert_eq!(
         h.fake.lock().svms[name]["metadata"]["annotations"]["crdlifecycle.io/stored-versions-restored"],
         "true"
@@ -649,16 +687,7 @@ async fn only_a_run_that_rewrote_every_object_releases_a_failed_migrations_hold(
         state.svm_paused = true;
         state.svms.insert(
             "someone-elses".into(),
-            json!({"apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
-                   "metadata": {"name": "someone-elses", "uid": "uid-someone-elses",
-                                "creationTimestamp": "2026-06-27T00:00:00Z"},
-                   "spec": {"resource": {"group": "example.com", "resource": "widgets"}},
-                   "status": {"conditions": [
-                       {"type": "Running", "status": "False", "reason": "MigrationCompleted",
-                        "lastTransitionTime": "2026-06-27T00:10:00Z"},
-                       {"type": "Failed", "status": "True", "reason": "StorageVersionMigrationFailed",
-                        "lastTransitionTime": "2026-06-27T00:10:00Z",
-                        "message": "migration encountered unhandled error: denied"}]}}),
+            failed_migration("someone-elses", json!({}), json!({})),
         );
     }
     // The API was just enabled: the "not served" answer of the walk stands 5 s.
@@ -726,16 +755,7 @@ async fn someone_elses_failure_is_covered_by_the_next_full_run_that_saw_it_end()
         state.svm_paused = true;
         state.svms.insert(
             "someone-elses".into(),
-            json!({"apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
-                   "metadata": {"name": "someone-elses", "uid": "uid-someone-elses",
-                                "creationTimestamp": "2026-06-27T00:00:00Z"},
-                   "spec": {"resource": {"group": "example.com", "resource": "widgets"}},
-                   "status": {"conditions": [
-                       {"type": "Running", "status": "False", "reason": "MigrationCompleted",
-                        "lastTransitionTime": "2026-06-27T00:10:00Z"},
-                       {"type": "Failed", "status": "True", "reason": "StorageVersionMigrationFailed",
-                        "lastTransitionTime": "2026-06-27T00:10:00Z",
-                        "message": "migration encountered unhandled error: denied"}]}}),
+            failed_migration("someone-elses", json!({}), json!({})),
         );
     }
     // The API was just enabled: the "not served" answer of the walk stands 5 s.
@@ -765,65 +785,54 @@ async fn someone_elses_failure_is_covered_by_the_next_full_run_that_saw_it_end()
 }
 
 /// Review: someone else's migration failed, trimming `storedVersions` with objects still
-/// stored in what it dropped, and its owner deleted it before any removal was due. The CRD
-/// says a migration failed (`StorageMigrating` `MigrationFailed`): every version is listed
-/// again at the next reconcile, whatever is due, so the migration that follows rewrites those
-/// objects before any removal, and the deletion takes no knowledge with it.
+/// stored in what it dropped, and its owner deleted it before any removal was due (or while
+/// no controller ran). The CRD keeps the record (`StorageMigrating` `MigrationFailed`, the
+/// same write as the trim): every version is listed again at the next reconcile, whatever is
+/// due, the migration that follows rewrites those objects and records the failure as covered,
+/// and nothing is listed again after it.
 #[tokio::test(start_paused = true)]
-async fn someone_elses_failure_is_listed_again_before_its_migration_can_be_deleted() {
+async fn a_failure_the_crd_records_is_listed_again_after_its_migration_is_deleted() {
     let mut h = Harness::with_example_and_objects(10);
     h.fake.lock().svm_served = true;
-    for instant in [
-        "2026-01-05T00:00:00Z",
-        "2026-01-15T00:00:00Z",
-        "2026-02-01T00:00:00Z",
-    ] {
-        h.at(instant);
-        h.reconcile_through_preflight("widgets").await;
-        h.reconcile("widgets").await;
-        wait_until("the migration ends", || migration(&h)["phase"] != "Running").await;
-    }
-    wait_until("every object in v1", || {
-        h.fake.encodings(CRD) == [("v1".to_owned(), 10)].into() && h.stored_versions() == json!(["v1"])
-    })
-    .await;
-    // Objects written while the storage version was flipped back (v1beta1), then someone
-    // else's migration fails and its end trims storedVersions to [v1].
+    migrate_into_v1(&mut h).await;
+    // `kubectl edit` flips the storage version back to v1beta1 and forth again, three
+    // objects written in between.
     {
         let mut state = h.fake.lock();
-        for stored in state.objects.values_mut().take(3) {
-            stored.encoded_as = "v1beta1".into();
-        }
-        state
-            .svm_fail_by_name
-            .insert("someone-elses".into(), "conversion webhook failed".into());
-        state.create_svm(json!({
-            "apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
-            "metadata": {"name": "someone-elses"},
-            "spec": {"resource": {"group": "example.com", "resource": "widgets"}}}));
-        for _ in 0..3 {
-            state.svm_advance("someone-elses");
-        }
+        state.switch_storage(CRD, "v1beta1");
+        state.write_objects(CRD, 3);
+        state.switch_storage(CRD, "v1");
     }
-    assert_eq!(h.stored_versions(), json!(["v1"]), "trimmed by the failure");
+    assert_eq!(h.stored_versions(), json!(["v1", "v1beta1"]));
     assert_eq!(
-        h.fake.crd(CRD)["status"]["conditions"]
-            .as_array()
-            .and_then(|cs| cs.iter().find(|c| c["type"] == "StorageMigrating"))
-            .map(|c| c["reason"].clone()),
-        Some(json!("MigrationFailed"))
+        h.fake.encodings(CRD),
+        [("v1".to_owned(), 7), ("v1beta1".to_owned(), 3)].into()
     );
+    // Someone else's migration fails, its end trims storedVersions, and its owner deletes
+    // it, before the controller looks.
+    someone_elses_migration_fails(&mut h.fake.lock());
+    assert_eq!(h.stored_versions(), json!(["v1"]), "trimmed by the failure");
+    h.fake.lock().svms.remove("someone-elses");
     // No removal due for months.
     h.at("2026-03-01T00:00:00Z");
     h.reconcile("widgets").await;
     assert_eq!(h.stored_versions(), json!(["v1", "v1alpha1", "v1beta1"]));
-    // Its owner deletes it; the migration listed again follows all the same.
-    h.fake.lock().svms.remove("someone-elses");
     h.reconcile("widgets").await;
     wait_until("the migration rewrites every object", || {
         h.fake.encodings(CRD) == [("v1".to_owned(), 10)].into() && h.stored_versions() == json!(["v1"])
     })
     .await;
+    wait_until("the run is recorded", || migration(&h)["phase"] == "Succeeded").await;
+    assert!(
+        migration(&h)["coversFailedMigrationOnCrd"]
+            .as_str()
+            .is_some_and(|record| record.contains("The migration has failed")),
+        "{:#}",
+        migration(&h)
+    );
+    // Covered: not listed again.
+    h.reconcile("widgets").await;
+    assert_eq!(h.stored_versions(), json!(["v1"]));
     for instant in [
         "2026-04-01T00:00:00Z",
         "2026-05-30T00:00:00Z",
@@ -846,19 +855,7 @@ async fn after_someone_elses_failure_the_built_in_job_migrates_again_instead_of_
     let mut h = Harness::with_example_and_objects(10);
     h.fake.lock().svm_served = true;
     builtin(&mut h);
-    for (instant, storage) in [
-        ("2026-01-05T00:00:00Z", "v1beta1"),
-        ("2026-01-15T00:00:00Z", "v1beta1"),
-        ("2026-02-01T00:00:00Z", "v1"),
-    ] {
-        h.at(instant);
-        h.reconcile_through_preflight("widgets").await;
-        h.reconcile("widgets").await;
-        wait_until("the built-in migration succeeds", || {
-            migration(&h)["storageVersion"] == storage && migration(&h)["phase"] == "Succeeded"
-        })
-        .await;
-    }
+    migrate_into_v1(&mut h).await;
     let first = "crd-lifecycle.widgets.example.com-v1-1";
     assert_eq!(
         migration(&h)["storageVersionMigration"],
@@ -878,19 +875,7 @@ async fn after_someone_elses_failure_the_built_in_job_migrates_again_instead_of_
     assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS");
     // Someone else's migration fails after ours succeeded; its end trims storedVersions.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    {
-        let mut state = h.fake.lock();
-        state
-            .svm_fail_by_name
-            .insert("someone-elses".into(), "conversion webhook failed".into());
-        state.create_svm(json!({
-            "apiVersion": "storagemigration.k8s.io/v1beta1", "kind": "StorageVersionMigration",
-            "metadata": {"name": "someone-elses"},
-            "spec": {"resource": {"group": "example.com", "resource": "widgets"}}}));
-        for _ in 0..3 {
-            state.svm_advance("someone-elses");
-        }
-    }
+    someone_elses_migration_fails(&mut h.fake.lock());
     tokio::time::sleep(Duration::from_secs(2)).await;
     h.at("2026-06-29T00:00:00Z");
     h.reconcile("widgets").await;

@@ -193,6 +193,13 @@ impl Migrations {
                      it no longer lists; spec.migration.enabled is false, so this controller does not migrate)",
                     migration.name
                 ),
+                (_, _, false) if covered.len() >= builtin::MAX_COVERED_FAILURES => format!(
+                    "StorageVersionMigration {}, which failed, is deleted once every object of {crd} is rewritten: \
+                     more than {} failed StorageVersionMigrations of the resource that no later one superseded are \
+                     more than one run records, and another run would not cover this one either",
+                    migration.name,
+                    builtin::MAX_COVERED_FAILURES
+                ),
                 (_, _, false) => {
                     // The run that covers it may have ended after the policy this reconcile
                     // decided on was read: another full run would cost the cluster a rewrite.
@@ -243,6 +250,32 @@ impl Migrations {
     /// and the next migration rewrites every object. Adding a version the CRD has is always
     /// safe: at worst it asks for a migration that finds nothing to rewrite.
     async fn list_every_version(&self, crd: &str, failed: &Migration) -> Result<(), String> {
+        let listed = self
+            .add_stored_versions(crd, |current| {
+                current.spec.versions.iter().map(|v| v.name.clone()).collect()
+            })
+            .await
+            .map_err(|e| format!("cannot list every version in status.storedVersions of {crd} again: {e}"))?;
+        if !listed.is_empty() {
+            warn!(
+                crd,
+                migration = failed.name,
+                listed = listed.join(", "),
+                "a StorageVersionMigration failed and no migration since covers it; listed every version in \
+                 status.storedVersions again, so that the next migration rewrites every object"
+            );
+        }
+        Ok(())
+    }
+
+    /// Adds to the CRD's `status.storedVersions` those of `wanted(crd)` that the CRD has and
+    /// it does not list, in one merge patch guarded by the resourceVersion just read (a quorum
+    /// read). Returns what it added (nothing: no write).
+    async fn add_stored_versions(
+        &self,
+        crd: &str,
+        wanted: impl Fn(&CustomResourceDefinition) -> Vec<String>,
+    ) -> Result<Vec<String>, String> {
         let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
         let current = crds
             .get(crd)
@@ -253,49 +286,90 @@ impl Migrations {
             .as_ref()
             .and_then(|s| s.stored_versions.clone())
             .unwrap_or_default();
-        let trimmed: Vec<String> = current
-            .spec
-            .versions
-            .iter()
-            .map(|v| v.name.clone())
-            .filter(|v| !stored.contains(v))
+        let added: Vec<String> = wanted(&current)
+            .into_iter()
+            .filter(|v| !stored.contains(v) && current.spec.versions.iter().any(|w| &w.name == v))
             .collect();
-        if trimmed.is_empty() {
-            return Ok(());
+        if added.is_empty() {
+            return Ok(added);
         }
-        stored.extend(trimmed.iter().cloned());
+        stored.extend(added.iter().cloned());
         let patch = serde_json::json!({
             "metadata": {"resourceVersion": current.metadata.resource_version},
             "status": {"storedVersions": stored},
         });
         crds.patch_status(crd, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map_err(|e| format!("cannot list every version in status.storedVersions of {crd} again: {e}"))?;
-        warn!(
-            crd,
-            migration = failed.name,
-            listed = trimmed.join(", "),
-            "a StorageVersionMigration failed and no migration since covers it; listed every version in \
-             status.storedVersions again, so that the next migration rewrites every object"
-        );
-        Ok(())
+            .map_err(|e| e.to_string())?;
+        Ok(added)
     }
 
-    /// The failed StorageVersionMigrations of the CRD's resource whose end Kubernetes has
-    /// processed, read as a run starts (`MigrationStatus::covers_failed_migrations`). None
-    /// when the API is not served or cannot be read: the run then covers none.
-    pub(super) async fn processed_failures(&self, crd: &str) -> Vec<String> {
+    /// What a run starting now covers (`MigrationStatus::covers_failed_migrations` and
+    /// `covers_failed_migration_on_crd`), read before it lists its first object: the failed
+    /// StorageVersionMigrations of the CRD's resource whose end Kubernetes has processed, and
+    /// the CRD's own record of a failure. Nothing of what cannot be read: the run then
+    /// covers less, which costs at most one more full run.
+    pub(super) async fn processed_failures(&self, crd: &str) -> (Vec<String>, Option<String>) {
+        let on_crd = match Api::<CustomResourceDefinition>::all(self.client.clone())
+            .get(crd)
+            .await
+        {
+            Ok(read) => builtin::failure_on_crd(&read),
+            Err(error) => {
+                warn!(crd, error = %error, "cannot read the CRD; this run covers no failed StorageVersionMigration it records");
+                None
+            }
+        };
         let Ok(Some(api)) = self.builtin_api().await else {
-            return Vec::new();
+            return (Vec::new(), on_crd);
         };
         let (group, resource) = group_resource(crd);
         match api.of_resource(group, resource).await {
-            Ok(listed) => builtin::processed_failures(&listed.migrations),
+            Ok(listed) => (builtin::processed_failures(&listed.migrations), on_crd),
             Err(error) => {
                 warn!(crd, error = %error, "cannot list StorageVersionMigrations; this run covers no failed one");
-                Vec::new()
+                (Vec::new(), on_crd)
             }
         }
+    }
+
+    /// After a StorageVersionMigration of the CRD's resource failed, as the CRD records it
+    /// (`failure`, `builtin::failure_on_crd`), and no run of the policy covers it: lists
+    /// every version of the CRD in `status.storedVersions` again, so that the next migration
+    /// rewrites every object. At any reconcile, not only once a removal is due: the failed
+    /// migration may be deleted before then, or have been while no controller ran, and the
+    /// CRD's record is then all that is left. `Err` when the write failed (look again soon).
+    pub async fn list_again_after_failure_on_crd(
+        &self,
+        policy: &VersionPolicy,
+        storage_version: Option<&str>,
+        failure: &str,
+    ) -> Result<(), String> {
+        let covered = |policy: &VersionPolicy| {
+            covered_run(policy, storage_version)
+                .and_then(|run| run.covers_failed_migration_on_crd)
+                .is_some_and(|seen| seen == failure)
+        };
+        if covered(policy) || covered(&self.fresh(policy.clone()).await) {
+            return Ok(());
+        }
+        let crd = &policy.spec.crd_name;
+        let listed = self
+            .add_stored_versions(crd, |current| {
+                current.spec.versions.iter().map(|v| v.name.clone()).collect()
+            })
+            .await
+            .map_err(|e| format!("cannot list every version in status.storedVersions of {crd} again: {e}"))?;
+        if !listed.is_empty() {
+            warn!(
+                crd,
+                failure,
+                listed = listed.join(", "),
+                "the CRD records a failed StorageVersionMigration no migration since covers; listed every version \
+                 in status.storedVersions again, so that the next migration rewrites every object"
+            );
+        }
+        Ok(())
     }
 
     /// Restores what the policy's own failed StorageVersionMigration (named in
@@ -349,31 +423,11 @@ impl Migrations {
         created_for: &CreatedFor,
         api: &builtin::Migrations,
     ) -> Result<(), String> {
-        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
-        let current = crds
-            .get(crd)
+        let lost = self
+            .add_stored_versions(crd, |_| created_for.stored_versions.clone())
             .await
-            .map_err(|e| format!("cannot read CustomResourceDefinition {crd}: {e}"))?;
-        let mut stored = current
-            .status
-            .as_ref()
-            .and_then(|s| s.stored_versions.clone())
-            .unwrap_or_default();
-        let lost: Vec<String> = created_for
-            .stored_versions
-            .iter()
-            .filter(|v| !stored.contains(v) && current.spec.versions.iter().any(|w| &w.name == *v))
-            .cloned()
-            .collect();
+            .map_err(|e| format!("cannot restore status.storedVersions of {crd}: {e}"))?;
         if !lost.is_empty() {
-            stored.extend(lost.iter().cloned());
-            let patch = serde_json::json!({
-                "metadata": {"resourceVersion": current.metadata.resource_version},
-                "status": {"storedVersions": stored},
-            });
-            crds.patch_status(crd, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(|e| format!("cannot restore status.storedVersions of {crd}: {e}"))?;
             warn!(
                 crd,
                 migration = migration.name,
@@ -789,13 +843,17 @@ impl Migrations {
 /// succeeded into `storage_version` (the storage version now) and rewrote every object (a run
 /// that found storedVersions trimmed already, by the very failure it would release, did not).
 fn covered_failures(policy: &VersionPolicy, storage_version: Option<&str>) -> Vec<String> {
-    Job::Migrate
-        .previous(policy)
-        .filter(|run| {
-            run.phase == MigrationPhase::Succeeded
-                && run.rewrote_all
-                && Some(run.storage_version.as_str()) == storage_version
-        })
+    covered_run(policy, storage_version)
         .map(|run| run.covers_failed_migrations)
         .unwrap_or_default()
+}
+
+/// The policy's last run if it covers failures: it succeeded into `storage_version` (the
+/// storage version now) and rewrote every object.
+fn covered_run(policy: &VersionPolicy, storage_version: Option<&str>) -> Option<MigrationStatus> {
+    Job::Migrate.previous(policy).filter(|run| {
+        run.phase == MigrationPhase::Succeeded
+            && run.rewrote_all
+            && Some(run.storage_version.as_str()) == storage_version
+    })
 }

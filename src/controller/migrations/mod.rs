@@ -473,18 +473,21 @@ impl Migrations {
         };
         // Read before the run lists its first object (a resumed run keeps what its start
         // read): the failed migrations this run covers if it rewrites every object.
-        let covers_failed_migrations = match (&job, &resume) {
-            (Job::Migrate, Some(_)) => previous
-                .as_ref()
-                .map(|run| run.covers_failed_migrations.clone())
-                .unwrap_or_default(),
+        let (covers_failed_migrations, covers_failed_migration_on_crd) = match (&job, &resume) {
+            (Job::Migrate, Some(_)) => previous.as_ref().map_or_else(Default::default, |run| {
+                (
+                    run.covers_failed_migrations.clone(),
+                    run.covers_failed_migration_on_crd.clone(),
+                )
+            }),
             (Job::Migrate, None) => self.processed_failures(&crd).await,
-            (Job::CleanManagedFields { .. }, _) => Vec::new(),
+            (Job::CleanManagedFields { .. }, _) => Default::default(),
         };
         let mut status = MigrationStatus {
             versions: job.versions(),
             crd_generation: resume.as_ref().and_then(|r| r.crd_generation),
             covers_failed_migrations,
+            covers_failed_migration_on_crd,
             ..MigrationStatus::running(&storage_version, started_at)
         };
         let what = match &job {

@@ -240,25 +240,29 @@ fn storage_of(crd: &Value) -> Option<String> {
 /// (`finishCRDMigration` in pkg/controller/storageversionmigrator/migrationrunner.go, seen on
 /// v1.36.2 by the e2e scenario `builtin_migration`).
 fn trim_stored_versions(state: &mut State, crd_name: &str, migration: &str, succeeded: bool) {
-    if state.svm_leaves_stored_versions {
-        return;
-    }
     let Some(mut crd) = state.crds.get(crd_name).cloned() else {
         return;
     };
-    let (reason, message) = if succeeded {
-        (
+    // Only at the generation its start recorded (`observedGeneration` of the condition it
+    // set; none recorded: none set). `svm_leaves_stored_versions`: as if it had moved.
+    let trims = !state.svm_leaves_stored_versions
+        && state
+            .svm_generations
+            .get(migration)
+            .is_some_and(|started| *started == crd["metadata"]["generation"]);
+    let (reason, message) = match (succeeded, trims) {
+        (true, true) => (
             "MigrationSucceeded",
             "The migration has succeeded and the stored versions have been updated",
-        )
-    } else {
-        ("MigrationFailed", "The migration has failed")
+        ),
+        (true, false) => (
+            "MigrationSucceeded",
+            "The migration has succeeded but the stored versions have not been updated due to a generation mismatch",
+        ),
+        (false, _) => ("MigrationFailed", "The migration has failed"),
     };
     set_storage_migrating(state, &mut crd, "False", reason, message);
-    let started = state.svm_generations.get(migration);
-    if started.is_none_or(|started| *started == crd["metadata"]["generation"])
-        && let Some(storage) = state.storage_version(crd_name)
-    {
+    if trims && let Some(storage) = state.storage_version(crd_name) {
         crd["status"]["storedVersions"] = json!([storage]);
     }
     state.store_crd(crd, false);
