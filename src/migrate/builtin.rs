@@ -109,7 +109,10 @@ pub fn failure_on_crd(
         .map(|c| {
             format!(
                 "{}: {}",
-                c.last_transition_time.as_ref().map(|t| t.0.to_string()).unwrap_or_default(),
+                c.last_transition_time
+                    .as_ref()
+                    .map(|t| t.0.to_string())
+                    .unwrap_or_default(),
                 c.message.as_deref().unwrap_or_default()
             )
         })

@@ -59,6 +59,7 @@ fn main() -> ExitCode {
     let mut replays = 0;
     // Aims a run at one fault: only the seeds whose schedule has a fault described so.
     let only = std::env::var("SIM_FAULT").ok();
+    let mut ran = 0;
     for seed in first..first + seeds {
         let draw = workload::draw(seed);
         if let Some(only) = &only
@@ -72,6 +73,7 @@ fn main() -> ExitCode {
         if only.is_some() {
             println!("simulation: seed {seed}");
         }
+        ran += 1;
         let seed_started = Instant::now();
         let outcome = world::run(seed, &draw, &|_| true);
         steps += outcome.steps;
@@ -117,7 +119,7 @@ fn main() -> ExitCode {
                     "simulation: stopped at the first violating seed ({} seeds run)",
                     seed - first + 1
                 );
-                summary(seed - first + 1, steps, &faults, failed.len(), started);
+                summary(ran, steps, &faults, failed.len(), started);
                 println!(
                     "simulation: first violation at seed {seed} after {} seeds",
                     seed - first + 1
@@ -132,7 +134,7 @@ fn main() -> ExitCode {
         );
     }
     println!("simulation: {replays} seeds run twice, each replayed identically unless listed above");
-    summary(seeds, steps, &faults, failed.len(), started);
+    summary(ran, steps, &faults, failed.len(), started);
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {
