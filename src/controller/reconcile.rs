@@ -513,6 +513,12 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 decision = decide(policy, &crd, &gates.inputs, &webhook, now, None);
             }
         }
+        let storage = crd
+            .spec
+            .versions
+            .iter()
+            .find(|v| v.storage)
+            .map(|v| v.name.as_str());
         // A removal about to land waits while a StorageVersionMigration of the CRD holds it
         // (or while that cannot be told): Kubernetes' migrator can trim storedVersions
         // before it has rewritten the objects, as a migration starts and as a failed one ends.
@@ -521,12 +527,6 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             .iter()
             .any(|t| t.milestone == MilestoneKind::Remove)
         {
-            let storage = crd
-                .spec
-                .versions
-                .iter()
-                .find(|v| v.storage)
-                .map(|v| v.name.clone());
             // This controller's own migration of the CRD first: until it has finished (a
             // built-in job checks the storage guard after Kubernetes' migrator trimmed), a
             // trim may be ahead of its verdict.
@@ -535,7 +535,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 Some(running) => Some(running.awaited(crd_name)),
                 None => match ctx
                     .migrations
-                    .removal_hold(policy, storage.as_deref(), policy.spec.dry_run)
+                    .removal_hold(policy, storage, policy.spec.dry_run)
                     .await
                 {
                     Ok(hold) => hold,
@@ -555,12 +555,6 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
         {
             // The CRD records that a StorageVersionMigration failed (and trimmed
             // storedVersions): unless a run covers it, every version is listed again now.
-            let storage = crd
-                .spec
-                .versions
-                .iter()
-                .find(|v| v.storage)
-                .map(|v| v.name.as_str());
             if let Err(error) = ctx
                 .migrations
                 .list_again_after_failure_on_crd(policy, storage, &failure)

@@ -229,7 +229,10 @@ impl Migrations {
     /// Lists every version of the CRD in `status.storedVersions` again after `failed`
     /// (`list_every_version`) and says what the removal now waits for.
     async fn relisted_hold(&self, crd: &str, failed: &Migration) -> String {
-        match self.list_every_version(crd, failed).await {
+        match self
+            .list_every_version(crd, &format!("StorageVersionMigration {}", failed.name))
+            .await
+        {
             Ok(()) => format!(
                 "a migration of every object of {crd} that starts after StorageVersionMigration {}, which failed \
                  (Kubernetes trims status.storedVersions as a failed migration ends, so every version of {crd} is \
@@ -245,11 +248,11 @@ impl Migrations {
     }
 
     /// Lists every version the CRD has in its `status.storedVersions`, guarded by the
-    /// resourceVersion just read, after `failed` (someone else's StorageVersionMigration, or
-    /// one of this policy's that recorded nothing) trimmed it: whatever it trimmed is back,
-    /// and the next migration rewrites every object. Adding a version the CRD has is always
-    /// safe: at worst it asks for a migration that finds nothing to rewrite.
-    async fn list_every_version(&self, crd: &str, failed: &Migration) -> Result<(), String> {
+    /// resourceVersion just read, after a failed StorageVersionMigration that no migration
+    /// since covers (`failure`: which one, or the CRD's record of it) trimmed it: whatever it
+    /// trimmed is back, and the next migration rewrites every object. Adding a version the
+    /// CRD has is always safe: at worst it asks for a migration that finds nothing to rewrite.
+    async fn list_every_version(&self, crd: &str, failure: &str) -> Result<(), String> {
         let listed = self
             .add_stored_versions(crd, |current| {
                 current.spec.versions.iter().map(|v| v.name.clone()).collect()
@@ -259,7 +262,7 @@ impl Migrations {
         if !listed.is_empty() {
             warn!(
                 crd,
-                migration = failed.name,
+                failure,
                 listed = listed.join(", "),
                 "a StorageVersionMigration failed and no migration since covers it; listed every version in \
                  status.storedVersions again, so that the next migration rewrites every object"
@@ -353,23 +356,8 @@ impl Migrations {
         if covered(policy) || covered(&self.fresh(policy.clone()).await) {
             return Ok(());
         }
-        let crd = &policy.spec.crd_name;
-        let listed = self
-            .add_stored_versions(crd, |current| {
-                current.spec.versions.iter().map(|v| v.name.clone()).collect()
-            })
+        self.list_every_version(&policy.spec.crd_name, &format!("recorded on the CRD: {failure}"))
             .await
-            .map_err(|e| format!("cannot list every version in status.storedVersions of {crd} again: {e}"))?;
-        if !listed.is_empty() {
-            warn!(
-                crd,
-                failure,
-                listed = listed.join(", "),
-                "the CRD records a failed StorageVersionMigration no migration since covers; listed every version \
-                 in status.storedVersions again, so that the next migration rewrites every object"
-            );
-        }
-        Ok(())
     }
 
     /// Restores what the policy's own failed StorageVersionMigration (named in
