@@ -519,6 +519,39 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             .iter()
             .find(|v| v.storage)
             .map(|v| v.name.as_str());
+        // The CRD records that a StorageVersionMigration failed (and trimmed storedVersions):
+        // unless a run of the policy covers it, every version is listed again now, whether a
+        // removal is due or not (the failed migration may be gone by then), and a removal due
+        // now waits for the migration that follows.
+        let failure_uncovered = match crate::migrate::builtin::failure_on_crd(&crd) {
+            Some(failure)
+                if policy.spec.migration.enabled
+                    && !policy.spec.dry_run
+                    && ctx.migrations.running_migration(crd_name).is_none() =>
+            {
+                match ctx
+                    .migrations
+                    .list_again_after_failure_on_crd(policy, storage, &failure)
+                    .await
+                {
+                    Ok(false) => None,
+                    Ok(true) => Some(format!(
+                        "a migration has rewritten every object of {crd_name} again (the CRD records a \
+                         StorageVersionMigration that failed after this policy's last migration, {failure}; every \
+                         version is listed in status.storedVersions again)"
+                    )),
+                    Err(error) => {
+                        warn!(crd = crd_name, "{error}");
+                        outcome.failure_recheck = true;
+                        Some(format!(
+                            "every version of {crd_name} is listed in status.storedVersions again after a \
+                             StorageVersionMigration failed ({error})"
+                        ))
+                    }
+                }
+            }
+            _ => None,
+        };
         // A removal about to land waits while a StorageVersionMigration of the CRD holds it
         // (or while that cannot be told): Kubernetes' migrator can trim storedVersions
         // before it has rewritten the objects, as a migration starts and as a failed one ends.
@@ -531,9 +564,10 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             // built-in job checks the storage guard after Kubernetes' migrator trimmed), a
             // trim may be ahead of its verdict.
             let ours = ctx.migrations.running_migration(crd_name);
-            let unfinished = match ours {
-                Some(running) => Some(running.awaited(crd_name)),
-                None => match ctx
+            let unfinished = match (ours, failure_uncovered) {
+                (Some(running), _) => Some(running.awaited(crd_name)),
+                (None, Some(uncovered)) => Some(uncovered),
+                (None, None) => match ctx
                     .migrations
                     .removal_hold(policy, storage, policy.spec.dry_run)
                     .await
@@ -547,21 +581,6 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             if unfinished.is_some() {
                 outcome.removal_held = true;
                 decision = decide(policy, &crd, &gates.inputs, &webhook, now, unfinished);
-            }
-        } else if let Some(failure) = crate::migrate::builtin::failure_on_crd(&crd)
-            && policy.spec.migration.enabled
-            && !policy.spec.dry_run
-            && ctx.migrations.running_migration(crd_name).is_none()
-        {
-            // The CRD records that a StorageVersionMigration failed (and trimmed
-            // storedVersions): unless a run covers it, every version is listed again now.
-            if let Err(error) = ctx
-                .migrations
-                .list_again_after_failure_on_crd(policy, storage, &failure)
-                .await
-            {
-                warn!(crd = crd_name, "{error}");
-                outcome.failure_recheck = true;
             }
         }
         let Decision {

@@ -845,6 +845,72 @@ async fn a_failure_the_crd_records_is_listed_again_after_its_migration_is_delete
     assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 10)].into());
 }
 
+/// Review finding F4's last window, as near as a real sequence gets to it: v1alpha1's
+/// removal is due and its managedFields cleanup has ended when the storage version is flipped
+/// back to it and forth with writes between, and someone else's failed migration trims
+/// storedVersions and is deleted before the controller looks. The removal waits (the flip
+/// asks for a new cleanup, and the CRD's record lists every version again, in whichever
+/// order the reconcile meets them), and the migration that follows rewrites the objects the
+/// failure left in v1alpha1 before it goes.
+#[tokio::test(start_paused = true)]
+async fn a_removal_due_after_a_recorded_failure_waits_for_the_next_migration() {
+    let mut h = Harness::with_example_and_objects(10);
+    h.fake.lock().svm_served = true;
+    migrate_into_v1(&mut h).await;
+    for instant in [
+        "2026-03-01T00:00:00Z",
+        "2026-04-01T00:00:00Z",
+        "2026-05-30T00:00:00Z",
+    ] {
+        h.at(instant);
+        h.reconcile("widgets").await;
+    }
+    assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS");
+    // v1alpha1's removal is due; it waits for the managedFields cleanup, which ends.
+    h.at("2026-06-29T00:00:00Z");
+    h.reconcile("widgets").await;
+    assert_eq!(
+        h.condition("widgets", "Blocked").1,
+        "AwaitingManagedFieldsCleanup"
+    );
+    let fake = h.fake.clone();
+    wait_until("the managedFields cleanup ends", || {
+        fake.policy("widgets")["status"]["managedFieldsCleanup"]["phase"] == "Succeeded"
+    })
+    .await;
+    // Before the controller looks again: `kubectl edit` flips the storage version to
+    // v1alpha1 (no longer served: the apiserver allows it, validation.go asks only for exactly
+    // one storage version) and back, three objects written in between through v1; someone
+    // else's migration fails, its end trims storedVersions, and its owner deletes it.
+    {
+        let mut state = h.fake.lock();
+        state.switch_storage(CRD, "v1alpha1");
+        state.write_objects(CRD, 3);
+        state.switch_storage(CRD, "v1");
+    }
+    someone_elses_migration_fails(&mut h.fake.lock());
+    h.fake.lock().svms.remove("someone-elses");
+    assert_eq!(h.stored_versions(), json!(["v1"]), "trimmed by the failure");
+    assert_eq!(
+        h.fake.encodings(CRD),
+        [("v1".to_owned(), 7), ("v1alpha1".to_owned(), 3)].into()
+    );
+    // The reconcile that first sees the CRD's record is the one at which the removal is due.
+    h.reconcile("widgets").await;
+    assert!(
+        h.flags().contains("v1alpha1:"),
+        "v1alpha1 removed over 3 objects stored in it: {}",
+        h.flags()
+    );
+    assert_eq!(h.stored_versions(), json!(["v1", "v1alpha1", "v1beta1"]));
+    for _ in 0..3 {
+        h.reconcile_through_cleanup("widgets").await;
+        wait_until("the run is recorded", || migration(&h)["phase"] == "Succeeded").await;
+    }
+    assert_eq!(h.fake.encodings(CRD), [("v1".to_owned(), 10)].into());
+    assert_eq!(h.flags(), "v1beta1:sd v1:sS");
+}
+
 /// Found by the simulation (seed 26): with the built-in engine, after someone else's
 /// migration failed, the controller listed every version again, and its job reused its own
 /// migration that had succeeded before that failure (the CRD's generation unchanged): the

@@ -341,23 +341,26 @@ impl Migrations {
     /// every version of the CRD in `status.storedVersions` again, so that the next migration
     /// rewrites every object. At any reconcile, not only once a removal is due: the failed
     /// migration may be deleted before then, or have been while no controller ran, and the
-    /// CRD's record is then all that is left. `Err` when the write failed (look again soon).
+    /// CRD's record is then all that is left. `Ok(true)` when no run covers it (every
+    /// version is listed again: a removal waits for the migration that follows), `Err` when
+    /// the write failed (look again soon).
     pub async fn list_again_after_failure_on_crd(
         &self,
         policy: &VersionPolicy,
         storage_version: Option<&str>,
         failure: &str,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         let covered = |policy: &VersionPolicy| {
             covered_run(policy, storage_version)
                 .and_then(|run| run.covers_failed_migration_on_crd)
                 .is_some_and(|seen| seen == failure)
         };
         if covered(policy) || covered(&self.fresh(policy.clone()).await) {
-            return Ok(());
+            return Ok(false);
         }
         self.list_every_version(&policy.spec.crd_name, &format!("recorded on the CRD: {failure}"))
             .await
+            .map(|()| true)
     }
 
     /// Restores what the policy's own failed StorageVersionMigration (named in
