@@ -139,18 +139,24 @@ pub fn decide(
 /// generation it started at: any spec change since may have served a version again (a GitOps
 /// tool re-applying an older CRD), and clients may have named it again meanwhile.
 pub fn managed_fields_pending(policy: &VersionPolicy, crd: &CrdState) -> Vec<String> {
-    let cleaned: Vec<String> = policy
-        .status
-        .as_ref()
-        .and_then(|s| s.managed_fields_cleanup.as_ref())
-        .filter(|c| c.succeeded_at(crd.generation))
-        .map(|c| c.versions.clone())
-        .unwrap_or_default();
+    let cleaned = cleaned_at_generation(policy, crd);
     crd.versions
         .iter()
         .filter(|v| !v.storage && !cleaned.contains(&v.name))
         .map(|v| v.name.clone())
         .collect()
+}
+
+/// The versions whose managedFields entries the policy's last cleanup rewrote, if it
+/// succeeded at the CRD's generation now.
+pub fn cleaned_at_generation(policy: &VersionPolicy, crd: &CrdState) -> Vec<String> {
+    policy
+        .status
+        .as_ref()
+        .and_then(|s| s.managed_fields_cleanup.as_ref())
+        .filter(|c| c.succeeded_at(crd.generation))
+        .map(|c| c.versions.clone())
+        .unwrap_or_default()
 }
 
 fn completed_migrations(policy: &VersionPolicy) -> Vec<CompletedMigration> {

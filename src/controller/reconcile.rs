@@ -17,7 +17,7 @@ use tracing::{debug, info, warn};
 
 use super::conditions::{ConditionReason, ConditionState, ConditionType};
 use super::context::{Context, get_crd, get_crd_seen};
-use super::decide::{Decision, WebhookConversion, decide, managed_fields_pending};
+use super::decide::{Decision, WebhookConversion, cleaned_at_generation, decide, managed_fields_pending};
 use super::error::{Error, status_code};
 use super::events::publish_events;
 use super::gate_inputs;
@@ -410,21 +410,32 @@ struct Applied {
     patched: bool,
 }
 
-/// The versions whose managedFields entries a cleanup must rewrite now: pending
-/// (`managed_fields_pending`), unserved, and due for removal by the policy.
+/// The versions whose managedFields entries a cleanup must rewrite now: those the policy
+/// removes that are pending (`managed_fields_pending`) and unserved, and those the policy
+/// removes that are gone from the CRD with no cleanup at its generation since. An entry
+/// written through a version between its cleanup and its removal (an HA apiserver that had
+/// not acted on the unserve yet, or a release that dropped a served version) breaks
+/// server-side apply of its object for every manager once the version is gone
+/// (apiserver-samples/29): one more cleanup after the removal repairs it.
 fn cleanup_awaiting(policy: &VersionPolicy, crd: &CrdState) -> Vec<String> {
-    let scheduled_removals: Vec<&str> = policy
+    let scheduled_removals = policy
         .spec
         .versions
         .iter()
         .filter(|v| v.remove.is_some())
-        .map(|v| v.name.as_str())
-        .collect();
-    managed_fields_pending(policy, crd)
+        .map(|v| v.name.as_str());
+    let mut awaiting: Vec<String> = managed_fields_pending(policy, crd)
         .into_iter()
         .filter(|v| crd.version(v).is_some_and(|v| !v.served))
-        .filter(|v| scheduled_removals.contains(&v.as_str()))
-        .collect()
+        .filter(|v| scheduled_removals.clone().any(|r| r == v))
+        .collect();
+    let cleaned = cleaned_at_generation(policy, crd);
+    awaiting.extend(
+        scheduled_removals
+            .filter(|v| crd.version(v).is_none() && !cleaned.iter().any(|c| c == v))
+            .map(str::to_owned),
+    );
+    awaiting
 }
 
 /// Whether etcd's copy of the CRD lists a version other than its storage version in

@@ -63,29 +63,29 @@ pub fn storage_version_hash(group: &str, version: &str, kind: &str) -> String {
 
 /// What must be seen in discovery.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Expect {
+pub enum Expect<'a> {
     /// The apiserver stores the resource in the target's storage version.
     Storage,
     /// The apiserver serves the resource through the target's version.
     Served,
-    /// The apiserver no longer serves the resource through this version (index into the
-    /// target's `versions`): a managedFields cleanup's final pass waits for it, so that no
-    /// apiserver of an HA control plane still accepts a server-side apply through it.
-    Unserved(usize),
+    /// The apiserver no longer serves the resource through this version (unserved, or gone
+    /// from the CRD): a managedFields cleanup's pass waits for it, so that no apiserver of
+    /// an HA control plane still accepts a server-side apply through it.
+    Unserved(&'a str),
 }
 
 /// Waits until `confirmations` discovery answers in a row show what `expect` asks.
 pub async fn wait(
     requester: &Requester<'_>,
     target: &Target,
-    expect: Expect,
+    expect: Expect<'_>,
     check: &SettleCheck,
 ) -> Result<(), Error> {
     let wanted = storage_version_hash(&target.group, &target.storage_version, &target.kind);
     let version = match expect {
         Expect::Storage => &target.storage_version,
         Expect::Served => &target.version,
-        Expect::Unserved(i) => target.versions.get(i).unwrap_or(&target.version),
+        Expect::Unserved(version) => version,
     };
     let started = Instant::now();
     let needed = if target.unchanged_for(check.settled_after) {

@@ -229,11 +229,10 @@ pub async fn migrate(
                 .versions
                 .iter()
                 .flatten()
-                // Versions the CRD no longer serves (cleaning a served one is the caller's
-                // choice: nothing to wait for).
+                // Versions the CRD no longer serves, or no longer has (cleaning a served one
+                // is the caller's choice: nothing to wait for).
                 .filter(|v| !target.served.contains(v))
-                .filter_map(|v| target.versions.iter().position(|known| known == v))
-                .map(Expect::Unserved)
+                .map(|v| Expect::Unserved(v))
                 .collect(),
         };
         info!(crd = crd_name, storage = %target.storage_version, mode = ?settings.mode, "migration started");

@@ -147,6 +147,17 @@ pub enum Fault {
     /// later its owner deletes the failed migrations: the knowledge that a trim left objects
     /// behind goes with them, long before a removal is due (review).
     ForeignFailureDeleted { after: u64 },
+    /// A release upgrade: `crd-lifecycle check --fix` against the release's CRD (the example
+    /// without its first `drop` versions, storage on v1), and when it exits 0, the release's
+    /// CRD is applied (a GitOps tool or `helm upgrade`), while the controller goes on.
+    CheckFixThenApply { drop: usize },
+    /// The apiserver restarts after a compaction (watches end and resume with a 410), and
+    /// API Priority and Fairness refuses the next `count` watch starts (429, as recorded): the
+    /// relists after the 410 are refused too.
+    WatchStartsRefused { count: u32 },
+    /// `kubectl delete crd` (its instances deleted, then the CRD gone, as recorded): the
+    /// controller must say so and stop, whatever it was doing.
+    DeleteCrd,
 }
 
 impl Fault {
@@ -157,6 +168,7 @@ impl Fault {
             | Fault::SwitchLag { .. }
             | Fault::SvmLateAfterPatch { .. }
             | Fault::ExpireWatches
+            | Fault::WatchStartsRefused { .. }
             | Fault::SlowApiserver { .. } => "stale",
             Fault::Crash { .. } | Fault::SlowAnswers { .. } | Fault::PartitionLeader { .. } => "crash",
             Fault::ReapplyOldCrd
@@ -168,6 +180,8 @@ impl Fault {
             | Fault::DeletePolicy
             | Fault::FlipBackAfterRun { .. }
             | Fault::ForeignFailureDeleted { .. }
+            | Fault::CheckFixThenApply { .. }
+            | Fault::DeleteCrd
             | Fault::MigrationsFail { .. } => "writer",
             Fault::Skew { .. } => "skew",
         }
@@ -229,6 +243,19 @@ impl fmt::Display for Fault {
                 f,
                 "after its next migration: kubectl edit flips the storage version back and forth, 2 objects \
                  written, another's StorageVersionMigration fails, and {after}s later the failed ones are deleted"
+            ),
+            Fault::DeleteCrd => write!(f, "kubectl delete crd widgets.example.com"),
+            Fault::WatchStartsRefused { count } => {
+                write!(
+                    f,
+                    "apiserver restart after a compaction, and API Priority and Fairness refuses the next {count} watch \
+                     starts (429)"
+                )
+            }
+            Fault::CheckFixThenApply { drop } => write!(
+                f,
+                "crd-lifecycle check --fix of a release that drops {}, then its CRD applied if it exits 0",
+                VERSIONS[..*drop].join(" and ")
             ),
             Fault::FlipBackAfterRun { writes, ahead } => write!(
                 f,
@@ -321,6 +348,9 @@ pub fn draw(seed: u64) -> Draw {
             4 => Fault::SwitchLag {
                 requests: rng.between(1, 40) as u32,
             },
+            5 if rng.chance(50) => Fault::WatchStartsRefused {
+                count: rng.between(1, 12) as u32,
+            },
             5 => Fault::ExpireWatches,
             6 => Fault::ReapplyOldCrd,
             7 => {
@@ -343,6 +373,10 @@ pub fn draw(seed: u64) -> Draw {
                 after_pages: rng.between(1, 4) as u32,
                 writes: rng.between(1, 4) as usize,
             },
+            12 if rng.chance(40) => Fault::CheckFixThenApply {
+                drop: rng.between(1, 2) as usize,
+            },
+            12 if rng.chance(25) => Fault::DeleteCrd,
             11 => Fault::SlowApiserver {
                 millis: rng.between(10, 2000),
                 lasting: rng.between(5, 90),

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use crd_lifecycle::controller::leader::LeaseSettings;
 use crd_lifecycle::controller::{Clock, RunSettings, replica};
+use crd_lifecycle::{check, migrate};
 use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
@@ -128,7 +130,8 @@ pub fn run(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outcome {
         .start_paused(true)
         .build()
         .expect("a runtime");
-    runtime.block_on(simulate(seed, draw, keep))
+    // A local set for the actors whose futures are not `Send` (`check --fix`).
+    tokio::task::LocalSet::new().block_on(&runtime, simulate(seed, draw, keep))
 }
 
 async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outcome {
@@ -185,6 +188,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
     let mut engine = workload.engine;
     let mut foreign = 0;
     let mut policy_deleted = false;
+    let mut crd_deleted = false;
     let mut second = 0u64;
     let mut quiet_since = None;
     loop {
@@ -236,6 +240,13 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                 }
                 Fault::SwitchLag { requests } => fake.lock().switch_lag = *requests,
                 Fault::ExpireWatches => fake.lock().expire_watch_history(),
+                Fault::WatchStartsRefused { count } => {
+                    // Refused as they start: the open ones end (an apiserver restart), so
+                    // that every watch starts again into the refusals.
+                    let mut state = fake.lock();
+                    state.refuse_watch_starts = *count;
+                    state.expire_watch_history();
+                }
                 Fault::ReapplyOldCrd => {
                     let mut state = fake.lock();
                     if let Some(mut crd) = state.crds.get(CRD).cloned() {
@@ -252,7 +263,11 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                 }
                 Fault::FlipStorage { to } => {
                     let mut state = fake.lock();
-                    let has = state.crds[CRD]["spec"]["versions"]
+                    let has = state
+                        .crds
+                        .get(CRD)
+                        .map(|c| &c["spec"]["versions"])
+                        .unwrap_or(&Value::Null)
                         .as_array()
                         .is_some_and(|vs| vs.iter().any(|v| v["name"] == *to && v["served"] == true));
                     if has {
@@ -379,6 +394,24 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                         },
                     );
                 }
+                Fault::DeleteCrd => {
+                    if !crd_deleted {
+                        fake.lock().start_crd_deletion(CRD);
+                        fake.lock().step("kubectl delete crd");
+                        crd_deleted = true;
+                        // The apiserver ends the deletion ~5 s later (the recording).
+                        ends.push((second + 5, fault.clone()));
+                    }
+                }
+                Fault::CheckFixThenApply { drop } => {
+                    // On this thread's local set: `check::run` is not `Send` (the CLI blocks on it).
+                    tokio::task::spawn_local(check_fix_then_apply(
+                        fake.clone(),
+                        findings.clone(),
+                        origin,
+                        release_crd(&first_crd, *drop),
+                    ));
+                }
                 Fault::SlowAnswers { millis, lasting } => {
                     fake.lock().write_answer_delay = Duration::from_millis(*millis);
                     ends.push((second + lasting, fault.clone()));
@@ -401,6 +434,10 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                 Fault::SlowAnswers { .. } => state.write_answer_delay = Duration::ZERO,
                 Fault::SlowApiserver { .. } => state.request_latency = Duration::ZERO,
                 Fault::PartitionLeader { .. } => state.leases_stall_for = None,
+                Fault::DeleteCrd => {
+                    state.finish_crd_deletion(CRD);
+                    state.step("kube-apiserver: the CRD's instances deleted, the CRD gone");
+                }
                 _ => {}
             }
             false
@@ -472,6 +509,12 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             state.svm_fail = None;
             state.write_answer_delay = Duration::ZERO;
             state.request_latency = Duration::ZERO;
+            state.refuse_watch_starts = 0;
+            // A CRD's deletion under way ends (the apiserver's own work, not a fault).
+            if ends.iter().any(|(_, fault)| matches!(fault, Fault::DeleteCrd)) {
+                state.finish_crd_deletion(CRD);
+                state.step("kube-apiserver: the CRD's instances deleted, the CRD gone");
+            }
             drop(state);
             ends.clear();
             fake.clear_hooks();
@@ -486,6 +529,8 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             // A deleted policy's end: released (its finalizer removed, so it is gone).
             let reached = if policy_deleted {
                 fake.policy("widgets").is_null()
+            } else if crd_deleted {
+                crd_not_found(&fake)
             } else {
                 invariants::scheduled_end_missed(&fake.lock(), &excused).is_none()
             };
@@ -494,7 +539,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             }
             // At rest for longer than a resync, to see that it stays there (and that the
             // policy still reads as valid and done).
-            if quiet_since.is_some_and(|since| second >= since + REST) && policy_deleted {
+            if quiet_since.is_some_and(|since| second >= since + REST) && (policy_deleted || crd_deleted) {
                 break;
             }
             if quiet_since.is_some_and(|since| second >= since + REST) {
@@ -518,6 +563,8 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             if second >= horizon + LIVENESS_BOUND {
                 let missed = if policy_deleted {
                     Some("the deleted policy was not released (it still exists)".to_owned())
+                } else if crd_deleted {
+                    Some("the CRD was deleted, and the policy does not say CRDNotFound".to_owned())
                 } else {
                     invariants::scheduled_end_missed(&fake.lock(), &excused)
                 };
@@ -688,6 +735,138 @@ async fn write_one(
             format!("a user's client: {how} of {namespace}/{name} through {version}, stored as {stored}"),
         );
     }
+}
+
+/// Whether the policy says its CRD does not exist (`Blocked`, reason `CRDNotFound`): the
+/// end of a run whose CRD was deleted.
+fn crd_not_found(fake: &FakeApiserver) -> bool {
+    fake.policy("widgets")["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Blocked" && c["status"] == "True" && c["reason"] == "CRDNotFound")
+}
+
+/// A release's CRD: the example's without its first `drop` versions, v1 served and the
+/// storage version (what a chart's next release ships).
+fn release_crd(first_crd: &Value, drop: usize) -> Value {
+    let mut crd = first_crd.clone();
+    let versions: Vec<Value> = first_crd["spec"]["versions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| !VERSIONS[..drop].iter().any(|dropped| v["name"] == *dropped))
+        .map(|v| {
+            let mut v = v.clone();
+            let v1 = v["name"] == "v1";
+            v["storage"] = json!(v1);
+            if v1 {
+                v["served"] = json!(true);
+            }
+            v
+        })
+        .collect();
+    crd["spec"]["versions"] = Value::Array(versions);
+    crd
+}
+
+/// Where `check --fix` reports: into the trace.
+struct CheckNotes {
+    findings: Arc<Mutex<Findings>>,
+    origin: tokio::time::Instant,
+}
+
+impl check::FixObserver for CheckNotes {
+    fn migrator(&self, _crd: &str) -> Box<dyn migrate::Observer> {
+        Box::new(migrate::Quiet)
+    }
+
+    fn note(&self, _crd: &str, line: &str) {
+        note(
+            &self.findings,
+            self.origin,
+            format!("{}: {line}", invariants::CHECK_FIX),
+        );
+    }
+}
+
+/// A release upgrade in a pipeline: `crd-lifecycle check --fix release.yaml`, and only if it
+/// exits 0, the release's CRD applied (a merge patch of its versions, as `kubectl apply`
+/// sends one; the apiserver refuses it if a stored version goes). The check counts no
+/// writer (`--writers-window 0s`): the simulation's writers are the release's own clients.
+async fn check_fix_then_apply(
+    fake: FakeApiserver,
+    findings: Arc<Mutex<Findings>>,
+    origin: tokio::time::Instant,
+    release: Value,
+) {
+    let Ok(crd) = serde_json::from_value(release.clone()) else {
+        return;
+    };
+    let incoming = check::Incoming {
+        crds: vec![check::IncomingCrd {
+            origin: "release.yaml".into(),
+            crd,
+        }],
+        skipped: 0,
+    };
+    let settings = check::CheckSettings {
+        read: check::ReadSettings {
+            page_size: 4,
+            max_named: 5,
+            request_timeout: Duration::from_secs(10),
+        },
+        concurrency: 1,
+        writers_window: Duration::ZERO,
+        replaced_managers: Vec::new(),
+    };
+    let observer = CheckNotes {
+        findings: findings.clone(),
+        origin,
+    };
+    let fix = check::FixSettings {
+        migrate: migrate::Settings {
+            page_size: 4,
+            ..migrate::Settings::default()
+        },
+        observer: &observer,
+    };
+    let client = fake.client_as(invariants::CHECK_FIX);
+    let report = check::run(&client, None, &incoming, &settings, Some(&fix)).await;
+    let exit = check::Report::new(1, 0, vec![report.clone()]).exit_code();
+    let findings_seen: Vec<String> = report
+        .crds
+        .iter()
+        .flat_map(|c| c.findings.iter().map(|f| format!("{:?} {}", f.severity, f.kind)))
+        .collect();
+    note(
+        &findings,
+        origin,
+        format!(
+            "{}: exit {exit} ({})",
+            invariants::CHECK_FIX,
+            findings_seen.join(", ")
+        ),
+    );
+    if exit != 0 {
+        return;
+    }
+    let api: Api<CustomResourceDefinition> = Api::all(fake.client_as("helm upgrade"));
+    let patch = json!({"spec": {"versions": release["spec"]["versions"]}});
+    let answer = api
+        .patch(CRD, &PatchParams::default(), &Patch::Merge(&patch))
+        .await;
+    note(
+        &findings,
+        origin,
+        format!(
+            "helm upgrade: the release's CRD {}",
+            match answer {
+                Ok(_) => "applied".to_owned(),
+                Err(error) => format!("refused: {error}"),
+            }
+        ),
+    );
 }
 
 #[allow(dead_code)]

@@ -87,9 +87,9 @@ pub(super) fn patch_crd(state: &mut State, name: &str, body: Value, merge: bool)
         .unwrap_or_default();
     for (i, stored_version) in stored.iter().enumerate() {
         if !versions.iter().any(|v| v["name"] == *stored_version) {
-            state
-                .refused_stored_version_drops
-                .push(format!("{name}: {stored_version} dropped from spec.versions"));
+            let refused = format!("{name}: {stored_version} dropped from spec.versions");
+            let actor = state.actor.clone();
+            state.refused_stored_version_drops.push((actor, refused));
             return stored_version_invalid(
                 state.version(),
                 name,
@@ -310,4 +310,104 @@ pub(super) fn patch_crd_status(state: &mut State, name: &str, body: Value) -> (u
     }
     state.store_crd(crd, false);
     (200, state.crds[name].clone())
+}
+
+/// `kubectl delete crd`, as kube-apiserver v1.36.2 carries it out
+/// (tests/fixtures/apiserver/crd-deletion-v1.36.txt). The DELETE sets `deletionTimestamp`,
+/// appends the apiserver's finalizer `customresourcecleanup.apiextensions.k8s.io` and the
+/// condition `Terminating` True/`InstanceDeletionPending`; within ~30 ms its finalizer moves
+/// it to `InstanceDeletionInProgress` and deletes every instance (the fake's objects carry no
+/// finalizers: they go at once). `finish_crd_deletion` does the rest, ~5 s later in the
+/// recording.
+impl State {
+    pub fn start_crd_deletion(&mut self, name: &str) {
+        let Some(mut crd) = self.crds.get(name).cloned() else {
+            return;
+        };
+        let now = self.now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        crd["metadata"]["deletionTimestamp"] = Value::String(now.clone());
+        let finalizers = crd["metadata"]["finalizers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .chain([Value::String(CRD_CLEANUP_FINALIZER.into())])
+            .collect();
+        crd["metadata"]["finalizers"] = Value::Array(finalizers);
+        for (reason, message) in [
+            (
+                "InstanceDeletionPending",
+                "CustomResourceDefinition marked for deletion; CustomResource deletion will begin soon",
+            ),
+            (
+                "InstanceDeletionInProgress",
+                "CustomResource deletion is in progress",
+            ),
+        ] {
+            set_terminating(&mut crd, "True", reason, message, &now);
+            self.store_crd(crd.clone(), false);
+            crd = self.crds[name].clone();
+        }
+        self.objects.retain(|(of, _, _), _| of != name);
+    }
+
+    /// The end of a CRD's deletion (the recording's +5 s): `Terminating` False
+    /// `InstanceDeletionCompleted` "removed all instances", the apiserver's finalizer removed,
+    /// and, with no other finalizer, the CRD gone (`DELETED`; then GET 404 NotFound, its
+    /// objects' paths the plain-text 404 of an unserved path, as the recording shows).
+    pub fn finish_crd_deletion(&mut self, name: &str) {
+        let Some(mut crd) = self.crds.get(name).cloned() else {
+            return;
+        };
+        if crd["metadata"]["deletionTimestamp"].is_null() {
+            return;
+        }
+        let now = self.now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        set_terminating(
+            &mut crd,
+            "False",
+            "InstanceDeletionCompleted",
+            "removed all instances",
+            &now,
+        );
+        let finalizers: Vec<Value> = crd["metadata"]["finalizers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|f| f != CRD_CLEANUP_FINALIZER)
+            .collect();
+        if !finalizers.is_empty() {
+            crd["metadata"]["finalizers"] = Value::Array(finalizers);
+            self.store_crd(crd, false);
+            return;
+        }
+        crd["metadata"]
+            .as_object_mut()
+            .expect("metadata")
+            .remove("finalizers");
+        let rv = self.next_resource_version();
+        crd["metadata"]["resourceVersion"] = Value::String(rv);
+        self.crds.remove(name);
+        self.lagging.remove(name);
+        self.record(Watched::Crds, "DELETED", &crd);
+        self.crd_gone(name, &crd);
+    }
+}
+
+/// The finalizer the apiserver adds to a CRD being deleted.
+const CRD_CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
+
+fn set_terminating(crd: &mut Value, status: &str, reason: &str, message: &str, now: &str) {
+    let condition = serde_json::json!({"type": "Terminating", "status": status, "reason": reason,
+                                       "message": message, "lastTransitionTime": now});
+    let conditions = crd["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c["type"] != "Terminating")
+        .chain([condition])
+        .collect();
+    crd["status"]["conditions"] = Value::Array(conditions);
 }

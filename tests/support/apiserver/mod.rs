@@ -222,12 +222,16 @@ pub struct State {
     /// client, set by a trigger's hook for that one request (a slow answer on the way back,
     /// during which other actors move on).
     pub this_answer_delay: std::time::Duration,
+    /// Watch starts still to refuse with API Priority and Fairness' 429
+    /// (`refused_watch_start`): an apiserver shedding load, as in a burst of reconciles.
+    pub refuse_watch_starts: u32,
     /// How long every request (but a watch) waits before the fake acts on it (a loaded
     /// apiserver or a slow network on the way there: other writers act meanwhile).
     pub request_latency: std::time::Duration,
     /// CRD patches refused because `status.storedVersions` would name a version the patch
-    /// drops (sample 04): each is a write the controller should never have sent.
-    pub refused_stored_version_drops: Vec<String>,
+    /// drops (sample 04), with who sent each: one of the controller's is a write it should
+    /// never have sent.
+    pub refused_stored_version_drops: Vec<(String, String)>,
     /// The Kubernetes version the fake answers `/version` with and words its refusals as
     /// (`None`: 1.21, the version of apiserver-samples/00).
     pub server_version: Option<(u32, u32)>,
@@ -378,6 +382,9 @@ impl FakeApiserver {
         let service = tower::service_fn(move |request: Request<Body>| {
             let fake = fake.clone();
             async move {
+                if let Some(refused) = fake.refuse_watch_start(&request) {
+                    return Ok::<_, Infallible>(refused.map(http_body_util::Either::Left));
+                }
                 if let Some(watch) = fake.watch(&request) {
                     return Ok::<_, Infallible>(watch.map(http_body_util::Either::Right));
                 }
@@ -385,6 +392,55 @@ impl FakeApiserver {
             }
         });
         Client::new(service, "default")
+    }
+
+    /// A watch start refused by API Priority and Fairness while `refuse_watch_starts` lasts,
+    /// as kube-apiserver v1.36.2 refuses one
+    /// (tests/fixtures/apiserver/watch-start-refused-429-v1.36.txt): 429 at once, `Retry-After:
+    /// 1`, a plain-text body (not a Status), the priority level's headers.
+    fn refuse_watch_start(&self, request: &Request<Body>) -> Option<Response<FakeBody>> {
+        use http_body_util::BodyExt as _;
+        let query = request.uri().query().unwrap_or_default();
+        if request.method() != http::Method::GET
+            || !query.split('&').any(|p| p == "watch=true" || p == "watch=1")
+        {
+            return None;
+        }
+        let mut state = self.lock();
+        if state.refuse_watch_starts == 0 {
+            return None;
+        }
+        state.refuse_watch_starts -= 1;
+        state.requests.push(Recorded {
+            method: "GET".into(),
+            path: request.uri().path().to_owned(),
+            query: query.to_owned(),
+            content_type: String::new(),
+            accept: String::new(),
+            body: Value::Null,
+            at: tokio::time::Instant::now(),
+        });
+        let date = http_date(state.now());
+        drop(state);
+        Response::builder()
+            .status(StatusCode::TOO_MANY_REQUESTS)
+            .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+            .header(http::header::RETRY_AFTER, "1")
+            .header(
+                "x-kubernetes-pf-flowschema-uid",
+                "1aa285a1-f3e7-44ae-81b3-1ebae2fe17b2",
+            )
+            .header(
+                "x-kubernetes-pf-prioritylevel-uid",
+                "94bafbf1-ee7f-442f-b663-23f1d98cc07f",
+            )
+            .header(http::header::DATE, date)
+            .body(
+                Body::from(b"Too many requests, please try again later.\n".to_vec())
+                    .map_err(Into::into)
+                    .boxed_unsync(),
+            )
+            .ok()
     }
 
     /// A kube client whose requests are `actor`'s steps, not the controller's (another

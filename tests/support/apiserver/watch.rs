@@ -75,6 +75,23 @@ impl State {
             .retain(|w| w.name.as_ref().is_some_and(|n| n != name) || w.events.send(event.clone()).is_ok());
     }
 
+    /// A CRD's deletion, for the watches of whole CRDs (`DELETED` with the CRD as last
+    /// stored, at a new resourceVersion: tests/fixtures/apiserver/crd-deletion-v1.36.txt).
+    pub(super) fn crd_gone(&mut self, name: &str, crd: &Value) {
+        let resource_version = crd["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|rv| rv.parse().ok())
+            .unwrap_or(0);
+        let event = json!({"type": "DELETED", "object": crd});
+        self.crd_history.push(CrdWrite {
+            resource_version,
+            name: name.to_owned(),
+            event: event.clone(),
+        });
+        self.crd_watchers
+            .retain(|w| w.name.as_ref().is_some_and(|n| n != name) || w.events.send(event.clone()).is_ok());
+    }
+
     /// The apiserver restarted after an etcd compaction: open watches end, and a watch from
     /// any resourceVersion before now answers 410 Expired (crd-watch-expired.txt).
     pub fn expire_watch_history(&mut self) {
