@@ -452,6 +452,63 @@ async fn a_removal_waits_for_the_managed_fields_cleanup_which_resumes_after_a_re
     );
 }
 
+/// Found by the simulation (seed 222): an entry naming a version written after its cleanup
+/// (an HA apiserver that had not acted on the unserve yet, or a release that dropped a served
+/// version after `check --fix` cleaned) makes its object un-appliable for every manager once
+/// the version is gone (apiserver-samples/29). After a scheduled version is gone from the
+/// CRD, one more cleanup rewrites what names it, and waits until no apiserver serves it.
+#[tokio::test(start_paused = true)]
+async fn entries_naming_a_version_written_after_its_cleanup_are_cleaned_once_it_is_gone() {
+    let mut h = Harness::with_example_and_objects(6);
+    h.edit_policy(
+        "widgets",
+        |p| {
+            p["spec"]["migration"] =
+                json!({"enabled": false, "concurrency": 2, "pageSize": 50, "preflight": false})
+        },
+    );
+    h.at("2026-06-29T00:00:00Z");
+    h.reconcile("widgets").await;
+    h.trim_stored_versions(&["v1"]);
+    h.reconcile("widgets").await;
+    let cleanup = |h: &Harness| h.status("widgets")["managedFieldsCleanup"].clone();
+    wait_until("the cleanup before the removal succeeds", || {
+        cleanup(&h)["phase"] == "Succeeded"
+    })
+    .await;
+    let cleaned_at = cleanup(&h)["crdGeneration"].clone();
+    // After it, a write through an apiserver that still served v1alpha1 left an entry
+    // naming it.
+    let keys = h.fake.object_keys(CRD);
+    let (ns, name) = &keys[2];
+    h.fake.set_managed_fields(
+        CRD,
+        ns,
+        name,
+        vec![json!({
+        "apiVersion": "example.com/v1alpha1", "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:spec": {"f:size": {}}}, "manager": "lagging", "operation": "Update"})],
+    );
+    h.reconcile("widgets").await;
+    assert_eq!(h.flags(), "v1beta1:sd v1:sS", "v1alpha1 removed");
+    wait_until("the cleanup after the removal succeeds", || {
+        cleanup(&h)["phase"] == "Succeeded" && cleanup(&h)["crdGeneration"] != cleaned_at
+    })
+    .await;
+    assert_eq!(cleanup(&h)["versions"], json!(["v1alpha1"]));
+    assert_eq!(
+        h.fake.managed_fields(CRD, ns, name)[0]["apiVersion"],
+        "example.com/v1",
+        "{:#}",
+        cleanup(&h)
+    );
+    // Once: the next reconciles start no other cleanup.
+    let done = cleanup(&h);
+    h.reconcile("widgets").await;
+    h.reconcile("widgets").await;
+    assert_eq!(cleanup(&h), done);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_store_starts_one_preflight_even_with_a_stale_cache() {
     use crd_lifecycle::api::VersionPolicy;
