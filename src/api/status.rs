@@ -238,6 +238,11 @@ pub struct MigrationStatus {
     /// For a managedFields cleanup: the versions whose entries it rewrites.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub versions: Vec<String>,
+    /// For a managedFields cleanup: the versions the CRD no longer has that this cleanup
+    /// rewrites (or an earlier one rewrote) once no apiserver served them. Once it
+    /// succeeded, none of them is cleaned again while it stays gone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gone_versions: Vec<String>,
     /// The CRD generation the run started with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crd_generation: Option<i64>,
@@ -332,6 +337,7 @@ impl MigrationStatus {
             rewrote_all: false,
             covers_failed_migrations: Vec::new(),
             covers_failed_migration_on_crd: None,
+            gone_versions: Vec::new(),
         }
     }
 }

@@ -288,9 +288,10 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
                 .await
             {
                 Ok(()) => {
+                    let gone = gone_to_record(policy, crd, &awaiting);
                     observation.cleaning =
                         ctx.migrations
-                            .ensure_cleanup(policy, storage, awaiting, crd.generation);
+                            .ensure_cleanup(policy, storage, awaiting, gone, crd.generation);
                 }
                 Err(message) => missing_permissions.push(message),
             }
@@ -412,11 +413,12 @@ struct Applied {
 
 /// The versions whose managedFields entries a cleanup must rewrite now: those the policy
 /// removes that are pending (`managed_fields_pending`) and unserved, and those the policy
-/// removes that are gone from the CRD with no cleanup at its generation since. An entry
-/// written through a version between its cleanup and its removal (an HA apiserver that had
-/// not acted on the unserve yet, or a release that dropped a served version) breaks
-/// server-side apply of its object for every manager once the version is gone
-/// (apiserver-samples/29): one more cleanup after the removal repairs it.
+/// removes that are gone from the CRD and no cleanup rewrote since they went
+/// (`gone_cleaned`). An entry written through a version between its cleanup and its removal
+/// (an HA apiserver that had not acted on the unserve yet, or a release that dropped a
+/// version the policy was still serving) breaks server-side apply of its object for every
+/// manager once the version is gone (apiserver-samples/29): one more cleanup after it went,
+/// which waits until no apiserver serves it, repairs it; after that nothing can name it.
 fn cleanup_awaiting(policy: &VersionPolicy, crd: &CrdState) -> Vec<String> {
     let scheduled_removals = policy
         .spec
@@ -430,12 +432,40 @@ fn cleanup_awaiting(policy: &VersionPolicy, crd: &CrdState) -> Vec<String> {
         .filter(|v| scheduled_removals.clone().any(|r| r == v))
         .collect();
     let cleaned = cleaned_at_generation(policy, crd);
+    let gone_cleaned = gone_cleaned(policy);
     awaiting.extend(
         scheduled_removals
             .filter(|v| crd.version(v).is_none() && !cleaned.iter().any(|c| c == v))
+            .filter(|v| !gone_cleaned.iter().any(|c| c == v))
             .map(str::to_owned),
     );
     awaiting
+}
+
+/// The versions the policy's last cleanup, which succeeded, rewrote while they were gone
+/// from the CRD (at whatever generation: once gone and cleaned, nothing names them again).
+fn gone_cleaned(policy: &VersionPolicy) -> Vec<String> {
+    policy
+        .status
+        .as_ref()
+        .and_then(|s| s.managed_fields_cleanup.as_ref())
+        .filter(|c| c.phase == crate::api::MigrationPhase::Succeeded)
+        .map(|c| c.gone_versions.clone())
+        .unwrap_or_default()
+}
+
+/// What a cleanup of `awaiting` records as cleaned while gone: those of them the CRD no
+/// longer has, and those an earlier cleanup recorded that are still gone.
+fn gone_to_record(policy: &VersionPolicy, crd: &CrdState, awaiting: &[String]) -> Vec<String> {
+    let mut gone: Vec<String> = awaiting
+        .iter()
+        .chain(gone_cleaned(policy).iter())
+        .filter(|v| crd.version(v).is_none())
+        .cloned()
+        .collect();
+    gone.sort();
+    gone.dedup();
+    gone
 }
 
 /// Whether etcd's copy of the CRD lists a version other than its storage version in
@@ -548,8 +578,8 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                     Ok(false) => None,
                     Ok(true) => Some(format!(
                         "a migration has rewritten every object of {crd_name} again (the CRD records a \
-                         StorageVersionMigration that failed after this policy's last migration, {failure}; every \
-                         version is listed in status.storedVersions again)"
+                         StorageVersionMigration that failed, which no migration of this policy has covered: \
+                         {failure}; every version is listed in status.storedVersions again)"
                     )),
                     Err(error) => {
                         warn!(crd = crd_name, "{error}");

@@ -502,11 +502,23 @@ async fn entries_naming_a_version_written_after_its_cleanup_are_cleaned_once_it_
         "{:#}",
         cleanup(&h)
     );
-    // Once: the next reconciles start no other cleanup.
+    assert_eq!(cleanup(&h)["goneVersions"], json!(["v1alpha1"]));
+    // Once: the next reconciles start no other cleanup, nor does a later change of the
+    // CRD's spec (a new generation: a GitOps tool editing a deprecation warning).
     let done = cleanup(&h);
     h.reconcile("widgets").await;
     h.reconcile("widgets").await;
     assert_eq!(cleanup(&h), done);
+    {
+        let mut state = h.fake.lock();
+        let mut crd = state.crds[CRD].clone();
+        crd["spec"]["versions"][0]["deprecationWarning"] = json!("edited by hand");
+        state.store_crd(crd, true);
+    }
+    h.reconcile("widgets").await;
+    h.reconcile("widgets").await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(cleanup(&h), done, "cleaned once after v1alpha1 went, not at every generation");
 }
 
 #[tokio::test(start_paused = true)]

@@ -152,8 +152,8 @@ pub enum Fault {
     /// CRD is applied (a GitOps tool or `helm upgrade`), while the controller goes on.
     CheckFixThenApply { drop: usize },
     /// The apiserver restarts after a compaction (watches end and resume with a 410), and
-    /// API Priority and Fairness refuses the next `count` watch starts (429, as recorded): the
-    /// relists after the 410 are refused too.
+    /// API Priority and Fairness refuses the next `count` watch starts (429, as recorded).
+    /// (It refuses lists the same way; the fake refuses only watch starts.)
     WatchStartsRefused { count: u32 },
     /// `kubectl delete crd` (its instances deleted, then the CRD gone, as recorded): the
     /// controller must say so and stop, whatever it was doing.

@@ -11,8 +11,10 @@ use super::{CLEANUP_FIELD_MANAGER, MIGRATION_FIELD_MANAGER};
 pub(super) enum Job {
     /// Rewrite every object into the storage version, then trim `storedVersions`.
     Migrate,
-    /// Rewrite the managedFields entries naming these versions into the storage version.
-    CleanManagedFields { versions: Vec<String> },
+    /// Rewrite the managedFields entries naming these versions into the storage version;
+    /// `gone`: those of them the CRD no longer has, and those an earlier cleanup rewrote
+    /// while they were gone (`MigrationStatus::gone_versions`).
+    CleanManagedFields { versions: Vec<String>, gone: Vec<String> },
 }
 
 impl Job {
@@ -29,7 +31,7 @@ impl Job {
     pub(super) fn goal(&self, storage_version: &str) -> String {
         match self {
             Job::Migrate => storage_version.to_owned(),
-            Job::CleanManagedFields { versions } => format!("{storage_version} {}", versions.join(",")),
+            Job::CleanManagedFields { versions, .. } => format!("{storage_version} {}", versions.join(",")),
         }
     }
 
@@ -69,7 +71,15 @@ impl Job {
     pub(super) fn versions(&self) -> Vec<String> {
         match self {
             Job::Migrate => Vec::new(),
-            Job::CleanManagedFields { versions } => versions.clone(),
+            Job::CleanManagedFields { versions, .. } => versions.clone(),
+        }
+    }
+
+    /// For a cleanup: the gone versions its status records (`MigrationStatus::gone_versions`).
+    pub(super) fn gone(&self) -> Vec<String> {
+        match self {
+            Job::Migrate => Vec::new(),
+            Job::CleanManagedFields { gone, .. } => gone.clone(),
         }
     }
 

@@ -287,18 +287,20 @@ impl Migrations {
     /// recently; the result goes to `status.managedFieldsCleanup`.
     /// Returns whether a cleanup is under way now.
     /// `crd_generation`: the CRD's generation now; a cleanup that succeeded at another
-    /// one does not count (`decide::managed_fields_pending`).
+    /// one does not count (`decide::managed_fields_pending`). `gone`: the versions its status
+    /// records as cleaned while gone from the CRD (`MigrationStatus::gone_versions`).
     pub fn ensure_cleanup(
         self: &Arc<Self>,
         policy: &VersionPolicy,
         storage_version: &str,
         versions: Vec<String>,
+        gone: Vec<String>,
         crd_generation: Option<i64>,
     ) -> bool {
         self.start(
             policy,
             storage_version,
-            Job::CleanManagedFields { versions },
+            Job::CleanManagedFields { versions, gone },
             crd_generation,
         )
     }
@@ -485,6 +487,7 @@ impl Migrations {
         };
         let mut status = MigrationStatus {
             versions: job.versions(),
+            gone_versions: job.gone(),
             crd_generation: resume.as_ref().and_then(|r| r.crd_generation),
             covers_failed_migrations,
             covers_failed_migration_on_crd,
@@ -492,7 +495,7 @@ impl Migrations {
         };
         let what = match &job {
             Job::Migrate => format!("the migration of {crd} to {storage_version}"),
-            Job::CleanManagedFields { versions } => format!(
+            Job::CleanManagedFields { versions, .. } => format!(
                 "the rewrite of {crd}'s managedFields entries naming {} into {storage_version}",
                 versions.join(", ")
             ),

@@ -88,8 +88,8 @@ pub(super) fn patch_crd(state: &mut State, name: &str, body: Value, merge: bool)
     for (i, stored_version) in stored.iter().enumerate() {
         if !versions.iter().any(|v| v["name"] == *stored_version) {
             let refused = format!("{name}: {stored_version} dropped from spec.versions");
-            let actor = state.actor.clone();
-            state.refused_stored_version_drops.push((actor, refused));
+            let sender = state.sender.clone();
+            state.refused_stored_version_drops.push((sender, refused));
             return stored_version_invalid(
                 state.version(),
                 name,
@@ -352,9 +352,12 @@ impl State {
     }
 
     /// The end of a CRD's deletion (the recording's +5 s): `Terminating` False
-    /// `InstanceDeletionCompleted` "removed all instances", the apiserver's finalizer removed,
-    /// and, with no other finalizer, the CRD gone (`DELETED`; then GET 404 NotFound, its
-    /// objects' paths the plain-text 404 of an unserved path, as the recording shows).
+    /// `InstanceDeletionCompleted` "removed all instances" and the apiserver's finalizer
+    /// removed in one update; with another finalizer left, the CRD stays (as recorded), else
+    /// that update deletes it: `DELETED` with the CRD as last stored, at a new
+    /// resourceVersion (the recording's DELETED event shows the state before the update that
+    /// removed the last finalizer), then GET 404 NotFound and, for its objects' paths, the
+    /// plain-text 404 of an unserved path.
     pub fn finish_crd_deletion(&mut self, name: &str) {
         let Some(mut crd) = self.crds.get(name).cloned() else {
             return;
@@ -362,6 +365,7 @@ impl State {
         if crd["metadata"]["deletionTimestamp"].is_null() {
             return;
         }
+        let last_stored = crd.clone();
         let now = self.now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
         set_terminating(
             &mut crd,
@@ -382,10 +386,7 @@ impl State {
             self.store_crd(crd, false);
             return;
         }
-        crd["metadata"]
-            .as_object_mut()
-            .expect("metadata")
-            .remove("finalizers");
+        let mut crd = last_stored;
         let rv = self.next_resource_version();
         crd["metadata"]["resourceVersion"] = Value::String(rv);
         self.crds.remove(name);

@@ -201,10 +201,12 @@ pub struct State {
     crd_watchers: Vec<CrdWatcher>,
     /// Watches from a resourceVersion before this one answer 410 Expired.
     watch_history_from: u64,
-    /// Who made the change being processed: `controller` for every request the fake
-    /// answers; tests acting as other writers (a GitOps tool, Kubernetes' own migrator) name
-    /// themselves while they change the state (see `step`).
+    /// Who made the change being processed, for the checker (`step`): the client's actor
+    /// (`controller` unless named, `client_as`), or a test acting as another writer (a
+    /// GitOps tool, Kubernetes' own migrator) while it changes the state.
     pub actor: String,
+    /// Who sent the request being answered (`client_as`; `controller` unless named).
+    pub sender: String,
     /// Called after every step (a request answered, or another writer's change), with the
     /// state as that step left it: the simulation's invariants. It answers `true` to halt:
     /// from then on no request gets an answer (a client looping without waiting is stopped,
@@ -875,6 +877,8 @@ impl FakeApiserver {
         }
         let mut state = self.lock();
         state.requests.push(recorded.clone());
+        // Set under the same lock as the answer: another request may be answered at any await.
+        state.sender = self.actor.unwrap_or("controller").to_owned();
         if recorded.method == "GET" && recorded.path == "/metrics" {
             return Response::builder()
                 .status(StatusCode::OK)
