@@ -188,10 +188,14 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
             let foreign = match (ours_under_way, engine) {
                 (true, _) => Ok(None),
                 (false, MigrationEngine::Internal) => {
-                    ctx.migrations.unfinished_migration(policy, false).await
+                    ctx.migrations
+                        .unfinished_migration(policy, false, Some(storage))
+                        .await
                 }
                 (false, MigrationEngine::StorageVersionMigration) => {
-                    ctx.migrations.unfinished_migration(policy, true).await
+                    ctx.migrations
+                        .unfinished_migration(policy, true, Some(storage))
+                        .await
                 }
             };
             if ours_under_way {
@@ -541,7 +545,19 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 .filter(|running| running.builtin);
             gates.inputs.migration_under_way = match ours {
                 Some(running) => Some(running.awaited(crd_name)),
-                None => match ctx.migrations.unfinished_migration(policy, false).await {
+                None => match ctx
+                    .migrations
+                    .unfinished_migration(
+                        policy,
+                        false,
+                        crd.spec
+                            .versions
+                            .iter()
+                            .find(|v| v.storage)
+                            .map(|v| v.name.as_str()),
+                    )
+                    .await
+                {
                     Ok(None) => None,
                     Ok(Some(name)) => Some(format!("StorageVersionMigration {name} has finished")),
                     Err(reason) => Some(format!(

@@ -391,6 +391,17 @@ impl Migrations {
             .map(|_| ())
     }
 
+    /// Deletes a migration; one already gone counts as deleted. A deleted migration the
+    /// kube-controller-manager had not started never runs
+    /// (tests/fixtures/apiserver/svm-delete-v1.36.txt).
+    pub async fn delete(&self, name: &str) -> Result<(), kube::Error> {
+        match self.api.delete(name, &kube::api::DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
     /// One migration, and the apiserver's clock when it was read.
     pub async fn get(&self, name: &str) -> Result<(Migration, Option<Timestamp>), kube::Error> {
         let path = format!("{}/{name}", self.path());

@@ -248,6 +248,71 @@ async fn no_migration_starts_while_another_migrator_runs() {
     wait_until("migrated", || h.stored_versions() == json!(["v1beta1"])).await;
 }
 
+/// Found by the simulation (seed 924): this policy's StorageVersionMigration, created for
+/// v1beta1 while the kube-controller-manager's svm controller was idle, is still Pending
+/// when `kubectl edit` moves the storage version on to v1. Kubernetes' migrator would rewrite
+/// into v1 once it starts, through apiservers nobody confirmed act on v1, and trim
+/// storedVersions: the controller deletes it (a deleted Pending migration never runs,
+/// tests/fixtures/apiserver/svm-delete-v1.36.txt) and migrates into v1 with a new one.
+#[tokio::test(start_paused = true)]
+async fn a_pending_migration_created_for_another_storage_version_is_deleted() {
+    let mut h = Harness::with_example_and_objects(10);
+    {
+        let mut state = h.fake.lock();
+        state.svm_served = true;
+        state.svm_paused = true;
+    }
+    builtin(&mut h);
+    h.at("2026-01-05T00:00:00Z");
+    h.reconcile_through_preflight("widgets").await;
+    h.reconcile("widgets").await;
+    let pending = "crd-lifecycle.widgets.example.com-v1beta1-1";
+    wait_until("the migration into v1beta1 is created", || {
+        svm_names(&h).contains(&pending.to_owned())
+    })
+    .await;
+    // The controller restarts (its job no longer follows the migration), and the storage
+    // version is moved on to v1 by hand before the svm controller picks anything up.
+    h.ctx.migrations.shutdown();
+    let fresh = Migrations::new(
+        h.ctx.client.clone(),
+        h.ctx.recorder.clone(),
+        h.ctx.metrics.clone(),
+        2,
+    )
+    .with_settle_check(super::fast_settle_check());
+    h.replace_context(Arc::new(fresh), None);
+    {
+        let mut state = h.fake.lock();
+        let mut crd = state.crds[CRD].clone();
+        for v in crd["spec"]["versions"].as_array_mut().expect("versions") {
+            if v["name"] == "v1" {
+                v["served"] = json!(true);
+            }
+        }
+        state.store_crd(crd, true);
+        state.switch_storage(CRD, "v1");
+    }
+    h.reconcile("widgets").await;
+    assert!(
+        !svm_names(&h).contains(&pending.to_owned()),
+        "{:?}",
+        svm_names(&h)
+    );
+    // The policy moves the storage version back to v1beta1 (its store of 2026-01-05), and a
+    // new migration rewrites every object into it.
+    h.fake.lock().svm_paused = false;
+    for _ in 0..4 {
+        h.reconcile("widgets").await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+    wait_until("every object is migrated and storedVersions trimmed", || {
+        h.stored_versions() == json!(["v1beta1"])
+    })
+    .await;
+    assert_eq!(h.fake.encodings(CRD), [("v1beta1".to_owned(), 10)].into());
+}
+
 /// Issue 29, finding 2 (scenario 2): the built-in migration into v1beta1 succeeded long ago.
 /// Then the storage version flips to v1alpha1 and back (a GitOps tool re-applies the old
 /// CRD), and objects written meanwhile are stored as v1alpha1. The old `-v1beta1-1` belongs

@@ -518,7 +518,11 @@ async fn entries_naming_a_version_written_after_its_cleanup_are_cleaned_once_it_
     h.reconcile("widgets").await;
     h.reconcile("widgets").await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(cleanup(&h), done, "cleaned once after v1alpha1 went, not at every generation");
+    assert_eq!(
+        cleanup(&h),
+        done,
+        "cleaned once after v1alpha1 went, not at every generation"
+    );
 }
 
 #[tokio::test(start_paused = true)]

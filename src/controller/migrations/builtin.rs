@@ -103,28 +103,69 @@ impl Migrations {
     /// policy's own when `except_ours`): while one runs, no migration of ours starts. `Err`
     /// when that cannot be told (the API's discovery or the list failed): no migration of
     /// ours starts either, since two migrators could run at once.
+    ///
+    /// One of the policy's own that Kubernetes has not started (`Pending`) and that was
+    /// created for another storage version than `storage_version` (the CRD's now) is deleted
+    /// first, unless this controller's job follows it: Kubernetes' migrator would rewrite into
+    /// the storage version of the moment it starts, through apiservers nobody confirmed act on
+    /// it, and trim `status.storedVersions` (simulation seed 924: created for v1, started after
+    /// `kubectl edit` moved the storage back to v1beta1, it trimmed v1 while a lagging
+    /// apiserver had written objects as v1). A deleted Pending migration never runs
+    /// (tests/fixtures/apiserver/svm-delete-v1.36.txt).
     pub async fn unfinished_migration(
         &self,
         policy: &VersionPolicy,
         except_ours: bool,
+        storage_version: Option<&str>,
     ) -> Result<Option<String>, String> {
         let Some(api) = self.builtin_api().await? else {
             return Ok(None);
         };
-        let (group, resource) = group_resource(&policy.spec.crd_name);
+        let crd = &policy.spec.crd_name;
+        let (group, resource) = group_resource(crd);
         let name = policy.metadata.name.as_deref();
-        match api.of_resource(group, resource).await {
-            Ok(listed) => Ok(listed
-                .migrations
-                .into_iter()
-                .filter(|m| !(except_ours && m.policy.as_deref() == name))
-                .find(|m| !m.state.is_finished())
-                .map(|m| m.name)),
-            Err(error) => {
-                warn!(crd = policy.spec.crd_name, error = %error, "cannot list StorageVersionMigrations");
-                Err(format!("cannot list StorageVersionMigrations: {error}"))
+        let listed = api.of_resource(group, resource).await.map_err(|error| {
+            warn!(crd, error = %error, "cannot list StorageVersionMigrations");
+            format!("cannot list StorageVersionMigrations: {error}")
+        })?;
+        let followed = self
+            .running_migration(crd)
+            .filter(|running| running.builtin)
+            .map(|running| running.storage_version);
+        let mut unfinished = None;
+        for migration in listed.migrations {
+            let ours = migration.policy.as_deref() == name;
+            if migration.state.is_finished() {
+                continue;
+            }
+            if ours
+                && migration.state == State::Pending
+                && storage_version.is_some()
+                && migration.storage_version.as_deref() != storage_version
+                && migration.storage_version != followed
+            {
+                match api.delete(&migration.name).await {
+                    Ok(()) => {
+                        warn!(
+                            crd,
+                            migration = migration.name,
+                            created_for = migration.storage_version.as_deref().unwrap_or_default(),
+                            storage_version = storage_version.unwrap_or_default(),
+                            "deleted this policy's StorageVersionMigration that Kubernetes had not started: it was \
+                             created for another storage version"
+                        );
+                        continue;
+                    }
+                    Err(error) => {
+                        warn!(crd, migration = migration.name, error = %error, "cannot delete a StorageVersionMigration created for another storage version");
+                    }
+                }
+            }
+            if !(except_ours && ours) && unfinished.is_none() {
+                unfinished = Some(migration.name);
             }
         }
+        Ok(unfinished)
     }
 
     /// What every removal of a version of the policy's CRD waits for among the resource's

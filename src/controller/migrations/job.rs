@@ -14,7 +14,10 @@ pub(super) enum Job {
     /// Rewrite the managedFields entries naming these versions into the storage version;
     /// `gone`: those of them the CRD no longer has, and those an earlier cleanup rewrote
     /// while they were gone (`MigrationStatus::gone_versions`).
-    CleanManagedFields { versions: Vec<String>, gone: Vec<String> },
+    CleanManagedFields {
+        versions: Vec<String>,
+        gone: Vec<String>,
+    },
 }
 
 impl Job {

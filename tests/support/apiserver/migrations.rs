@@ -14,6 +14,11 @@
 //! processed, the CRD's `storedVersions` is trimmed to the storage version though no object
 //! was rewritten, and `Running` turns False/MigrationCompleted.
 //! - `PATCH` (merge) of a migration's annotations answers 200 with the object (same fixture).
+//! - `DELETE` answers 200 with a `Status` `Success` naming it (not the object), and it is gone
+//!   at once (tests/fixtures/apiserver/svm-delete-v1.36.txt). A Pending one never runs. (A
+//!   Running one, recorded too, stops changing the CRD: no trim, its `StorageMigrating`
+//!   condition stays True; the real migrator may go on rewriting objects into the storage
+//!   version, which the fake does not model: a rewrite into the storage version is safe.)
 //!
 //! Where the API is not served (v1.24, or 1.35+ without the feature), `GET
 //! /apis/storagemigration.k8s.io` answers the plain-text 404 of a path nobody serves (as
@@ -329,4 +334,19 @@ pub(super) fn patch(state: &mut State, name: &str, body: &Value) -> (u16, Value)
     }
     let object = object.clone();
     (200, object)
+}
+
+/// `DELETE .../storageversionmigrations/NAME` (tests/fixtures/apiserver/svm-delete-v1.36.txt):
+/// 200 with a `Status` `Success` and the migration's name, group, plural kind and UID; 404
+/// NotFound when there is none.
+pub(super) fn delete(state: &mut State, name: &str) -> (u16, Value) {
+    let Some(removed) = state.svms.remove(name) else {
+        return not_found("storageversionmigrations.storagemigration.k8s.io", name);
+    };
+    (
+        200,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+               "details": {"name": name, "group": GROUP, "kind": "storageversionmigrations",
+                           "uid": removed["metadata"]["uid"]}}),
+    )
 }

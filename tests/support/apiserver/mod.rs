@@ -1161,6 +1161,16 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
                 name,
             ],
         ) if state.svm_served => migrations::patch(state, name, &body),
+        (
+            "DELETE",
+            [
+                "apis",
+                migrations::GROUP,
+                "v1beta1",
+                "storageversionmigrations",
+                name,
+            ],
+        ) if state.svm_served => migrations::delete(state, name),
         // Not 404: that would read as "does not exist" and let a wrong path pass a test.
         _ => {
             state
