@@ -205,18 +205,18 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
     });
 
     // The last managedFields cleanup a removal waits for failed (after its bounded
-    // retries): retried later, but a human must look at the objects it names.
-    let failed_cleanup = observation
+    // retries), or one of versions already gone from the CRD (whose objects no manager can
+    // server-side apply until it succeeds, though no removal waits): retried later, but a
+    // human must look at the objects it names.
+    let removal_waits = observation
         .blocked
         .iter()
-        .any(|(reason, _)| *reason == ConditionReason::AwaitingManagedFieldsCleanup)
-        .then(|| {
-            policy
-                .status
-                .as_ref()
-                .and_then(|s| s.managed_fields_cleanup.as_ref())
-        })
-        .flatten()
+        .any(|(reason, _)| *reason == ConditionReason::AwaitingManagedFieldsCleanup);
+    let failed_cleanup = policy
+        .status
+        .as_ref()
+        .and_then(|s| s.managed_fields_cleanup.as_ref())
+        .filter(|c| removal_waits || !c.gone_versions.is_empty())
         .filter(|c| !observation.cleaning && c.phase == crate::api::MigrationPhase::Failed)
         .map(|c| {
             let mut message = c

@@ -103,6 +103,55 @@ async fn a_failed_managed_fields_cleanup_is_stalled_naming_the_objects() {
     assert_eq!(h.flags(), "v1alpha1:d v1beta1:sd v1:sS", "the removal stays held");
 }
 
+/// Review: a cleanup of a version already gone from the CRD (the one after its removal)
+/// that fails leaves objects no manager can server-side apply, though no removal waits for
+/// it: it is Stalled too, naming the object.
+#[tokio::test(start_paused = true)]
+async fn a_failed_cleanup_of_a_version_gone_is_stalled() {
+    let mut h = awaiting_cleanup(6, |_| {}).await;
+    h.reconcile("widgets").await;
+    wait_until("the cleanup before the removal succeeds", || {
+        h.status("widgets")["managedFieldsCleanup"]["phase"] == "Succeeded"
+    })
+    .await;
+    // After it, a write through a lagging apiserver names v1alpha1 again, on an object whose
+    // every write now fails.
+    h.fake.set_managed_fields(
+        CRD,
+        "ns1",
+        "w00001",
+        vec![
+            json!({"apiVersion": "example.com/v1alpha1", "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:spec": {"f:size": {}}}, "manager": "lagging", "operation": "Update"}),
+        ],
+    );
+    h.fake.set_fault(
+        "ns1",
+        "w00001",
+        crate::apiserver::ObjectFault::Transient {
+            code: 500,
+            times: 10_000,
+            retry_after: None,
+        },
+    );
+    h.reconcile("widgets").await;
+    assert_eq!(h.flags(), "v1beta1:sd v1:sS", "v1alpha1 removed");
+    wait_until("the cleanup after the removal fails", || {
+        let cleanup = &h.status("widgets")["managedFieldsCleanup"];
+        cleanup["phase"] == "Failed" && cleanup["goneVersions"] == json!(["v1alpha1"])
+    })
+    .await;
+    h.reconcile("widgets").await;
+    let (stalled, reason, message) = h.condition("widgets", "Stalled");
+    assert_eq!(
+        (stalled.as_str(), reason.as_str()),
+        ("True", "ManagedFieldsCleanupFailed"),
+        "{message}: {:#}",
+        h.status("widgets")
+    );
+    assert!(message.contains("ns1/w00001"), "{message}");
+}
+
 /// A reconcile from a lagging cache, right after a cleanup succeeded, starts no second
 /// full cleanup (the guard preflights have).
 #[tokio::test(start_paused = true)]
