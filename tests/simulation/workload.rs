@@ -149,8 +149,10 @@ pub enum Fault {
     ForeignFailureDeleted { after: u64 },
     /// A release upgrade: `crd-lifecycle check --fix` against the release's CRD (the example
     /// without its first `drop` versions, storage on v1), and when it exits 0, the release's
-    /// CRD is applied (a GitOps tool or `helm upgrade`), while the controller goes on.
-    CheckFixThenApply { drop: usize },
+    /// CRD is applied (a GitOps tool or `helm upgrade`), while the controller goes on; in an
+    /// HA control plane, an apiserver that has not acted on the apply answers the next `lag`
+    /// requests for the objects (clients still write through a dropped version).
+    CheckFixThenApply { drop: usize, lag: u32 },
     /// The apiserver restarts after a compaction (watches end and resume with a 410), and
     /// API Priority and Fairness refuses the next `count` watch starts (429, as recorded).
     /// (It refuses lists the same way; the fake refuses only watch starts.)
@@ -252,9 +254,10 @@ impl fmt::Display for Fault {
                      starts (429)"
                 )
             }
-            Fault::CheckFixThenApply { drop } => write!(
+            Fault::CheckFixThenApply { drop, lag } => write!(
                 f,
-                "crd-lifecycle check --fix of a release that drops {}, then its CRD applied if it exits 0",
+                "crd-lifecycle check --fix of a release that drops {}, then its CRD applied if it exits 0 (an \
+                 apiserver {lag} requests behind it)",
                 VERSIONS[..*drop].join(" and ")
             ),
             Fault::FlipBackAfterRun { writes, ahead } => write!(
@@ -375,6 +378,7 @@ pub fn draw(seed: u64) -> Draw {
             },
             12 if rng.chance(40) => Fault::CheckFixThenApply {
                 drop: rng.between(1, 2) as usize,
+                lag: rng.between(0, 30) as u32,
             },
             12 if rng.chance(25) => Fault::DeleteCrd,
             11 => Fault::SlowApiserver {

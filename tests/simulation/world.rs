@@ -403,13 +403,14 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                         ends.push((second + 5, fault.clone()));
                     }
                 }
-                Fault::CheckFixThenApply { drop } => {
+                Fault::CheckFixThenApply { drop, lag } => {
                     // On this thread's local set: `check::run` is not `Send` (the CLI blocks on it).
                     tokio::task::spawn_local(check_fix_then_apply(
                         fake.clone(),
                         findings.clone(),
                         origin,
                         release_crd(&first_crd, *drop),
+                        *lag,
                     ));
                 }
                 Fault::SlowAnswers { millis, lasting } => {
@@ -818,6 +819,7 @@ async fn check_fix_then_apply(
     findings: Arc<Mutex<Findings>>,
     origin: tokio::time::Instant,
     release: Value,
+    lag: u32,
 ) {
     let Ok(crd) = serde_json::from_value(release.clone()) else {
         return;
@@ -872,9 +874,17 @@ async fn check_fix_then_apply(
     }
     let api: Api<CustomResourceDefinition> = Api::all(fake.client_as("helm upgrade"));
     let patch = json!({"spec": {"versions": release["spec"]["versions"]}});
+    // This change only lags (as `SwitchLag` makes every later one).
+    let lagging_before = {
+        let mut state = fake.lock();
+        let before = state.switch_lag;
+        state.switch_lag = before.max(lag);
+        before
+    };
     let answer = api
         .patch(CRD, &PatchParams::default(), &Patch::Merge(&patch))
         .await;
+    fake.lock().switch_lag = lagging_before;
     note(
         &findings,
         origin,
