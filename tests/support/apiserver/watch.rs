@@ -61,28 +61,23 @@ impl State {
         let Some(crd) = self.crds.get(name).cloned() else {
             return;
         };
-        let resource_version = crd["metadata"]["resourceVersion"]
-            .as_str()
-            .and_then(|rv| rv.parse().ok())
-            .unwrap_or(0);
-        let event = json!({"type": if created { "ADDED" } else { "MODIFIED" }, "object": crd});
-        self.crd_history.push(CrdWrite {
-            resource_version,
-            name: name.to_owned(),
-            event: event.clone(),
-        });
-        self.crd_watchers
-            .retain(|w| w.name.as_ref().is_some_and(|n| n != name) || w.events.send(event.clone()).is_ok());
+        self.send_crd_event(name, if created { "ADDED" } else { "MODIFIED" }, &crd);
     }
 
     /// A CRD's deletion, for the watches of whole CRDs (`DELETED` with the CRD as last
     /// stored, at a new resourceVersion: tests/fixtures/apiserver/crd-deletion-v1.36.txt).
     pub(super) fn crd_gone(&mut self, name: &str, crd: &Value) {
+        self.send_crd_event(name, "DELETED", crd);
+    }
+
+    /// Keeps an event of a CRD for watches that start later, and sends it to the open
+    /// watches of that CRD.
+    fn send_crd_event(&mut self, name: &str, type_: &str, crd: &Value) {
         let resource_version = crd["metadata"]["resourceVersion"]
             .as_str()
             .and_then(|rv| rv.parse().ok())
             .unwrap_or(0);
-        let event = json!({"type": "DELETED", "object": crd});
+        let event = json!({"type": type_, "object": crd});
         self.crd_history.push(CrdWrite {
             resource_version,
             name: name.to_owned(),
