@@ -129,6 +129,11 @@ pub async fn wait(
                 true
             }
             (Ok(Discovered::Absent), _) => {
+                // The CRD may be gone (`kubectl delete crd`): no wait of up to `timeout` for a
+                // version that will never be served (found by the simulation).
+                if matches!(requester.crd_exists(&target.crd).await, Ok(false)) {
+                    return Err(Error::CrdNotFound(target.crd.clone()));
+                }
                 last = format!("{}/{version} does not serve {} yet", target.group, target.plural);
                 false
             }

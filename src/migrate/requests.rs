@@ -233,6 +233,20 @@ impl Requester<'_> {
     }
 
     /// What discovery of `group/version` says of `plural`.
+    /// Whether the CRD still exists (a GET: 404 is `false`).
+    pub async fn crd_exists(&self, name: &str) -> Result<bool, Answer> {
+        let request = http::Request::get(format!(
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+        ))
+        .body(Vec::new())
+        .map_err(|e| Answer::Transport(e.to_string()))?;
+        match self.send(request).await {
+            Ok(_) => Ok(true),
+            Err(Answer::Status { code: 404, .. }) => Ok(false),
+            Err(answer) => Err(answer),
+        }
+    }
+
     pub async fn discover(&self, group: &str, version: &str, plural: &str) -> Result<Discovered, Answer> {
         let request = http::Request::get(format!("/apis/{group}/{version}"))
             .body(Vec::new())

@@ -541,6 +541,52 @@ async fn without_the_wait_a_lagging_apiserver_would_leave_objects_in_the_old_ver
     );
 }
 
+/// Found by the simulation (seed 804): a settle waiting for a version to be served went on
+/// polling discovery every second until its timeout (5 minutes by default) after the CRD was
+/// deleted (`kubectl delete crd`, as tests/fixtures/apiserver/crd-deletion-v1.36.txt): it now
+/// ends at the first discovery answer after the CRD is gone.
+#[tokio::test(start_paused = true)]
+async fn a_settle_ends_when_the_crd_is_deleted() {
+    let fake = cluster(10);
+    fake.edit_crd(CRD, |crd| crd["spec"]["versions"][1]["served"] = json!(false));
+    fake.edit_crd(CRD, |crd| {
+        crd["spec"]["versions"][0]["storage"] = json!(true);
+        crd["spec"]["versions"][1]["storage"] = json!(false);
+    });
+    // v1 is introduced; the apiserver answering never serves it.
+    fake.lock().switch_lag = 1_000_000;
+    fake.edit_crd(CRD, |crd| crd["spec"]["versions"][1]["served"] = json!(true));
+    let client = fake.client();
+    let run = tokio::spawn(async move {
+        let patient = Settings {
+            mode: Mode::Preflight,
+            through_version: Some("v1".into()),
+            settle: SettleCheck {
+                confirmations: 3,
+                interval: Duration::from_secs(1),
+                timeout: Duration::from_secs(3600),
+                ..SettleCheck::default()
+            },
+            ..settings(10)
+        };
+        migrate::migrate(&client, CRD, &patient, &migrate::Quiet).await
+    });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    {
+        let mut state = fake.lock();
+        state.start_crd_deletion(CRD);
+        state.finish_crd_deletion(CRD);
+    }
+    let deleted = tokio::time::Instant::now();
+    let error = run.await.expect("joins").expect_err("the CRD is gone");
+    assert!(matches!(error, migrate::Error::CrdNotFound(_)), "{error}");
+    assert!(
+        deleted.elapsed() <= Duration::from_secs(2),
+        "{:?}",
+        deleted.elapsed()
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_preflight_waits_until_the_version_is_served() {
     let fake = cluster(10);

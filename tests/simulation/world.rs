@@ -191,6 +191,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
     let mut crd_deleted = false;
     let mut second = 0u64;
     let mut quiet_since = None;
+    let mut at_rest_from: Option<tokio::time::Instant> = None;
     loop {
         set_now(&findings, origin);
         for (i, (when, fault)) in draw.faults.iter().enumerate() {
@@ -535,12 +536,31 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             } else {
                 invariants::scheduled_end_missed(&fake.lock(), &excused).is_none()
             };
-            if reached {
-                quiet_since.get_or_insert(second);
+            if reached && quiet_since.is_none() {
+                quiet_since = Some(second);
+                at_rest_from = Some(tokio::time::Instant::now());
             }
             // At rest for longer than a resync, to see that it stays there (and that the
             // policy still reads as valid and done).
             if quiet_since.is_some_and(|since| second >= since + REST) && (policy_deleted || crd_deleted) {
+                // A deleted CRD's policy says so and stops: no request for its objects, and no
+                // StorageVersionMigration created, once it said `CRDNotFound`.
+                if crd_deleted && !policy_deleted {
+                    let since = at_rest_from.unwrap_or_else(tokio::time::Instant::now);
+                    if let Some(late) = fake.requests().iter().find(|r| {
+                        r.at > since
+                            && (r.path.starts_with("/apis/example.com/")
+                                || (r.method == "POST" && r.path.ends_with("/storageversionmigrations")))
+                    }) {
+                        findings
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .violation_at_end(format!(
+                                "after the policy said CRDNotFound: {} {}?{}",
+                                late.method, late.path, late.query
+                            ));
+                    }
+                }
                 break;
             }
             if quiet_since.is_some_and(|since| second >= since + REST) {
