@@ -529,6 +529,12 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             },
         };
         let mut decision = decide(policy, &crd, &gates.inputs, &webhook, now, None);
+        let storage = crd
+            .spec
+            .versions
+            .iter()
+            .find(|v| v.storage)
+            .map(|v| v.name.as_str());
         // A store about to land waits while a StorageVersionMigration of the resource is
         // unfinished (ours too, or while that cannot be told): the migration may start or go
         // on through an apiserver that still stores the version of before, and then trim it.
@@ -545,19 +551,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 .filter(|running| running.builtin);
             gates.inputs.migration_under_way = match ours {
                 Some(running) => Some(running.awaited(crd_name)),
-                None => match ctx
-                    .migrations
-                    .unfinished_migration(
-                        policy,
-                        false,
-                        crd.spec
-                            .versions
-                            .iter()
-                            .find(|v| v.storage)
-                            .map(|v| v.name.as_str()),
-                    )
-                    .await
-                {
+                None => match ctx.migrations.unfinished_migration(policy, false, storage).await {
                     Ok(None) => None,
                     Ok(Some(name)) => Some(format!("StorageVersionMigration {name} has finished")),
                     Err(reason) => Some(format!(
@@ -570,12 +564,6 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 decision = decide(policy, &crd, &gates.inputs, &webhook, now, None);
             }
         }
-        let storage = crd
-            .spec
-            .versions
-            .iter()
-            .find(|v| v.storage)
-            .map(|v| v.name.as_str());
         // The CRD records that a StorageVersionMigration failed (and trimmed storedVersions):
         // unless a run of the policy covers it, every version is listed again now, whether a
         // removal is due or not (the failed migration may be gone by then), and a removal due
