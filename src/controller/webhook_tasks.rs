@@ -202,10 +202,15 @@ pub struct CertificateRefresher {
     record_retries: Option<ExponentialBackoff>,
 }
 
-/// After a failure: 1 s, then twice as long each time (with jitter), at most a minute.
+/// After a failure: 1 s, then twice as long each time (with jitter), at most a minute
+/// ([`UNREADY_RETRY_MAX`] while not Ready).
 fn retry_backoff() -> ExponentialBackoff {
     doubling(Duration::from_secs(60)).with_jitter().build()
 }
+
+/// The longest wait between failed passes while this replica serves no certificate the CRDs
+/// trust (not Ready): after an apiserver outage it is Ready again within this.
+const UNREADY_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// While a set waits for the CRDs: 1 s, then twice as long each time, at most 30 s.
 fn recheck_backoff() -> ExponentialBackoff {
@@ -272,7 +277,14 @@ impl CertificateRefresher {
             Err(error) => {
                 warn!(error = %error, "cannot refresh the conversion webhook's certificate; retrying");
                 self.failure = Some(error);
-                next(&mut self.retries, retry_backoff)
+                let wait = next(&mut self.retries, retry_backoff);
+                if self.serving_trusted() {
+                    wait
+                } else {
+                    // Not Ready until a pass succeeds: a Service may have no other endpoint
+                    // (the other replica restarting), so retry soon after the apiserver is back.
+                    wait.min(UNREADY_RETRY_MAX)
+                }
             }
         };
         let record_wait = self.refresh_record().await;
