@@ -1,7 +1,7 @@
 //! Keeping a CRD's `spec.conversion` pointed at the operator's conversion webhook, and its
 //! `caBundle` ahead of the serving certificate when the CA rotates.
 
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -72,8 +72,12 @@ pub struct WebhookEndpoint {
     pub target: WebhookTarget,
     /// The CA certificates (PEM), once known.
     pub ca_bundle: RwLock<Option<String>>,
-    /// Bumped whenever the bundle changes, so that every policy is reconciled at once.
-    bundle_changes: watch::Sender<u64>,
+    /// Bumped whenever the bundle changes, so that every policy is reconciled at once: how
+    /// many changes so far, and one channel per subscriber (`bundle_changes`), told in the
+    /// order they subscribed. Not one channel for all: a `watch` channel wakes its receivers
+    /// in a random order (tokio spreads them over several `Notify`s at random), and the
+    /// simulation's replays must wake the keeper and the reconciles in one order.
+    bundle_changes: Mutex<(u64, Vec<watch::Sender<u64>>)>,
     /// The CRDs the webhook serves, as read.
     crds: WebhookCrds,
 }
@@ -84,7 +88,7 @@ impl WebhookEndpoint {
         Self {
             target,
             ca_bundle: RwLock::new(None),
-            bundle_changes: watch::Sender::new(0),
+            bundle_changes: Mutex::default(),
             crds: WebhookCrds::unwatched(),
         }
     }
@@ -99,13 +103,22 @@ impl WebhookEndpoint {
         let mut bundle = self.ca_bundle.write().unwrap_or_else(|p| p.into_inner());
         if bundle.as_deref() != Some(pem.as_str()) {
             *bundle = Some(pem);
-            self.bundle_changes.send_modify(|n| *n += 1);
+            let mut changes = self.bundle_changes.lock().unwrap_or_else(|p| p.into_inner());
+            changes.0 += 1;
+            let changed = changes.0;
+            // A subscriber gone (its receiver dropped) is forgotten.
+            changes.1.retain(|subscriber| subscriber.send(changed).is_ok());
         }
     }
 
-    /// A change of the bundle (for `Controller::reconcile_all_on`).
+    /// The changes of the bundle from now on (for `Controller::reconcile_all_on`).
     pub fn bundle_changes(&self) -> watch::Receiver<u64> {
-        self.bundle_changes.subscribe()
+        let mut changes = self.bundle_changes.lock().unwrap_or_else(|p| p.into_inner());
+        // Those gone since the last change (a leadership term's keeper and reconciles).
+        changes.1.retain(|subscriber| !subscriber.is_closed());
+        let (subscriber, receiver) = watch::channel(changes.0);
+        changes.1.push(subscriber);
+        receiver
     }
 
     /// Every CRD the webhook serves whose `spec.conversion` points at it, by name (see
@@ -496,6 +509,34 @@ mod tests {
             Rotation::Serve(set(3, 2))
         );
         assert_eq!(restarted.pending_ca(), None);
+    }
+
+    /// Every subscriber (the CA keeper, the reconciles) is told of each change from the time
+    /// it subscribed, each on a channel of its own; one that went away is forgotten.
+    #[test]
+    fn every_subscriber_is_told_of_a_change_of_the_bundle() {
+        let endpoint = WebhookEndpoint::new(WebhookTarget::Url("https://127.0.0.1:8443".into()));
+        let mut keeper = endpoint.bundle_changes();
+        let reconciles = endpoint.bundle_changes();
+        assert!(!keeper.has_changed().expect("open"), "nothing yet");
+        endpoint.set_ca_bundle(pem(1));
+        endpoint.set_ca_bundle(pem(1));
+        assert!(keeper.has_changed().expect("open") && reconciles.has_changed().expect("open"));
+        assert_eq!(
+            *keeper.borrow_and_update(),
+            1,
+            "the same bundle again is no change"
+        );
+        drop(reconciles);
+        endpoint.set_ca_bundle(pem(2));
+        assert_eq!(*keeper.borrow_and_update(), 2);
+        let late = endpoint.bundle_changes();
+        assert!(!late.has_changed().expect("open"), "from the time it subscribed");
+        assert_eq!(
+            endpoint.bundle_changes.lock().expect("lock").1.len(),
+            2,
+            "the keeper and the late one: the dropped one forgotten"
+        );
     }
 
     #[test]

@@ -23,6 +23,20 @@ pub struct Health {
     pub webhook: Option<Arc<crate::webhook::Readiness>>,
 }
 
+impl Health {
+    /// What `/readyz` answers: `Ok` for 200 `ok`, else the body of its 503 (`not ok`, with
+    /// the conversion webhook's reason when it is the webhook that is not ready).
+    pub fn readiness(&self) -> Result<(), String> {
+        if !self.ready.load(Ordering::Relaxed) {
+            return Err("not ok".to_owned());
+        }
+        match self.webhook.as_ref().map(|webhook| webhook.check()) {
+            Some(Err(why)) => Err(format!("not ok: the conversion webhook is not ready: {why}")),
+            _ => Ok(()),
+        }
+    }
+}
+
 #[derive(Clone)]
 struct ServerState {
     metrics: Arc<Metrics>,
@@ -57,16 +71,9 @@ async fn healthz(State(state): State<ServerState>) -> impl IntoResponse {
 }
 
 async fn readyz(State(state): State<ServerState>) -> impl IntoResponse {
-    if !state.health.ready.load(Ordering::Relaxed) {
-        return probe(false).into_response();
-    }
-    match state.health.webhook.as_ref().map(|webhook| webhook.check()) {
-        Some(Err(why)) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ok: the conversion webhook is not ready: {why}\n"),
-        )
-            .into_response(),
-        _ => probe(true).into_response(),
+    match state.health.readiness() {
+        Ok(()) => probe(true).into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
     }
 }
 

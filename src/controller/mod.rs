@@ -84,6 +84,36 @@ pub struct RunSettings {
     pub webhook: Option<WebhookSettings>,
 }
 
+/// What the outside sees of one replica: the probes `run` serves on `/healthz` and
+/// `/readyz` (`health`, with the conversion webhook's readiness when the replica serves the
+/// webhook), and the certificate its webhook presents in every TLS handshake. `run` makes
+/// them and serves them over HTTP; [`replica`], which has no HTTP server of its own, fills
+/// the ones its caller made, so that a test reads them as the kubelet and the apiserver
+/// would see them, without network I/O.
+#[derive(Clone)]
+pub struct Probes {
+    pub health: Arc<Health>,
+    /// The serving certificate of the conversion webhook (none served: empty).
+    pub certificate: Arc<crate::webhook::CertStore>,
+}
+
+impl Probes {
+    /// The probes of a replica run with `settings`: with the webhook's readiness when it
+    /// serves one.
+    pub fn new(settings: &RunSettings) -> Probes {
+        Probes {
+            health: Arc::new(Health {
+                webhook: settings
+                    .webhook
+                    .as_ref()
+                    .map(|_| Arc::new(crate::webhook::Readiness::default())),
+                ..Health::default()
+            }),
+            certificate: Arc::default(),
+        }
+    }
+}
+
 /// Why `run` stopped other than by a shutdown signal.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -116,15 +146,10 @@ pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(4
 /// included: the process is restarted.
 pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> {
     let metrics = Arc::new(Metrics::default());
-    let webhook_readiness = settings
-        .webhook
-        .as_ref()
-        .map(|_| Arc::new(crate::webhook::Readiness::default()));
-    let health = Arc::new(Health {
-        webhook: webhook_readiness.clone(),
-        ..Health::default()
-    });
+    let probes = Probes::new(&settings);
+    let health = probes.health.clone();
     health.alive.store(true, Ordering::Relaxed);
+    let clock: Clock = Arc::new(jiff::Timestamp::now);
     let signal = crate::signals::terminated().shared();
 
     // Bound first, so that an address in use stops the process at once.
@@ -145,20 +170,16 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
 
     // Every replica serves the conversion webhook (the Service spreads calls over them),
     // leader or not.
-    let webhook = match (&settings.webhook, webhook_readiness) {
-        (Some(webhook_settings), Some(readiness)) => Some(
-            start_webhook(
-                client.clone(),
-                webhook_settings.clone(),
-                metrics.webhook.clone(),
-                readiness,
-                signal.clone(),
-                &mut supervisor,
-            )
-            .await?,
-        ),
-        _ => None,
-    };
+    let webhook = serve_webhook(
+        &client,
+        &settings,
+        &metrics,
+        &probes,
+        &clock,
+        signal.clone(),
+        &mut supervisor,
+    )
+    .await?;
     let endpoint = webhook.as_ref().map(|webhook| webhook.endpoint.clone());
     let result = lead(
         client,
@@ -166,7 +187,7 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
         metrics,
         health,
         endpoint,
-        Arc::new(jiff::Timestamp::now),
+        clock,
         signal.clone(),
         &mut supervisor,
     )
@@ -183,23 +204,66 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
     result
 }
 
-/// One replica as [`run`] leads it, without the process around it (probes, metrics server,
-/// webhook, signals): leader election when `settings.lease` is set, then the controller on
-/// `clock`, until `shutdown` or a lost lease. What a simulation runs two of against one
-/// apiserver.
+/// The conversion webhook `settings` ask for, if any, started as [`run`] starts it: serving
+/// `probes.certificate`, ready as `probes.health` says, draining after `signal`.
+async fn serve_webhook(
+    client: &Client,
+    settings: &RunSettings,
+    metrics: &Metrics,
+    probes: &Probes,
+    clock: &Clock,
+    signal: impl Future<Output = ()> + Send + 'static,
+    supervisor: &mut Supervisor,
+) -> Result<Option<webhook_tasks::Webhook>, RunError> {
+    let (Some(webhook_settings), Some(readiness)) = (&settings.webhook, &probes.health.webhook) else {
+        return Ok(None);
+    };
+    start_webhook(
+        client.clone(),
+        webhook_settings.clone(),
+        metrics.webhook.clone(),
+        readiness.clone(),
+        probes.certificate.clone(),
+        clock.clone(),
+        signal,
+        supervisor,
+    )
+    .await
+    .map(Some)
+}
+
+/// One replica as [`run`] leads it, without the process around it (metrics server, probes'
+/// HTTP server, signals): its conversion webhook when `settings.webhook` is set (serving on
+/// its address, its certificate refresher dating its record by `clock`), leader election when
+/// `settings.lease` is set, then the controller on `clock`, until `shutdown` or a failed
+/// essential task. `probes` (made with [`Probes::new`] from the same `settings`) show what
+/// its `/readyz` would answer and the certificate its webhook serves. What a simulation runs
+/// two of against one apiserver.
 pub async fn replica(
     client: Client,
     settings: RunSettings,
     clock: Clock,
+    probes: Probes,
     shutdown: impl Future<Output = ()> + Clone + Send + Sync + 'static,
 ) -> Result<(), RunError> {
     let mut supervisor = Supervisor::default();
+    let metrics = Arc::new(Metrics::default());
+    let webhook = serve_webhook(
+        &client,
+        &settings,
+        &metrics,
+        &probes,
+        &clock,
+        shutdown.clone(),
+        &mut supervisor,
+    )
+    .await?;
     lead(
         client,
         settings,
-        Arc::new(Metrics::default()),
-        Arc::new(Health::default()),
-        None,
+        metrics,
+        probes.health,
+        webhook.map(|webhook| webhook.endpoint),
         clock,
         shutdown,
         &mut supervisor,

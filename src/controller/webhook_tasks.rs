@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::RunError;
+use super::clock::Clock;
 use super::conversion_config::{
     CaRotation, CertificateSet, CrdBundles, Rotation, WebhookEndpoint, WebhookTarget,
 };
@@ -83,13 +84,17 @@ impl Webhook {
 }
 
 /// Starts the webhook: binds its address (a taken one fails at once), then serves at once
-/// while its certificates and caches load. `readiness` says when it may be sent reviews;
-/// `signal` starts its drain.
+/// while its certificates and caches load. `readiness` says when it may be sent reviews,
+/// `certs` holds the certificate it serves, `clock` dates the rotation record; `signal`
+/// starts its drain.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn start_webhook(
     client: Client,
     settings: WebhookSettings,
     metrics: Arc<WebhookMetrics>,
     readiness: Arc<Readiness>,
+    certs: Arc<CertStore>,
+    clock: Clock,
     signal: impl Future<Output = ()> + Send + 'static,
     supervisor: &mut Supervisor,
 ) -> Result<Webhook, RunError> {
@@ -105,7 +110,6 @@ pub(super) async fn start_webhook(
     let (cache, watches) = crate::webhook::CachedPolicies::watch(client.clone());
     let crds = WebhookCrds::new(&cache);
     let endpoint = Arc::new(WebhookEndpoint::new(settings.target.clone()).with_crds(crds));
-    let certs = Arc::new(CertStore::default());
     let refresher = CertificateRefresher::new(
         client.clone(),
         &settings,
@@ -113,7 +117,8 @@ pub(super) async fn start_webhook(
         certs.clone(),
         readiness.clone(),
         metrics.clone(),
-    );
+    )
+    .with_clock(clock);
     // Failures are retried with backoff and reported by /readyz; it never gives up.
     supervisor.add(Essential::spawn(
         "the webhook certificate refresher",
@@ -200,6 +205,8 @@ pub struct CertificateRefresher {
     record_due: Instant,
     recorded: Option<Option<String>>,
     record_retries: Option<ExponentialBackoff>,
+    /// What the record's entries are dated by (the wall clock unless `with_clock`).
+    clock: Clock,
 }
 
 /// After a failure: 1 s, then twice as long each time (with jitter), at most a minute
@@ -255,7 +262,15 @@ impl CertificateRefresher {
             record_due: Instant::now(),
             recorded: None,
             record_retries: None,
+            clock: Arc::new(jiff::Timestamp::now),
         }
+    }
+
+    /// Dates the rotation record's entries by `clock` (the controller's) rather than the
+    /// wall clock.
+    pub fn with_clock(mut self, clock: Clock) -> CertificateRefresher {
+        self.clock = clock;
+        self
     }
 
     /// Refreshes forever.
@@ -387,7 +402,7 @@ impl CertificateRefresher {
             return self.record_due - now;
         }
         match record
-            .publish(&self.client, serving.as_deref(), jiff::Timestamp::now())
+            .publish(&self.client, serving.as_deref(), (self.clock)())
             .await
         {
             Ok(live) => {

@@ -184,6 +184,9 @@ pub struct Migration {
     pub running: bool,
     /// Carries `RESTORED_ANNOTATION`.
     pub restored: bool,
+    /// Its `metadata.resourceVersion` as read: a delete on this precondition fails (409)
+    /// once Kubernetes has started it (its status written since).
+    pub resource_version: Option<String>,
 }
 
 /// The state of the CRD a migration was created for.
@@ -276,6 +279,7 @@ impl Migration {
             changed,
             created_for: CreatedFor::from_annotations(object),
             running: is_true("Running").is_some(),
+            resource_version: text("/metadata/resourceVersion"),
             restored: object
                 .pointer(&format!(
                     "/metadata/annotations/{}",
@@ -398,6 +402,27 @@ impl Migrations {
         match self.api.delete(name, &kube::api::DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Deletes `migration` only if it is as read: `Ok(false)` when it changed since (409
+    /// Conflict on the resourceVersion precondition, e.g. Kubernetes started it meanwhile:
+    /// tests/fixtures/apiserver/svm-delete-precondition-v1.36.txt), `Ok(true)` when deleted
+    /// or gone. A Running migration deleted goes on rewriting unseen
+    /// (tests/fixtures/apiserver/svm-delete-v1.36.txt), so one that may have started is kept.
+    pub async fn delete_as_read(&self, migration: &Migration) -> Result<bool, kube::Error> {
+        let params = kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                resource_version: migration.resource_version.clone(),
+                uid: migration.uid.clone(),
+            }),
+            ..kube::api::DeleteParams::default()
+        };
+        match self.api.delete(&migration.name, &params).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
             Err(error) => Err(error),
         }
     }

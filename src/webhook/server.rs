@@ -62,6 +62,16 @@ impl CertStore {
     pub fn is_ready(&self) -> bool {
         self.current.read().unwrap_or_else(|p| p.into_inner()).is_some()
     }
+
+    /// The certificate served (DER, the first of its chain), if any: what a TLS client of
+    /// the webhook is shown.
+    pub fn served(&self) -> Option<CertificateDer<'static>> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(|current| current.cert.first().cloned())
+    }
 }
 
 fn certified_key(cert_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>, String> {

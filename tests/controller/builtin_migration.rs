@@ -313,6 +313,115 @@ async fn a_pending_migration_created_for_another_storage_version_is_deleted() {
     assert_eq!(h.fake.encodings(CRD), [("v1beta1".to_owned(), 10)].into());
 }
 
+/// Found by the simulation (a `kubectl edit` of the storage version while the policy's
+/// StorageVersionMigration is Pending, the controller's job still following it): the first
+/// fix of seed 924 kept a followed one, and Kubernetes' migrator started it after the edit,
+/// through an apiserver lagging behind the edit. It is deleted too, the job ends, and the
+/// next migration is created for the storage version as it is then.
+#[tokio::test(start_paused = true)]
+async fn a_pending_migration_followed_by_its_job_is_deleted_when_the_storage_version_moves() {
+    let mut h = Harness::with_example_and_objects(10);
+    {
+        let mut state = h.fake.lock();
+        state.svm_served = true;
+        state.svm_paused = true;
+    }
+    builtin(&mut h);
+    h.at("2026-01-05T00:00:00Z");
+    h.reconcile_through_preflight("widgets").await;
+    h.reconcile("widgets").await;
+    let pending = "crd-lifecycle.widgets.example.com-v1beta1-1";
+    wait_until("the migration into v1beta1 is created", || {
+        svm_names(&h).contains(&pending.to_owned())
+    })
+    .await;
+    // `kubectl edit` moves the storage version on to v1 while the job follows it.
+    {
+        let mut state = h.fake.lock();
+        let mut crd = state.crds[CRD].clone();
+        for v in crd["spec"]["versions"].as_array_mut().expect("versions") {
+            if v["name"] == "v1" {
+                v["served"] = json!(true);
+            }
+        }
+        state.store_crd(crd, true);
+        state.switch_storage(CRD, "v1");
+    }
+    h.reconcile("widgets").await;
+    assert!(
+        !svm_names(&h).contains(&pending.to_owned()),
+        "{:?}",
+        svm_names(&h)
+    );
+    // The policy moves the storage version back to v1beta1, and a new migration rewrites
+    // every object into it.
+    h.fake.lock().svm_paused = false;
+    for _ in 0..6 {
+        h.reconcile("widgets").await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+    wait_until("every object is migrated and storedVersions trimmed", || {
+        h.stored_versions() == json!(["v1beta1"])
+    })
+    .await;
+    assert_eq!(h.fake.encodings(CRD), [("v1beta1".to_owned(), 10)].into());
+}
+
+/// Review of the fix above: Kubernetes starts the policy's Pending migration between the
+/// controller's list and its delete. A Running migration deleted goes on rewriting, unseen
+/// (tests/fixtures/apiserver/svm-delete-v1.36.txt), so the delete carries the resourceVersion
+/// listed: it answers 409 (tests/fixtures/apiserver/svm-delete-precondition-v1.36.txt) and
+/// the migration is kept, and waited for as unfinished.
+#[tokio::test(start_paused = true)]
+async fn a_pending_migration_started_before_its_delete_is_kept() {
+    let mut h = Harness::with_example_and_objects(4);
+    {
+        let mut state = h.fake.lock();
+        state.svm_served = true;
+        state.svm_paused = true;
+    }
+    builtin(&mut h);
+    h.at("2026-01-05T00:00:00Z");
+    h.reconcile_through_preflight("widgets").await;
+    h.reconcile("widgets").await;
+    let pending = "crd-lifecycle.widgets.example.com-v1beta1-1";
+    wait_until("the migration into v1beta1 is created", || {
+        svm_names(&h).contains(&pending.to_owned())
+    })
+    .await;
+    {
+        let mut state = h.fake.lock();
+        let mut crd = state.crds[CRD].clone();
+        for v in crd["spec"]["versions"].as_array_mut().expect("versions") {
+            if v["name"] == "v1" {
+                v["served"] = json!(true);
+            }
+        }
+        state.store_crd(crd, true);
+        state.switch_storage(CRD, "v1");
+    }
+    let path = format!("/apis/storagemigration.k8s.io/v1beta1/storageversionmigrations/{pending}");
+    h.fake.before_request(
+        move |_, _, method, request_path| method == "DELETE" && request_path == path,
+        0,
+        |state| {
+            state.svm_paused = false;
+            state.svm_advance("crd-lifecycle.widgets.example.com-v1beta1-1");
+            state.svm_paused = true;
+        },
+    );
+    h.reconcile("widgets").await;
+    assert!(
+        h.fake.lock().svms.contains_key(pending),
+        "started before the delete: kept {:?}",
+        svm_names(&h)
+    );
+    assert!(
+        h.fake.requests().iter().any(|r| r.method == "DELETE"),
+        "the delete was sent"
+    );
+}
+
 /// Issue 29, finding 2 (scenario 2): the built-in migration into v1beta1 succeeded long ago.
 /// Then the storage version flips to v1alpha1 and back (a GitOps tool re-applies the old
 /// CRD), and objects written meanwhile are stored as v1alpha1. The old `-v1beta1-1` belongs

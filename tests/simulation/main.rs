@@ -4,8 +4,10 @@
 //!
 //! Each seed draws a workload and a fault schedule (`workload`), runs the real controller
 //! against the fake on tokio's paused clock and one thread (`world`), and checks the
-//! invariants (`invariants`). A violation prints the seed, the shortest fault schedule found
-//! that still breaks it, the trace leading to it, and the command that replays it.
+//! invariants (`invariants`; `webhook` for the conversion webhook's certificates and CA
+//! bundle, on the seeds whose replicas serve it). A violation prints the seed, the shortest
+//! fault schedule found that still breaks it, the trace leading to it, and the command that
+//! replays it.
 //!
 //! - `cargo test --test simulation`: `SIM_SEEDS` seeds (default 500) from `SIM_FIRST` (0).
 //! - `SIM_SEED=N cargo test --test simulation`: replays seed N and prints its whole trace;
@@ -20,6 +22,7 @@
 #[path = "../support/apiserver/mod.rs"]
 mod apiserver;
 mod invariants;
+mod webhook;
 mod workload;
 mod world;
 

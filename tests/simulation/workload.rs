@@ -73,6 +73,9 @@ pub struct Workload {
     /// The controller's clock against the apiserver's and the kube-controller-manager's from
     /// the start, in seconds (a node whose clock is off; `Skew` faults move it later).
     pub skew: i64,
+    /// Whether the replicas serve the conversion webhook (its certificates in a Secret, the
+    /// CA keeper writing the CRD's `caBundle`), and the policy converts through it.
+    pub webhook: bool,
 }
 
 /// One fault, at its second.
@@ -119,7 +122,10 @@ pub enum Fault {
     /// controller's next CRD patch, and an HA apiserver lags `lag` requests behind that
     /// patch: a StorageVersionMigration created for the storage version before runs after a
     /// switch, through an apiserver that still stores the old version (seed 378's finding).
-    SvmLateAfterPatch { lag: u32 },
+    /// With `edit`, Sieve's intermediate state on top: once a migration of the controller's
+    /// is Pending, `kubectl edit` moves the storage version to another served version (so
+    /// that the next patch may be the controller putting it back; seed 924's class).
+    SvmLateAfterPatch { lag: u32, edit: bool },
     /// The leader's lease requests hang for `lasting` seconds (cut off from the lease, not
     /// from the rest): it must stop writing before the lease it cannot renew expires and
     /// another replica takes over.
@@ -160,6 +166,9 @@ pub enum Fault {
     /// `kubectl delete crd` (its instances deleted, then the CRD gone, as recorded): the
     /// controller must say so and stop, whatever it was doing.
     DeleteCrd,
+    /// `kubectl delete secret` of the webhook's certificates (and rotation record): the
+    /// replica that reads it next makes a new CA, and a CA rotation starts.
+    DeleteWebhookSecret,
 }
 
 impl Fault {
@@ -184,6 +193,7 @@ impl Fault {
             | Fault::ForeignFailureDeleted { .. }
             | Fault::CheckFixThenApply { .. }
             | Fault::DeleteCrd
+            | Fault::DeleteWebhookSecret
             | Fault::MigrationsFail { .. } => "writer",
             Fault::Skew { .. } => "skew",
         }
@@ -231,9 +241,14 @@ impl fmt::Display for Fault {
             Fault::PartitionLeader { lasting } => {
                 write!(f, "the leader cut off from its lease for {lasting}s")
             }
-            Fault::SvmLateAfterPatch { lag } => write!(
+            Fault::SvmLateAfterPatch { lag, edit } => write!(
                 f,
-                "the svm controller idle until the controller's next CRD patch, an apiserver {lag} requests behind it"
+                "the svm controller idle until the controller's next CRD patch, an apiserver {lag} requests behind it{}",
+                if *edit {
+                    "; kubectl edit moves the storage version once the controller's migration is Pending"
+                } else {
+                    ""
+                }
             ),
             Fault::SlowAnswers { millis, lasting } => {
                 write!(f, "write answers {millis}ms late for {lasting}s")
@@ -247,6 +262,12 @@ impl fmt::Display for Fault {
                  written, another's StorageVersionMigration fails, and {after}s later the failed ones are deleted"
             ),
             Fault::DeleteCrd => write!(f, "kubectl delete crd widgets.example.com"),
+            Fault::DeleteWebhookSecret => write!(
+                f,
+                "kubectl delete secret {}/{} (the webhook's CA and certificate)",
+                crate::webhook::NAMESPACE,
+                crate::webhook::SECRET
+            ),
             Fault::WatchStartsRefused { count } => {
                 write!(
                     f,
@@ -315,6 +336,8 @@ pub fn draw(seed: u64) -> Draw {
         } else {
             0
         },
+        // Drawn last (below).
+        webhook: false,
     };
     let horizon = milestones[8] + 30;
     let count = rng.between(0, 12);
@@ -337,6 +360,7 @@ pub fn draw(seed: u64) -> Draw {
             },
             16 => Fault::SvmLateAfterPatch {
                 lag: rng.between(1, 40) as u32,
+                edit: rng.chance(50),
             },
             15 => Fault::PartitionLeader {
                 lasting: rng.between(5, 40),
@@ -392,10 +416,21 @@ pub fn draw(seed: u64) -> Draw {
         };
         // It acts at the end of a migration: set before the last store, or it never acts.
         let at = match fault {
-            Fault::FlipBackAfterRun { .. } | Fault::ForeignFailureDeleted { .. } => at % (milestones[2] + 1),
+            Fault::FlipBackAfterRun { .. }
+            | Fault::ForeignFailureDeleted { .. }
+            | Fault::SvmLateAfterPatch { edit: true, .. } => at % (milestones[2] + 1),
             _ => at,
         };
         faults.push((at, fault));
+    }
+    // The conversion webhook and its faults, drawn after everything else: the seeds without
+    // it draw what they drew before the CA keeper was simulated.
+    let mut workload = workload;
+    workload.webhook = rng.chance(35);
+    if workload.webhook {
+        for _ in 0..rng.between(0, 2) {
+            faults.push((rng.between(0, horizon), Fault::DeleteWebhookSecret));
+        }
     }
     faults.sort_by_key(|(at, _)| *at);
     Draw { workload, faults }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crd_lifecycle::controller::leader::LeaseSettings;
-use crd_lifecycle::controller::{Clock, RunSettings, replica};
+use crd_lifecycle::controller::{Clock, Probes, RunSettings, replica};
 use crd_lifecycle::{check, migrate};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use crate::apiserver::FakeApiserver;
 use crate::invariants::{self, CRD, Findings};
+use crate::webhook::{self, Certificates, Running, Settling};
 use crate::workload::{Draw, Engine, Fault, MILESTONES, VERSIONS};
 
 const EXAMPLE_CRD: &str = include_str!("../../examples/widgets/crd.yaml");
@@ -59,14 +60,19 @@ fn policy(draw: &Draw, engine: Engine) -> Value {
         Engine::Internal => "Internal",
         Engine::Builtin => "StorageVersionMigration",
     };
-    json!({"apiVersion": "crdlifecycle.io/v1alpha1", "kind": "VersionPolicy",
+    let mut policy = json!({"apiVersion": "crdlifecycle.io/v1alpha1", "kind": "VersionPolicy",
            "metadata": {"name": "widgets", "uid": "uid-widgets", "creationTimestamp": "2025-12-01T00:00:00Z"},
            "spec": {"crdName": CRD,
                     "versions": [
                         {"name": "v1alpha1", "deprecate": deprecate(3, "v1alpha1"), "unserve": m(5), "remove": m(6)},
                         {"name": "v1beta1", "store": m(0), "deprecate": deprecate(4, "v1beta1"), "unserve": m(7), "remove": m(8)},
                         {"name": "v1", "introduce": m(1), "store": m(2)}],
-                    "migration": {"enabled": true, "engine": engine, "concurrency": 2, "pageSize": 4, "qps": 0}}})
+                    "migration": {"enabled": true, "engine": engine, "concurrency": 2, "pageSize": 4, "qps": 0}}});
+    // Converting through the operator's webhook points the CRD at it, with its caBundle.
+    if draw.workload.webhook {
+        policy["spec"]["conversion"] = webhook::conversion();
+    }
+    policy
 }
 
 /// One replica of the controller: started, killed, started again (and, after its lease was
@@ -81,6 +87,10 @@ struct Process {
     task: Option<tokio::task::JoinHandle<()>>,
     /// When a stopped replica starts again (the second).
     restart_at: Option<u64>,
+    /// Whether it serves the conversion webhook.
+    webhook: bool,
+    /// The replicas running, with what each shows the outside (its probes).
+    running: Running,
 }
 
 impl Process {
@@ -94,18 +104,24 @@ impl Process {
             identity: self.actor.into(),
             parallel_migrations: 2,
             traffic_sample_interval: Duration::from_secs(60),
-            webhook: None,
+            webhook: self.webhook.then(|| webhook::settings(self.actor)),
             svm_pending_deadline: Duration::from_secs(120),
         };
+        // A new process: new probes, nothing served, not Ready.
+        let probes = Probes::new(&settings);
+        self.running.started(self.actor, probes.clone());
         let running = replica(
             self.fake.client_as(self.actor),
             settings,
             self.clock.clone(),
+            probes.clone(),
             std::future::pending(),
         );
         self.restart_at = None;
+        let (registry, actor) = (self.running.clone(), self.actor);
         self.task = Some(tokio::spawn(async move {
             let _ = running.await;
+            registry.exited(actor, &probes);
         }));
     }
 
@@ -113,6 +129,8 @@ impl Process {
         if let Some(task) = self.task.take() {
             task.abort();
         }
+        // Killed: its pod is not Ready, its webhook serves nothing.
+        self.running.killed(self.actor);
     }
 
     /// Whether it stopped on its own (a lost lease exits the process).
@@ -140,6 +158,10 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
     let workload = &draw.workload;
     let fake = FakeApiserver::new();
     let findings = Arc::new(Mutex::new(Findings::default()));
+    // The conversion webhook's certificates, as the replicas show them (`webhook`).
+    let running = Running::default();
+    let certificates = Arc::new(Mutex::new(Certificates::new(workload.webhook)));
+    let mut settling = Settling::default();
     let origin = tokio::time::Instant::now();
     let first_crd: Value = serde_saphyr::from_str(EXAMPLE_CRD).expect("the example CRD");
     {
@@ -147,7 +169,12 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
         state.set_clock(start());
         state.svm_served = workload.svm_served;
         state.fenced = workload.replicas > 1;
-        state.checker = Some(invariants::checker(findings.clone()));
+        state.checker = Some(webhook::checker(
+            invariants::checker(findings.clone()),
+            findings.clone(),
+            certificates.clone(),
+            running.clone(),
+        ));
     }
     fake.create_crd(first_crd.clone());
     fake.add_objects(CRD, workload.objects, 2, "v1alpha1");
@@ -172,6 +199,8 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             elected: workload.replicas > 1,
             task: None,
             restart_at: None,
+            webhook: workload.webhook,
+            running: running.clone(),
         })
         .collect();
     for process in &mut processes {
@@ -184,6 +213,9 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
     // Someone else's failed migrations to delete: when they failed (a hook sets it), and
     // how many seconds after.
     let mut deletions: Vec<(Arc<AtomicU64>, u64)> = Vec::new();
+    // When a `kubectl edit` of `SvmLateAfterPatch` happened: the svm controller picks up 2 s
+    // later.
+    let mut resumes: Vec<Arc<AtomicU64>> = Vec::new();
     let mut applied = Vec::new();
     let mut engine = workload.engine;
     let mut foreign = 0;
@@ -207,28 +239,68 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                     process.kill();
                     process.restart_at = Some(second + down);
                 }
-                Fault::SvmLateAfterPatch { lag } => {
+                Fault::SvmLateAfterPatch { lag, edit } => {
                     fake.lock().svm_paused = true;
                     let lag = *lag;
                     let crd_path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD}");
-                    // The patch that matters is one that may land a store while a migration
-                    // of the controller's own is unfinished (within the skew bound of the
-                    // store's instant); any other leaves the svm controller idle.
-                    let stores = (workload.milestones[0], workload.milestones[2]);
-                    fake.before_request(
-                        move |state, actor, method, path| {
-                            invariants::is_replica(actor)
-                                && method == "PATCH"
-                                && path == crd_path
-                                && own_migration_unfinished(state)
-                                && store_may_land(state, stores, origin.elapsed().as_secs())
-                        },
-                        0,
-                        move |state| {
-                            state.svm_paused = false;
-                            state.switch_lag = lag;
-                        },
-                    );
+                    if *edit {
+                        // Once a migration of the controller's is Pending, `kubectl edit`
+                        // moves the storage version; an apiserver lags `lag` requests behind
+                        // the edit, and the svm controller picks up 2 s after the
+                        // controller's watches deliver the edit (seed 924: it
+                        // rewrote through that apiserver into the new storage version, and
+                        // trimmed storedVersions over the objects it left in the old one).
+                        let edited_at = Arc::new(AtomicU64::new(u64::MAX));
+                        resumes.push(edited_at.clone());
+                        fake.before_request(
+                            |state, actor, _, _| {
+                                invariants::is_replica(actor)
+                                    && state.svm_paused
+                                    && own_migration_unfinished(state)
+                            },
+                            0,
+                            move |state| {
+                                let storage = state.storage_version(CRD);
+                                let other = state.crds.get(CRD).and_then(|crd| {
+                                    crd["spec"]["versions"].as_array()?.iter().find_map(|v| {
+                                        let name = v["name"].as_str()?;
+                                        (v["served"] == true && Some(name) != storage.as_deref())
+                                            .then(|| name.to_owned())
+                                    })
+                                });
+                                if let Some(other) = other {
+                                    state.switch_lag = lag;
+                                    state.switch_storage(CRD, &other);
+                                    state.step("kubectl edit (while the controller's migration is Pending)");
+                                }
+                                // Not before the controller's watches can have shown it the edit:
+                                // a migration started sooner is a race no client of Kubernetes'
+                                // migrator can win (it has no settle of its own).
+                                let seen = origin.elapsed().as_secs() + state.watch_delay.as_secs();
+                                edited_at.store(seen, Ordering::Relaxed);
+                            },
+                        );
+                    } else {
+                        // The patch that matters is one that may land a store while a
+                        // migration of the controller's own is unfinished (within the skew
+                        // bound of the store's instant); any other leaves the svm controller
+                        // idle.
+                        let stores = (workload.milestones[0], workload.milestones[2]);
+                        fake.before_request(
+                            move |state, actor, method, path| {
+                                invariants::is_replica(actor)
+                                    && method == "PATCH"
+                                    && path == crd_path
+                                    && own_migration_unfinished(state)
+                                    && store_may_land(state, stores, origin.elapsed().as_secs())
+                            },
+                            0,
+                            move |state| {
+                                state.svm_paused = false;
+                                state.switch_lag = lag;
+                            },
+                        );
+                    }
                 }
                 Fault::PartitionLeader { lasting } => {
                     let holder = leader(&fake, &mut processes).actor;
@@ -422,6 +494,13 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                     fake.lock().request_latency = Duration::from_millis(*millis);
                     ends.push((second + lasting, fault.clone()));
                 }
+                Fault::DeleteWebhookSecret => {
+                    // No finalizer holds a Secret: gone at once, its next GET a 404.
+                    let mut state = fake.lock();
+                    if state.secrets.remove(webhook::SECRET).is_some() {
+                        state.step("kubectl delete secret");
+                    }
+                }
             }
         }
         // Faults that last end.
@@ -442,6 +521,14 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                 }
                 _ => {}
             }
+            false
+        });
+        resumes.retain(|edited_at| {
+            let at = edited_at.load(Ordering::Relaxed);
+            if at == u64::MAX || second < at + 2 {
+                return true;
+            }
+            fake.lock().svm_paused = false;
             false
         });
         // `kubectl delete storageversionmigration` of someone else's failed ones.
@@ -526,6 +613,27 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             }
             note(&findings, origin, "faults stop".into());
         }
+        // The webhook's invariants every second too: what a replica serves and whether it
+        // is Ready change between the fake's steps.
+        {
+            let state = fake.lock();
+            let mut f = findings.lock().unwrap_or_else(|p| p.into_inner());
+            f.now = origin.elapsed().as_secs_f64();
+            let mut certificates = certificates.lock().unwrap_or_else(|p| p.into_inner());
+            certificates.check(&state, &running, &mut f);
+            if second >= horizon {
+                let replicas: Vec<&'static str> = processes.iter().map(|p| p.actor).collect();
+                settling.second(
+                    second,
+                    horizon,
+                    &state,
+                    &running,
+                    &replicas,
+                    &mut f,
+                    &mut certificates,
+                );
+            }
+        }
         if second >= horizon {
             let excused = excused(&findings);
             // A deleted policy's end: released (its finalizer removed, so it is gone).
@@ -549,6 +657,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                     let since = at_rest_from.unwrap_or_else(tokio::time::Instant::now);
                     if let Some(late) = fake.requests().iter().find(|r| {
                         r.at > since
+                            && invariants::is_replica(r.actor)
                             && (r.path.starts_with("/apis/example.com/")
                                 || (r.method == "POST" && r.path.ends_with("/storageversionmigrations")))
                     }) {
@@ -609,6 +718,10 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
         second += 1;
     }
     set_now(&findings, origin);
+    settling.end(
+        &mut findings.lock().unwrap_or_else(|p| p.into_inner()),
+        workload.webhook,
+    );
     let outside = invariants::stored_outside(&fake.lock(), &excused(&findings));
     if let Some(outside) = outside {
         let mut f = findings.lock().unwrap_or_else(|p| p.into_inner());
@@ -1016,14 +1129,24 @@ fn own_migration_unfinished(state: &crate::apiserver::State) -> bool {
     })
 }
 
-/// Whether a store may be due at `second` (`stores`: the seconds of the v1beta1 and v1
-/// stores), within the controller's clock skew (up to 30 s), and not landed yet.
+/// Whether the controller's next CRD patch may move the storage version at `second`
+/// (`stores`: the seconds of the v1beta1 and v1 stores): a store due within the controller's
+/// clock skew (up to 30 s) and not landed yet, or a storage version someone else moved
+/// (`kubectl edit`, a re-applied CRD) that the controller puts back to its schedule's.
 fn store_may_land(state: &crate::apiserver::State, stores: (u64, u64), second: u64) -> bool {
     let storage = state.storage_version(CRD);
     let due = |at: u64| second + 30 >= at;
+    let scheduled = |at: u64| match at {
+        at if at < stores.0 => "v1alpha1",
+        at if at < stores.1 => "v1beta1",
+        _ => "v1",
+    };
+    let moved =
+        |storage: &str| storage != scheduled(second.saturating_sub(30)) && storage != scheduled(second + 30);
     match storage.as_deref() {
         Some("v1alpha1") => due(stores.0) || due(stores.1),
-        Some("v1beta1") => due(stores.1),
+        Some("v1beta1") => due(stores.1) || moved("v1beta1"),
+        Some("v1") => moved("v1"),
         _ => false,
     }
 }

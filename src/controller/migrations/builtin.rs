@@ -66,6 +66,9 @@ enum Followed {
     Succeeded,
     /// Failed, or never picked up (the reason is in the status message).
     Failed,
+    /// Deleted before Kubernetes started it: the storage version moved on
+    /// (`unfinished_migration`).
+    Deleted,
 }
 
 /// Settles in a row a job of the built-in engine tries while the CRD keeps changing under
@@ -106,12 +109,16 @@ impl Migrations {
     ///
     /// One of the policy's own that Kubernetes has not started (`Pending`) and that was
     /// created for another storage version than `storage_version` (the CRD's now) is deleted
-    /// first, unless this controller's job follows it: Kubernetes' migrator would rewrite into
-    /// the storage version of the moment it starts, through apiservers nobody confirmed act on
-    /// it, and trim `status.storedVersions` (simulation seed 924: created for v1, started after
-    /// `kubectl edit` moved the storage back to v1beta1, it trimmed v1 while a lagging
-    /// apiserver had written objects as v1). A deleted Pending migration never runs
-    /// (tests/fixtures/apiserver/svm-delete-v1.36.txt).
+    /// first, also when this controller's job follows it (the reconcile then launches the
+    /// migration into the storage version now, which replaces that job; if none can start
+    /// yet, the job ends with an error saying so): Kubernetes' migrator would rewrite
+    /// into the storage version of the moment it starts, through apiservers nobody confirmed
+    /// act on it, and trim `status.storedVersions` (simulation seed 924: created for v1,
+    /// started after `kubectl edit` moved the storage back to v1beta1, it trimmed v1 while a
+    /// lagging apiserver had written objects as v1; the same with the job still following
+    /// it). The controller never moves the storage version under a migration of its own
+    /// (`lifecycle::gates::migration_gate`), so only someone else's change does this. A deleted Pending migration
+    /// never runs (tests/fixtures/apiserver/svm-delete-v1.36.txt).
     pub async fn unfinished_migration(
         &self,
         policy: &VersionPolicy,
@@ -128,10 +135,6 @@ impl Migrations {
             warn!(crd, error = %error, "cannot list StorageVersionMigrations");
             format!("cannot list StorageVersionMigrations: {error}")
         })?;
-        let followed = self
-            .running_migration(crd)
-            .filter(|running| running.builtin)
-            .map(|running| running.storage_version);
         let mut unfinished = None;
         for migration in listed.migrations {
             let ours = migration.policy.as_deref() == name;
@@ -142,10 +145,11 @@ impl Migrations {
                 && migration.state == State::Pending
                 && storage_version.is_some()
                 && migration.storage_version.as_deref() != storage_version
-                && migration.storage_version != followed
             {
-                match api.delete(&migration.name).await {
-                    Ok(()) => {
+                match api.delete_as_read(&migration).await {
+                    // Started since it was listed: kept, and waited for as unfinished.
+                    Ok(false) => {}
+                    Ok(true) => {
                         warn!(
                             crd,
                             migration = migration.name,
@@ -547,7 +551,16 @@ impl Migrations {
             if let Some(created) = migration.created {
                 status.started_at = Some(Time(created));
             }
-            if let Followed::Failed = self.until_finished(&policy_name, &migration, api, status).await? {
+            let followed = self.until_finished(&policy_name, &migration, api, status).await?;
+            if let Followed::Deleted = followed {
+                return Err(format!(
+                    "StorageVersionMigration {} was deleted before Kubernetes started it: the storage version moved on \
+                     from {storage_version} (it would have rewritten into the new one unconfirmed); the next reconcile \
+                     migrates into the storage version now",
+                    migration.name
+                ));
+            }
+            if let Followed::Failed = followed {
                 // Kubernetes trims storedVersions as a failed migration ends: list again what
                 // it listed when the migration was created. (Not yet ended, or not restored
                 // now: every removal waits until it is, `removal_hold`.)
@@ -860,10 +873,18 @@ impl Migrations {
                 State::Running => {}
             }
             tokio::time::sleep(self.progress_interval).await;
-            let (read, date) = api
-                .get(&migration.name)
-                .await
-                .map_err(|e| format!("cannot read StorageVersionMigration {}: {e}", migration.name))?;
+            let (read, date) = match api.get(&migration.name).await {
+                Ok(read) => read,
+                Err(kube::Error::Api(status)) if status.code == 404 && state == State::Pending => {
+                    return Ok(Followed::Deleted);
+                }
+                Err(error) => {
+                    return Err(format!(
+                        "cannot read StorageVersionMigration {}: {error}",
+                        migration.name
+                    ));
+                }
+            };
             state = read.state;
             running = read.running;
             pending_for = between(read.created, date);

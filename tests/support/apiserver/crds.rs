@@ -55,7 +55,7 @@ pub(super) fn patch_crd(state: &mut State, name: &str, body: Value, merge: bool)
                 return (501, status_body(501, "NotImplemented", "caBundle is not base64"));
             };
             if let Some(problem) = ca_bundle_problem(&pem) {
-                return ca_bundle_invalid(name, &encoded, problem);
+                return refused_validation(state, ca_bundle_invalid(name, &encoded, problem));
             }
         }
     }
@@ -66,7 +66,7 @@ pub(super) fn patch_crd(state: &mut State, name: &str, body: Value, merge: bool)
             "CustomResourceDefinition.apiextensions.k8s.io \"{name}\" is invalid: spec.versions: Invalid value: ...: \
              must have exactly one version marked as storage version"
         );
-        return (422, status_body(422, "Invalid", &message));
+        return refused_validation(state, (422, status_body(422, "Invalid", &message)));
     }
     for (i, version) in versions.iter().enumerate() {
         if let Some(warning) = version["deprecationWarning"].as_str()
@@ -77,7 +77,7 @@ pub(super) fn patch_crd(state: &mut State, name: &str, body: Value, merge: bool)
                  spec.versions[{i}].deprecationWarning: Invalid value: {}: {problem}",
                 Value::String(warning.to_owned())
             );
-            return (422, status_body(422, "Invalid", &message));
+            return refused_validation(state, (422, status_body(422, "Invalid", &message)));
         }
     }
     let storage_name = storage[0]["name"].clone();
@@ -109,6 +109,15 @@ pub(super) fn patch_crd(state: &mut State, name: &str, body: Value, merge: bool)
     let spec_changed = crd["spec"] != before;
     state.store_crd(crd, spec_changed);
     (200, state.crds[name].clone())
+}
+
+/// A CRD patch refused by the apiserver's validation, counted against its sender
+/// (`State::refused_crd_validations`).
+fn refused_validation(state: &mut State, (code, body): (u16, Value)) -> (u16, Value) {
+    let message = body["message"].as_str().unwrap_or_default().to_owned();
+    let sender = state.sender.clone();
+    state.refused_crd_validations.push((sender, message));
+    (code, body)
 }
 
 /// Why the apiserver refuses a `caBundle` (PEM), as client-go's root pool words it
@@ -391,6 +400,12 @@ impl State {
         crd["metadata"]["resourceVersion"] = Value::String(rv);
         self.crds.remove(name);
         self.lagging.remove(name);
+        if let (Some(group), Some(plural)) = (
+            crd["spec"]["group"].as_str(),
+            crd["spec"]["names"]["plural"].as_str(),
+        ) {
+            self.gone_resources.insert((group.to_owned(), plural.to_owned()));
+        }
         self.record(Watched::Crds, "DELETED", &crd);
         self.crd_gone(name, &crd);
     }

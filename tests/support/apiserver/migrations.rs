@@ -304,9 +304,19 @@ impl State {
 
     pub fn svm_advance(&mut self, name: &str) {
         if let Some(object) = self.svms.get(name).cloned() {
-            let advanced = advance(self, object);
+            let advanced = self.advanced(object);
             self.svms.insert(name.to_owned(), advanced);
         }
+    }
+
+    /// A migration's next step; a change is a write, at a new resourceVersion (a status
+    /// update: tests/fixtures/apiserver/svm-delete-precondition-v1.36.txt, 293 -> 294).
+    fn advanced(&mut self, object: Value) -> Value {
+        let mut advanced = advance(self, object.clone());
+        if advanced != object {
+            advanced["metadata"]["resourceVersion"] = self.next_resource_version().into();
+        }
+        advanced
     }
 
     /// The kube-controller-manager's svm controller takes its next step on every
@@ -315,7 +325,7 @@ impl State {
         let names: Vec<String> = self.svms.keys().cloned().collect();
         for name in names {
             if let Some(object) = self.svms.get(&name).cloned() {
-                let advanced = advance(self, object);
+                let advanced = self.advanced(object);
                 self.svms.insert(name, advanced);
             }
         }
@@ -338,8 +348,43 @@ pub(super) fn patch(state: &mut State, name: &str, body: &Value) -> (u16, Value)
 
 /// `DELETE .../storageversionmigrations/NAME` (tests/fixtures/apiserver/svm-delete-v1.36.txt):
 /// 200 with a `Status` `Success` and the migration's name, group, plural kind and UID; 404
-/// NotFound when there is none.
-pub(super) fn delete(state: &mut State, name: &str) -> (u16, Value) {
+/// NotFound when there is none (also with a precondition). A `preconditions.resourceVersion`
+/// that is not the migration's answers 409 Conflict and deletes nothing
+/// (tests/fixtures/apiserver/svm-delete-precondition-v1.36.txt).
+pub(super) fn delete(state: &mut State, name: &str, body: &Value) -> (u16, Value) {
+    let Some(current) = state.svms.get(name) else {
+        return not_found("storageversionmigrations.storagemigration.k8s.io", name);
+    };
+    let conflict = |message: String| {
+        (
+            409,
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                   "message": format!("Operation cannot be fulfilled on StorageVersionMigration.storagemigration.k8s.io \"{name}\": {message}"),
+                   "reason": "Conflict",
+                   "details": {"name": name, "group": GROUP, "kind": "StorageVersionMigration"},
+                   "code": 409}),
+        )
+    };
+    if let Some(expected) = body["preconditions"]["uid"].as_str() {
+        let actual = current["metadata"]["uid"].as_str().unwrap_or_default();
+        if expected != actual {
+            return conflict(format!(
+                "the UID in the precondition ({expected}) does not match the UID in record ({actual}). The object \
+                 might have been deleted and then recreated"
+            ));
+        }
+    }
+    if let Some(expected) = body["preconditions"]["resourceVersion"].as_str() {
+        let actual = current["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default();
+        if expected != actual {
+            return conflict(format!(
+                "the ResourceVersion in the precondition ({expected}) does not match the ResourceVersion in record \
+                 ({actual}). The object might have been modified"
+            ));
+        }
+    }
     let Some(removed) = state.svms.remove(name) else {
         return not_found("storageversionmigrations.storagemigration.k8s.io", name);
     };

@@ -45,6 +45,8 @@ pub struct Recorded {
     pub body: Value,
     /// When it arrived.
     pub at: tokio::time::Instant,
+    /// Who sent it (`client_as`; "controller" for the plain client).
+    pub actor: &'static str,
 }
 
 impl Recorded {
@@ -78,6 +80,9 @@ pub type Checker = Box<dyn FnMut(&State) -> bool + Send>;
 #[derive(Default)]
 pub struct State {
     pub crds: BTreeMap<String, Value>,
+    /// The (group, plural) of every CRD deleted (`finish_crd_deletion`): their objects' paths
+    /// answer the plain-text 404 of an unserved path.
+    pub gone_resources: std::collections::BTreeSet<(String, String)>,
     /// Custom objects of every CRD, by (crd, namespace, name).
     pub objects: BTreeMap<(String, String, String), StoredObject>,
     pub faults: BTreeMap<String, ObjectFault>,
@@ -234,6 +239,10 @@ pub struct State {
     /// drops (sample 04), with who sent each: one of the controller's is a write it should
     /// never have sent.
     pub refused_stored_version_drops: Vec<(String, String)>,
+    /// CRD patches refused by the apiserver's validation of the CRD (its `caBundle`, its
+    /// storage versions, its deprecation warnings: a 422 that no race explains), with who
+    /// sent each.
+    pub refused_crd_validations: Vec<(String, String)>,
     /// The Kubernetes version the fake answers `/version` with and words its refusals as
     /// (`None`: 1.21, the version of apiserver-samples/00).
     pub server_version: Option<(u32, u32)>,
@@ -421,6 +430,7 @@ impl FakeApiserver {
             accept: String::new(),
             body: Value::Null,
             at: tokio::time::Instant::now(),
+            actor: self.actor.unwrap_or("controller"),
         });
         let date = http_date(state.now());
         drop(state);
@@ -747,6 +757,7 @@ impl FakeApiserver {
             accept: String::new(),
             body: Value::Null,
             at: tokio::time::Instant::now(),
+            actor: self.actor.unwrap_or("controller"),
         };
         if is_crd_watch(&watch) {
             self.lock().requests.push(watch.clone());
@@ -814,6 +825,7 @@ impl FakeApiserver {
                 .to_owned(),
             body: body.clone(),
             at: tokio::time::Instant::now(),
+            actor: self.actor.unwrap_or("controller"),
         };
         let segments: Vec<&str> = recorded.path.trim_start_matches('/').split('/').collect();
         if recorded.method == "GET"
@@ -847,6 +859,26 @@ impl FakeApiserver {
             }
         }
         let custom = custom_resource(&mut self.lock(), &segments);
+        // A deleted CRD's paths, all of them (cluster-wide and namespaced LIST, GET, PATCH,
+        // /status, DELETE, POST): `404 page not found` in plain text, at once and 3 s later
+        // (tests/fixtures/apiserver/crd-gone-paths-v1.36.txt, crd-deletion-v1.36.txt).
+        if custom.is_none()
+            && let ["apis", group, _, rest @ ..] = segments.as_slice()
+            && let Some(plural) = match rest {
+                [plural, ..] if *plural != "namespaces" => Some(*plural),
+                ["namespaces", _, plural, ..] => Some(*plural),
+                _ => None,
+            }
+        {
+            let mut state = self.lock();
+            if state
+                .gone_resources
+                .contains(&((*group).to_owned(), plural.to_owned()))
+            {
+                state.requests.push(recorded.clone());
+                return plain_not_found();
+            }
+        }
         if let Some(resource) = custom {
             if self.stalls(&resource) {
                 self.lock().requests.push(recorded.clone());
@@ -1170,7 +1202,7 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
                 "storageversionmigrations",
                 name,
             ],
-        ) if state.svm_served => migrations::delete(state, name),
+        ) if state.svm_served => migrations::delete(state, name, &body),
         // Not 404: that would read as "does not exist" and let a wrong path pass a test.
         _ => {
             state

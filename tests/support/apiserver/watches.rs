@@ -125,6 +125,7 @@ impl FakeApiserver {
             accept,
             body: Value::Null,
             at: tokio::time::Instant::now(),
+            actor: self.actor.unwrap_or("controller"),
         });
         if resource == Watched::Policies && state.policies_unserved {
             return None;
