@@ -366,8 +366,8 @@ impl CaRotation {
     }
 }
 
-/// The PEM certificates of a bundle.
-fn pem_blocks(bundle: &str) -> Vec<String> {
+/// The PEM certificates of a bundle, each with its `-----END` line.
+pub fn pem_blocks(bundle: &str) -> Vec<String> {
     let mut blocks = Vec::new();
     let mut current = String::new();
     for line in bundle.lines() {

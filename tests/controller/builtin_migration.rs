@@ -248,6 +248,39 @@ async fn no_migration_starts_while_another_migrator_runs() {
     wait_until("migrated", || h.stored_versions() == json!(["v1beta1"])).await;
 }
 
+/// The policy's migration into v1beta1 (its store of 2026-01-05), created while the
+/// kube-controller-manager's svm controller is idle: Pending. Its name.
+async fn migration_pending_into_v1beta1(h: &mut Harness) -> &'static str {
+    {
+        let mut state = h.fake.lock();
+        state.svm_served = true;
+        state.svm_paused = true;
+    }
+    builtin(h);
+    h.at("2026-01-05T00:00:00Z");
+    h.reconcile_through_preflight("widgets").await;
+    h.reconcile("widgets").await;
+    let pending = "crd-lifecycle.widgets.example.com-v1beta1-1";
+    wait_until("the migration into v1beta1 is created", || {
+        svm_names(h).contains(&pending.to_owned())
+    })
+    .await;
+    pending
+}
+
+/// `kubectl edit`: v1 served and the storage version.
+fn storage_moved_to_v1_by_hand(h: &Harness) {
+    let mut state = h.fake.lock();
+    let mut crd = state.crds[CRD].clone();
+    for v in crd["spec"]["versions"].as_array_mut().expect("versions") {
+        if v["name"] == "v1" {
+            v["served"] = json!(true);
+        }
+    }
+    state.store_crd(crd, true);
+    state.switch_storage(CRD, "v1");
+}
+
 /// Found by the simulation (seed 924): this policy's StorageVersionMigration, created for
 /// v1beta1 while the kube-controller-manager's svm controller was idle, is still Pending
 /// when `kubectl edit` moves the storage version on to v1. Kubernetes' migrator would rewrite
@@ -257,20 +290,7 @@ async fn no_migration_starts_while_another_migrator_runs() {
 #[tokio::test(start_paused = true)]
 async fn a_pending_migration_created_for_another_storage_version_is_deleted() {
     let mut h = Harness::with_example_and_objects(10);
-    {
-        let mut state = h.fake.lock();
-        state.svm_served = true;
-        state.svm_paused = true;
-    }
-    builtin(&mut h);
-    h.at("2026-01-05T00:00:00Z");
-    h.reconcile_through_preflight("widgets").await;
-    h.reconcile("widgets").await;
-    let pending = "crd-lifecycle.widgets.example.com-v1beta1-1";
-    wait_until("the migration into v1beta1 is created", || {
-        svm_names(&h).contains(&pending.to_owned())
-    })
-    .await;
+    let pending = migration_pending_into_v1beta1(&mut h).await;
     // The controller restarts (its job no longer follows the migration), and the storage
     // version is moved on to v1 by hand before the svm controller picks anything up.
     h.ctx.migrations.shutdown();
@@ -282,17 +302,7 @@ async fn a_pending_migration_created_for_another_storage_version_is_deleted() {
     )
     .with_settle_check(super::fast_settle_check());
     h.replace_context(Arc::new(fresh), None);
-    {
-        let mut state = h.fake.lock();
-        let mut crd = state.crds[CRD].clone();
-        for v in crd["spec"]["versions"].as_array_mut().expect("versions") {
-            if v["name"] == "v1" {
-                v["served"] = json!(true);
-            }
-        }
-        state.store_crd(crd, true);
-        state.switch_storage(CRD, "v1");
-    }
+    storage_moved_to_v1_by_hand(&h);
     h.reconcile("widgets").await;
     assert!(
         !svm_names(&h).contains(&pending.to_owned()),
@@ -321,32 +331,9 @@ async fn a_pending_migration_created_for_another_storage_version_is_deleted() {
 #[tokio::test(start_paused = true)]
 async fn a_pending_migration_followed_by_its_job_is_deleted_when_the_storage_version_moves() {
     let mut h = Harness::with_example_and_objects(10);
-    {
-        let mut state = h.fake.lock();
-        state.svm_served = true;
-        state.svm_paused = true;
-    }
-    builtin(&mut h);
-    h.at("2026-01-05T00:00:00Z");
-    h.reconcile_through_preflight("widgets").await;
-    h.reconcile("widgets").await;
-    let pending = "crd-lifecycle.widgets.example.com-v1beta1-1";
-    wait_until("the migration into v1beta1 is created", || {
-        svm_names(&h).contains(&pending.to_owned())
-    })
-    .await;
+    let pending = migration_pending_into_v1beta1(&mut h).await;
     // `kubectl edit` moves the storage version on to v1 while the job follows it.
-    {
-        let mut state = h.fake.lock();
-        let mut crd = state.crds[CRD].clone();
-        for v in crd["spec"]["versions"].as_array_mut().expect("versions") {
-            if v["name"] == "v1" {
-                v["served"] = json!(true);
-            }
-        }
-        state.store_crd(crd, true);
-        state.switch_storage(CRD, "v1");
-    }
+    storage_moved_to_v1_by_hand(&h);
     h.reconcile("widgets").await;
     assert!(
         !svm_names(&h).contains(&pending.to_owned()),
@@ -375,31 +362,8 @@ async fn a_pending_migration_followed_by_its_job_is_deleted_when_the_storage_ver
 #[tokio::test(start_paused = true)]
 async fn a_pending_migration_started_before_its_delete_is_kept() {
     let mut h = Harness::with_example_and_objects(4);
-    {
-        let mut state = h.fake.lock();
-        state.svm_served = true;
-        state.svm_paused = true;
-    }
-    builtin(&mut h);
-    h.at("2026-01-05T00:00:00Z");
-    h.reconcile_through_preflight("widgets").await;
-    h.reconcile("widgets").await;
-    let pending = "crd-lifecycle.widgets.example.com-v1beta1-1";
-    wait_until("the migration into v1beta1 is created", || {
-        svm_names(&h).contains(&pending.to_owned())
-    })
-    .await;
-    {
-        let mut state = h.fake.lock();
-        let mut crd = state.crds[CRD].clone();
-        for v in crd["spec"]["versions"].as_array_mut().expect("versions") {
-            if v["name"] == "v1" {
-                v["served"] = json!(true);
-            }
-        }
-        state.store_crd(crd, true);
-        state.switch_storage(CRD, "v1");
-    }
+    let pending = migration_pending_into_v1beta1(&mut h).await;
+    storage_moved_to_v1_by_hand(&h);
     let path = format!("/apis/storagemigration.k8s.io/v1beta1/storageversionmigrations/{pending}");
     h.fake.before_request(
         move |_, _, method, request_path| method == "DELETE" && request_path == path,

@@ -158,20 +158,6 @@ fn normalise(pem: &str) -> String {
     pem.split_whitespace().collect()
 }
 
-/// The PEM blocks of a bundle.
-fn pem_blocks(bundle: &str) -> Vec<String> {
-    let mut blocks = Vec::new();
-    let mut current = String::new();
-    for line in bundle.lines() {
-        current.push_str(line);
-        current.push('\n');
-        if line.starts_with("-----END ") {
-            blocks.push(std::mem::take(&mut current));
-        }
-    }
-    blocks
-}
-
 /// A refusal's message without the `caBundle` it quotes (base64 of PEMs from real
 /// randomness: the trace must replay exactly).
 fn without_bundle(refusal: &str) -> String {
@@ -285,7 +271,10 @@ impl Certificates {
                 continue;
             }
             let bundle = decode(&config["caBundle"]).unwrap_or_default();
-            let cas = pem_blocks(&bundle).iter().map(|pem| self.ca(pem)).collect();
+            let cas = crd_lifecycle::controller::conversion_config::pem_blocks(&bundle)
+                .iter()
+                .map(|pem| self.ca(pem))
+                .collect();
             pointed.push((name.clone(), cas));
         }
         self.pointed = (key, pointed.clone());
