@@ -273,10 +273,14 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                                     state.switch_storage(CRD, &other);
                                     state.step("kubectl edit (while the controller's migration is Pending)");
                                 }
-                                // Not before the controller's watches can have shown it the edit:
+                                // Not before the controller can have acted on the edit:
                                 // a migration started sooner is a race no client of Kubernetes'
                                 // migrator can win (it has no settle of its own).
-                                let seen = origin.elapsed().as_secs() + state.watch_delay.as_secs();
+                                // (The time to see it, and a reconcile's few requests, however
+                                // slow the apiserver answers.)
+                                let seen = origin.elapsed().as_secs()
+                                    + state.watch_delay.as_secs()
+                                    + (state.request_latency * 6).as_secs();
                                 edited_at.store(seen, Ordering::Relaxed);
                             },
                         );
@@ -523,9 +527,19 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
             }
             false
         });
+        // (A replica down then cannot act on the edit either: the svm controller waits.)
+        let all_up = processes.iter().all(|p| p.task.is_some() && !p.exited());
         resumes.retain(|edited_at| {
             let at = edited_at.load(Ordering::Relaxed);
-            if at == u64::MAX || second < at + 2 {
+            if at == u64::MAX {
+                return true;
+            }
+            if !all_up {
+                // 2 s after they are all up again.
+                edited_at.store(second.max(at), Ordering::Relaxed);
+                return true;
+            }
+            if second < at + 2 {
                 return true;
             }
             fake.lock().svm_paused = false;
