@@ -395,21 +395,11 @@ impl Migrations {
             .map(|_| ())
     }
 
-    /// Deletes a migration; one already gone counts as deleted. A deleted migration the
-    /// kube-controller-manager had not started never runs
-    /// (tests/fixtures/apiserver/svm-delete-v1.36.txt).
-    pub async fn delete(&self, name: &str) -> Result<(), kube::Error> {
-        match self.api.delete(name, &kube::api::DeleteParams::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-            Err(error) => Err(error),
-        }
-    }
-
     /// Deletes `migration` only if it is as read: `Ok(false)` when it changed since (409
     /// Conflict on the resourceVersion precondition, e.g. Kubernetes started it meanwhile:
     /// tests/fixtures/apiserver/svm-delete-precondition-v1.36.txt), `Ok(true)` when deleted
-    /// or gone. A Running migration deleted goes on rewriting unseen
+    /// or gone. A deleted migration the kube-controller-manager had not started never runs;
+    /// a Running one deleted goes on rewriting unseen
     /// (tests/fixtures/apiserver/svm-delete-v1.36.txt), so one that may have started is kept.
     pub async fn delete_as_read(&self, migration: &Migration) -> Result<bool, kube::Error> {
         let params = kube::api::DeleteParams {

@@ -281,6 +281,24 @@ fn storage_moved_to_v1_by_hand(h: &Harness) {
     state.switch_storage(CRD, "v1");
 }
 
+/// The next reconcile deletes the `pending` migration; then the svm controller runs, the
+/// policy moves the storage version back to v1beta1 (its store of 2026-01-05), and a new
+/// migration rewrites every one of the 10 objects into it (`rounds` reconciles 10 s apart).
+async fn deleted_then_migrated_into_v1beta1(h: &mut Harness, pending: &str, rounds: usize) {
+    h.reconcile("widgets").await;
+    assert!(!svm_names(h).contains(&pending.to_owned()), "{:?}", svm_names(h));
+    h.fake.lock().svm_paused = false;
+    for _ in 0..rounds {
+        h.reconcile("widgets").await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+    wait_until("every object is migrated and storedVersions trimmed", || {
+        h.stored_versions() == json!(["v1beta1"])
+    })
+    .await;
+    assert_eq!(h.fake.encodings(CRD), [("v1beta1".to_owned(), 10)].into());
+}
+
 /// Found by the simulation (seed 924): this policy's StorageVersionMigration, created for
 /// v1beta1 while the kube-controller-manager's svm controller was idle, is still Pending
 /// when `kubectl edit` moves the storage version on to v1. Kubernetes' migrator would rewrite
@@ -303,24 +321,7 @@ async fn a_pending_migration_created_for_another_storage_version_is_deleted() {
     .with_settle_check(super::fast_settle_check());
     h.replace_context(Arc::new(fresh), None);
     storage_moved_to_v1_by_hand(&h);
-    h.reconcile("widgets").await;
-    assert!(
-        !svm_names(&h).contains(&pending.to_owned()),
-        "{:?}",
-        svm_names(&h)
-    );
-    // The policy moves the storage version back to v1beta1 (its store of 2026-01-05), and a
-    // new migration rewrites every object into it.
-    h.fake.lock().svm_paused = false;
-    for _ in 0..4 {
-        h.reconcile("widgets").await;
-        tokio::time::sleep(Duration::from_secs(10)).await;
-    }
-    wait_until("every object is migrated and storedVersions trimmed", || {
-        h.stored_versions() == json!(["v1beta1"])
-    })
-    .await;
-    assert_eq!(h.fake.encodings(CRD), [("v1beta1".to_owned(), 10)].into());
+    deleted_then_migrated_into_v1beta1(&mut h, pending, 4).await;
 }
 
 /// Found by the simulation (a `kubectl edit` of the storage version while the policy's
@@ -334,24 +335,7 @@ async fn a_pending_migration_followed_by_its_job_is_deleted_when_the_storage_ver
     let pending = migration_pending_into_v1beta1(&mut h).await;
     // `kubectl edit` moves the storage version on to v1 while the job follows it.
     storage_moved_to_v1_by_hand(&h);
-    h.reconcile("widgets").await;
-    assert!(
-        !svm_names(&h).contains(&pending.to_owned()),
-        "{:?}",
-        svm_names(&h)
-    );
-    // The policy moves the storage version back to v1beta1, and a new migration rewrites
-    // every object into it.
-    h.fake.lock().svm_paused = false;
-    for _ in 0..6 {
-        h.reconcile("widgets").await;
-        tokio::time::sleep(Duration::from_secs(10)).await;
-    }
-    wait_until("every object is migrated and storedVersions trimmed", || {
-        h.stored_versions() == json!(["v1beta1"])
-    })
-    .await;
-    assert_eq!(h.fake.encodings(CRD), [("v1beta1".to_owned(), 10)].into());
+    deleted_then_migrated_into_v1beta1(&mut h, pending, 6).await;
 }
 
 /// Review of the fix above: Kubernetes starts the policy's Pending migration between the
