@@ -9,7 +9,8 @@
 //! fault schedule found that still breaks it, the trace leading to it, and the command that
 //! replays it.
 //!
-//! - `cargo test --test simulation`: `SIM_SEEDS` seeds (default 500) from `SIM_FIRST` (0).
+//! - `cargo test --test simulation`: `SIM_SEEDS` seeds (default 500) from `SIM_FIRST` (0), on
+//!   every core (`SIM_THREADS` threads, one seed each at a time; the outcomes do not depend on it).
 //! - `SIM_SEED=N cargo test --test simulation`: replays seed N and prints its whole trace;
 //!   `SIM_FAULTS=0,3` keeps only those faults of its schedule (what the shrinker printed);
 //!   `SIM_LOG=info` adds the controller's log, `SIM_REQUESTS=1` every request it sent.
@@ -28,6 +29,8 @@ mod world;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
 use std::time::Instant;
 
 /// Seeds of the CI budget that reproduce a finding still open, each with the words its first
@@ -60,76 +63,98 @@ fn main() -> ExitCode {
     let mut failed = Vec::new();
     let mut known_open = 0;
     let mut replays = 0;
-    // Aims a run at one fault: only the seeds whose schedule has a fault described so.
-    let only = std::env::var("SIM_FAULT").ok();
     let mut ran = 0;
-    for seed in first..first + seeds {
-        let draw = workload::draw(seed);
-        if let Some(only) = &only
-            && !draw
-                .faults
-                .iter()
-                .any(|(_, f)| f.to_string().contains(only.as_str()))
-        {
-            continue;
+    let mut stopped = None;
+    // Seeds run on every core (`SIM_THREADS` to choose), each on a runtime and thread of its
+    // own: a seed's run depends on nothing but its seed, so the outcomes are the same as one
+    // after the other; they are read here in seed order.
+    let threads = env_u64("SIM_THREADS")
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get))
+        .max(1);
+    let next = AtomicU64::new(first);
+    // No seed past this one starts (set at the first violation kept).
+    let last = AtomicU64::new(first + seeds);
+    let (sender, results) = mpsc::channel::<(u64, Option<Ran>)>();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            let sender = sender.clone();
+            let (next, last) = (&next, &last);
+            scope.spawn(move || {
+                loop {
+                    let seed = next.fetch_add(1, Ordering::SeqCst);
+                    if seed >= last.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    if sender.send((seed, run_seed(seed))).is_err() {
+                        break;
+                    }
+                }
+            });
         }
-        if only.is_some() {
-            println!("simulation: seed {seed}");
-        }
-        ran += 1;
-        let seed_started = Instant::now();
-        let outcome = world::run(seed, &draw, &|_| true);
-        steps += outcome.steps;
-        if std::env::var("SIM_PROFILE").is_ok() {
-            println!(
-                "simulation: seed {seed}: {} steps in {:.1}s",
-                outcome.steps,
-                seed_started.elapsed().as_secs_f64()
-            );
-        }
-        if seed % REPLAY_EVERY == 0 {
-            replays += 1;
-            let again = world::run(seed, &draw, &|_| true);
-            if again.digest != outcome.digest {
-                println!("simulation: seed {seed} did not replay identically");
-                where_runs_part(&outcome, &again);
-                failed.push(seed);
-                continue;
+        drop(sender);
+        let mut waiting: BTreeMap<u64, Option<Ran>> = BTreeMap::new();
+        let mut expected = first;
+        for (seed, result) in &results {
+            waiting.insert(seed, result);
+            while let Some(result) = waiting.remove(&expected) {
+                let seed = expected;
+                expected += 1;
+                let Some(result) = result else { continue };
+                ran += 1;
+                steps += result.outcome.steps;
+                if result.replayed {
+                    replays += 1;
+                }
+                if result.replay_differs {
+                    failed.push(seed);
+                    continue;
+                }
+                for kind in &result.outcome.faults {
+                    *faults.entry(kind).or_default() += 1;
+                }
+                let known = KNOWN_OPEN.iter().find(|(known, _, _)| *known == seed);
+                if let Some((_, words, finding)) = known {
+                    if result
+                        .outcome
+                        .violations
+                        .first()
+                        .is_some_and(|v| v.contains(words))
+                    {
+                        println!("simulation: seed {seed} reproduces a known open finding ({finding})");
+                        known_open += 1;
+                        continue;
+                    }
+                    println!(
+                        "simulation: seed {seed} no longer reproduces its known open finding: update KNOWN_OPEN"
+                    );
+                    failed.push(seed);
+                    continue;
+                }
+                if !result.outcome.violations.is_empty() {
+                    report(seed, &result.draw, &result.outcome);
+                    failed.push(seed);
+                    // One violation is enough to act on; SIM_KEEP_GOING=1 counts them all.
+                    if std::env::var("SIM_KEEP_GOING").is_err() {
+                        last.store(seed, Ordering::SeqCst);
+                        stopped = Some(seed);
+                        return;
+                    }
+                }
             }
         }
-        for kind in &outcome.faults {
-            *faults.entry(kind).or_default() += 1;
-        }
-        let known = KNOWN_OPEN.iter().find(|(known, _, _)| *known == seed);
-        if let Some((_, words, finding)) = known {
-            if outcome.violations.first().is_some_and(|v| v.contains(words)) {
-                println!("simulation: seed {seed} reproduces a known open finding ({finding})");
-                known_open += 1;
-                continue;
-            }
-            println!(
-                "simulation: seed {seed} no longer reproduces its known open finding: update KNOWN_OPEN"
-            );
-            failed.push(seed);
-            continue;
-        }
-        if !outcome.violations.is_empty() {
-            report(seed, &draw, &outcome);
-            failed.push(seed);
-            // One violation is enough to act on; SIM_KEEP_GOING=1 counts them all.
-            if std::env::var("SIM_KEEP_GOING").is_err() {
-                println!(
-                    "simulation: stopped at the first violating seed ({} seeds run)",
-                    seed - first + 1
-                );
-                summary(ran, steps, &faults, failed.len(), started);
-                println!(
-                    "simulation: first violation at seed {seed} after {} seeds",
-                    seed - first + 1
-                );
-                return ExitCode::FAILURE;
-            }
-        }
+    });
+    if let Some(seed) = stopped {
+        println!(
+            "simulation: stopped at the first violating seed ({} seeds run)",
+            seed - first + 1
+        );
+        summary(ran, steps, &faults, failed.len(), started);
+        println!(
+            "simulation: first violation at seed {seed} after {} seeds",
+            seed - first + 1
+        );
+        return ExitCode::FAILURE;
     }
     if known_open > 0 {
         println!(
@@ -144,6 +169,58 @@ fn main() -> ExitCode {
         println!("simulation: violating seeds {failed:?}");
         ExitCode::FAILURE
     }
+}
+
+/// One seed's run, as a worker thread hands it over.
+struct Ran {
+    draw: workload::Draw,
+    outcome: world::Outcome,
+    /// It ran twice (every `REPLAY_EVERY` seeds).
+    replayed: bool,
+    /// The second run's digest differed (reported here, as it happened).
+    replay_differs: bool,
+}
+
+/// Runs `seed` (and again, every `REPLAY_EVERY` seeds, to check the replay is exact), or
+/// nothing when `SIM_FAULT` aims the run at seeds without that fault.
+fn run_seed(seed: u64) -> Option<Ran> {
+    let draw = workload::draw(seed);
+    // Aims a run at one fault: only the seeds whose schedule has a fault described so.
+    if let Ok(only) = std::env::var("SIM_FAULT") {
+        if !draw
+            .faults
+            .iter()
+            .any(|(_, f)| f.to_string().contains(only.as_str()))
+        {
+            return None;
+        }
+        println!("simulation: seed {seed}");
+    }
+    let seed_started = Instant::now();
+    let outcome = world::run(seed, &draw, &|_| true);
+    if std::env::var("SIM_PROFILE").is_ok() {
+        println!(
+            "simulation: seed {seed}: {} steps in {:.1}s",
+            outcome.steps,
+            seed_started.elapsed().as_secs_f64()
+        );
+    }
+    let replayed = seed.is_multiple_of(REPLAY_EVERY);
+    let mut replay_differs = false;
+    if replayed {
+        let again = world::run(seed, &draw, &|_| true);
+        if again.digest != outcome.digest {
+            println!("simulation: seed {seed} did not replay identically");
+            where_runs_part(&outcome, &again);
+            replay_differs = true;
+        }
+    }
+    Some(Ran {
+        draw,
+        outcome,
+        replayed,
+        replay_differs,
+    })
 }
 
 fn summary(seeds: u64, steps: u64, faults: &BTreeMap<&str, usize>, violations: usize, started: Instant) {
