@@ -181,6 +181,7 @@ pub fn checker(findings: Arc<Mutex<Findings>>) -> crate::apiserver::Checker {
     let mut last: Option<Shape> = None;
     let mut refusals = 0;
     let mut instant = (tokio::time::Instant::now(), 0u64);
+    let mut idle_runs = IdleRuns::default();
     Box::new(move |state: &State| {
         let mut findings = findings.lock().unwrap_or_else(|p| p.into_inner());
         // Steps at one instant of the paused clock: a loop that never waits for time.
@@ -217,6 +218,9 @@ pub fn checker(findings: Arc<Mutex<Findings>>) -> crate::apiserver::Checker {
         let Some(crd) = state.crds.get(CRD) else {
             return false;
         };
+        if let Some(waste) = idle_runs.check(state, crd) {
+            findings.violation(waste);
+        }
         let shape = Shape::of(crd);
         if last.as_ref() == Some(&shape) {
             return false;
@@ -286,6 +290,52 @@ pub fn checker(findings: Arc<Mutex<Findings>>) -> crate::apiserver::Checker {
         last = Some(shape);
         false
     })
+}
+
+/// Migration runs of the policy that found nothing to migrate (`Succeeded`, nothing listed:
+/// `status.storedVersions` named the storage version alone when the run read it), by the CRD
+/// state they ended at. One such run is a race the controller cannot avoid (it decided on a
+/// CRD copy a moment before someone else's trim landed); a second one at the same CRD state
+/// means the controller started a run it had just learnt was pointless: a loop of runs, each
+/// with its Events and status writes, while its view of the CRD lags (the kept-copy check in
+/// `reconcile.rs`).
+#[derive(Default)]
+struct IdleRuns {
+    /// The policy's `status.migration` at the last step.
+    last: Value,
+    /// The CRD's resourceVersion at the end of each idle run seen, with the run's start.
+    ended_at: Vec<(String, String)>,
+}
+
+impl IdleRuns {
+    fn check(&mut self, state: &State, crd: &Value) -> Option<String> {
+        let migration = &state.policies.values().next()?["status"]["migration"];
+        if *migration == self.last {
+            return None;
+        }
+        self.last = migration.clone();
+        if migration["phase"] != "Succeeded" || migration["listed"] != 0 || migration["total"] != 0 {
+            return None;
+        }
+        let started = migration["startedAt"].as_str().unwrap_or_default().to_owned();
+        let version = crd["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let earlier = self
+            .ended_at
+            .iter()
+            .find(|(at, _)| *at == version)
+            .map(|(_, started)| started.clone());
+        self.ended_at.push((version.clone(), started.clone()));
+        earlier.map(|earlier| {
+            format!(
+                "a migration run started at {started} found nothing to migrate, as one started at {earlier} had, \
+                 with the CRD unchanged since (resourceVersion {version}): a run started on what the controller had \
+                 just learnt"
+            )
+        })
+    }
 }
 
 /// The end state the policy schedules once every milestone passed: v1 alone, served and
