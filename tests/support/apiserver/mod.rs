@@ -1123,22 +1123,43 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
             }
             forbidden_secret(method, namespace, name)
         }
+        // Secrets as recorded (tests/fixtures/apiserver/secret-answers-v1.36.txt): 404 and 409
+        // name the Secret in `details`; POST fills namespace, uid, creationTimestamp and type;
+        // a PUT keeps uid and creationTimestamp, answers 409 for a stale resourceVersion and
+        // 404 for a Secret that is gone (it never creates one).
         ("GET", ["api", "v1", "namespaces", _, "secrets", name]) => match state.secrets.get(*name) {
             Some(secret) => (200, secret.clone()),
-            None => not_found("secrets", name),
+            None => secret_failure(not_found("secrets", name), name),
         },
-        ("POST", ["api", "v1", "namespaces", _, "secrets"]) => {
-            create_named(state, |state| &mut state.secrets, "secrets", body)
+        ("POST", ["api", "v1", "namespaces", namespace, "secrets"]) => {
+            let mut body = body;
+            let name = body["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+            body["metadata"]["namespace"] = (*namespace).into();
+            body["metadata"]["uid"] = format!("secret-{name}-{}", state.steps).into();
+            body["metadata"]["creationTimestamp"] =
+                json!(state.now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+            if body.get("type").is_none() {
+                body["type"] = "Opaque".into();
+            }
+            secret_failure(
+                create_named(state, |state| &mut state.secrets, "secrets", body),
+                &name,
+            )
         }
-        // PUT with the resourceVersion read: 409 when someone wrote since.
         ("PUT", ["api", "v1", "namespaces", _, "secrets", name]) => {
             let Some(current) = state.secrets.get(*name) else {
-                return not_found("secrets", name);
+                return secret_failure(not_found("secrets", name), name);
             };
             if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
-                return conflict("secrets", name);
+                return secret_failure(conflict("secrets", name), name);
             }
             let mut body = body;
+            for kept in ["namespace", "uid", "creationTimestamp"] {
+                body["metadata"][kept] = current["metadata"][kept].clone();
+            }
+            if body.get("type").is_none() {
+                body["type"] = current["type"].clone();
+            }
             body["metadata"]["resourceVersion"] = state.next_resource_version().into();
             state.secrets.insert((*name).to_owned(), body.clone());
             (200, body)
@@ -1262,6 +1283,15 @@ fn forbidden_secret(method: &str, namespace: &str, name: &str) -> (u16, Value) {
     );
     body["details"] = json!({"name": name, "kind": "secrets"});
     (403, body)
+}
+
+/// A Secret's failure as recorded: its `details` name the Secret
+/// (tests/fixtures/apiserver/secret-answers-v1.36.txt).
+fn secret_failure((code, mut body): (u16, Value), name: &str) -> (u16, Value) {
+    if code >= 400 {
+        body["details"] = json!({"name": name, "kind": "secrets"});
+    }
+    (code, body)
 }
 
 pub(super) fn not_found(resource: &str, name: &str) -> (u16, Value) {
