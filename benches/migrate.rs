@@ -16,7 +16,7 @@
 //! it, so the figure is the whole run, settle check included. `just switched` migrates a CRD
 //! changed a moment ago: the 4 s of confirmations in a row run while the first page is
 //! listed, and only then do the writes start (that wait is the safety margin for an HA
-//! control plane, ARCHITECTURE.md).
+//! control plane, docs/src/internals/architecture.md).
 //!
 //! `BENCH_SIZES=1000,5000 cargo bench --bench migrate` picks other sizes;
 //! `BENCH_LATENCY_MS=30` makes the API answer every request that much later, as a real

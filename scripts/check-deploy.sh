@@ -52,7 +52,7 @@ EOF
   echo "$variant: $kinds objects render and validate (Kubernetes ${schemas[*]}); no wildcard RBAC"
 done
 
-# The upgrade examples (examples/upgrades/, README "Before an upgrade"): the Argo CD PreSync
+# The upgrade examples (examples/upgrades/, docs/src/guides/upgrade-check.md): the Argo CD PreSync
 # hook and the Flux check render with kustomize; the Helm chart's templates are rendered by
 # the few template expressions they use (Helm is not installed here: .Release.Name,
 # .Release.Namespace, .Files.Get and .Files.Glob(...).AsConfig | indent, and nothing else);

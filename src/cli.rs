@@ -68,6 +68,22 @@ pub enum Command {
     /// crdlifecycle.io/aggregate-to-migrator so that the operator's migrator role
     /// aggregates it (`| kubectl apply -f -`).
     Rbac(RbacArgs),
+    /// Write the book's generated pages (docs/src): the command-line, VersionPolicy,
+    /// metrics and conditions references and the real-cluster benchmark page.
+    #[command(hide = true)]
+    Docgen(DocgenArgs),
+}
+
+/// Arguments of the hidden `crd-lifecycle docgen`.
+#[derive(Args, Debug, Clone)]
+pub struct DocgenArgs {
+    /// The book's source folder: pages are written under its reference/ and internals/.
+    #[arg(long, value_name = "DIR", default_value = "docs/src")]
+    pub out: std::path::PathBuf,
+
+    /// The saved output of `scripts/bench-real.sh --save` the benchmark page is rendered from.
+    #[arg(long, value_name = "FILE", default_value = "docs/bench/real.txt")]
+    pub bench_results: std::path::PathBuf,
 }
 
 /// Arguments of `crd-lifecycle audit`.
@@ -203,7 +219,7 @@ pub struct TestArgs {
     #[arg(long, value_name = "DIR")]
     pub objects: Option<String>,
 
-    /// Write the conversions as a golden corpus (one <version>.json per version).
+    /// Write the conversions as a golden corpus (one `<version>.json` per version).
     #[arg(long, value_name = "DIR", conflicts_with = "golden")]
     pub record: Option<String>,
 
@@ -414,7 +430,7 @@ pub struct WebhookArgs {
     )]
     pub webhook_service: Option<String>,
 
-    /// How the apiserver reaches the webhook: a base URL, e.g. https://10.0.0.5:8443 (a
+    /// How the apiserver reaches the webhook: a base URL, e.g. `https://10.0.0.5:8443` (a
     /// controller running outside the cluster).
     #[arg(long, value_name = "URL", env = "CRD_LIFECYCLE_WEBHOOK_URL")]
     pub webhook_url: Option<String>,

@@ -2,6 +2,7 @@
 
 mod cli;
 mod commands;
+mod docgen;
 
 use std::process::ExitCode;
 

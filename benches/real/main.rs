@@ -79,7 +79,7 @@ fn main() {
 async fn run(sections: &[String]) -> i32 {
     let Some(assets) = control_plane::assets() else {
         eprintln!(
-            "bench real: KUBEBUILDER_ASSETS is not set: it must name a directory with etcd, kube-apiserver and kube-controller-manager (README, 'End-to-end tests')"
+            "bench real: KUBEBUILDER_ASSETS is not set: it must name a directory with etcd, kube-apiserver and kube-controller-manager (docs/src/internals/e2e.md)"
         );
         return 2;
     };

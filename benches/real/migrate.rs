@@ -202,7 +202,7 @@ fn migrator(cluster: &Cluster, crd: &str) -> Result<(u64, f64), String> {
             output.status
         ));
     }
-    // The summary: "migrated ...: N listed, N rewritten, ..." (README, `migrate`).
+    // The summary: "migrated ...: N listed, N rewritten, ..." (docs/src/concepts/engines.md).
     let summary = format!("{stdout}\n{stderr}");
     let listed = summary
         .split(|c: char| !c.is_ascii_alphanumeric())

@@ -50,7 +50,9 @@ pub struct VersionPolicySpec {
     #[x_kube(validation = Rule::new("self == oldSelf").message("crdName is immutable; create a new VersionPolicy instead"))]
     pub crd_name: String,
 
-    /// While true the controller changes nothing and reports the policy as Suspended.
+    /// While true the controller changes nothing and reports the policy as Suspended. (A CRD
+    /// pointed at the operator's webhook still gets the webhook's new CA in its `caBundle`
+    /// when the CA rotates.)
     #[serde(default, skip_serializing_if = "is_false")]
     pub suspend: bool,
 
@@ -282,14 +284,20 @@ pub struct UnserveMilestone {
     pub require_no_writers_for: Option<String>,
 }
 
-/// Whether a milestone needs a human's approval.
+/// Whether a milestone needs a human's approval. `Required`: when due, the milestone waits
+/// until approved with `kubectl annotate --overwrite vp NAME
+/// crdlifecycle.io/approve=<version>.<milestone>` (comma-separated entries accumulate).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum Approval {
     /// The milestone waits for the approval annotation.
     Required,
 }
 
-/// Extra rules the policy's schedule must follow.
+/// Extra rules the policy's schedule must follow. `KubernetesDeprecationPolicy`: also reject
+/// schedules that break the Kubernetes API deprecation policy: no deprecation unless a newer
+/// version at least as stable is served then, a beta version served 9 months after its
+/// deprecation, a GA version never removed (version names that are not Kubernetes-style are
+/// exempt).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum Enforce {
     /// The Kubernetes API deprecation policy: no deprecation in favour of a less stable
@@ -358,7 +366,8 @@ pub struct MigrationSettings {
 
     /// How long before a `store`'s instant its conversion preflight starts (a duration such
     /// as `15m`), so that the store lands on its instant. Unset: derived from the CRD's
-    /// object count and the rate its last preflight read at, at least one minute.
+    /// object count and the rate its last preflight read at, at least one minute. The check
+    /// shortly before the instant is sized by the object count either way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preflight_lead: Option<String>,
 
@@ -401,7 +410,10 @@ fn is_internal(engine: &MigrationEngine) -> bool {
     *engine == MigrationEngine::Internal
 }
 
-/// A subresource the migrator's rewrites can go through.
+/// A subresource the migrator's rewrites can go through. `status`: the no-op rewrite goes to
+/// the `/status` subresource (which also stores the whole object in the storage version),
+/// for CRDs whose admission webhooks reject writes of the main resource; the storage version
+/// needs a status subresource. Unset: the main resource.
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum RewriteSubresource {

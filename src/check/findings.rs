@@ -80,7 +80,7 @@ impl FixStep {
 #[serde(rename_all = "camelCase")]
 pub struct Finding {
     pub severity: Severity,
-    /// A stable name of the kind of finding (`StoredVersionMissing`, ...; README, `check`).
+    /// A stable name of the kind of finding (`StoredVersionMissing`, ...; docs/src/guides/upgrade-check.md).
     pub kind: &'static str,
     /// The version it is about, if one.
     pub version: Option<String>,

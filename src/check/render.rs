@@ -1,5 +1,5 @@
 //! The check as people (a table, blocking lines first; Markdown for a pull request) and
-//! programs (JSON, stable: README, `check`) read it.
+//! programs (JSON, stable: docs/src/guides/upgrade-check.md) read it.
 
 use serde::Serialize;
 

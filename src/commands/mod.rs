@@ -5,6 +5,7 @@ mod adopt;
 mod audit;
 mod check;
 mod convert;
+mod docgen;
 mod migrate;
 mod plan;
 mod rbac;
@@ -73,6 +74,7 @@ pub fn dispatch(cli: Cli) -> Result<(), CommandError> {
         }
         Command::Check(args) => block_on(check::run(args)),
         Command::Rbac(args) => rbac::run(&args),
+        Command::Docgen(args) => docgen::run(&args),
         Command::RepairManagedFields(args) => {
             init_logging(cli.log_format);
             block_on(migrate::repair(args))

@@ -144,7 +144,7 @@ impl LeaderElector {
     /// `context.WithTimeout(RenewDeadline)`, every attempt here is cut off at the deadline: a
     /// hung request, or a client retrying 429 or 503 for minutes, cannot keep this replica
     /// acting after the lease it no longer renews has expired for the others
-    /// (`renew_deadline` < `lease_duration`; ARCHITECTURE.md, "Fencing").
+    /// (`renew_deadline` < `lease_duration`; docs/src/internals/architecture.md, "Fencing").
     pub async fn hold(&self, renewed: Instant) -> LeaseError {
         let mut deadline = renewed + self.settings.renew_deadline;
         loop {

@@ -122,7 +122,7 @@ impl Default for Metrics {
         let blocked = Family::<BlockedLabels, Gauge>::default();
         registry.register(
             "blocked",
-            "1 while a policy is blocked, by reason",
+            "1 while a policy is blocked, by policy and reason (the Blocked condition's reasons)",
             blocked.clone(),
         );
         let policy_state = Family::<StateLabels, Gauge>::default();
@@ -158,7 +158,7 @@ impl Default for Metrics {
         let objects_remaining = Family::<JobLabels, Gauge>::default();
         registry.register(
             "migration_objects_remaining",
-            "Objects not yet done by the running job (a migration or a managedFields cleanup), by crd and job",
+            "Objects not yet done by the running job (job: migration or managed_fields_cleanup; when the apiserver reports a total), by crd and job",
             objects_remaining.clone(),
         );
         let job_objects_done = Family::<JobLabels, Gauge>::default();
@@ -180,7 +180,11 @@ impl Default for Metrics {
             job_objects_per_second.clone(),
         );
         let migrations = Family::<MigrationResultLabels, Counter>::default();
-        registry.register("migrations", "Finished migrations, by result", migrations.clone());
+        registry.register(
+            "migrations",
+            "Finished migrations, by crd and result: succeeded, failed or error",
+            migrations.clone(),
+        );
         let migration_duration = Histogram::new(exponential_buckets(0.1, 2.0, 16));
         registry.register_with_unit(
             "migration_duration",
@@ -197,7 +201,7 @@ impl Default for Metrics {
         let managed_fields_cleanups = Family::<MigrationResultLabels, Counter>::default();
         registry.register(
             "managed_fields_cleanups",
-            "Finished managedFields cleanups, by result",
+            "Finished managedFields cleanups, by crd and result: succeeded, failed or error",
             managed_fields_cleanups.clone(),
         );
         let webhook = Arc::new(WebhookMetrics::registered(&mut registry));

@@ -15,7 +15,7 @@ use kube::runtime::reflector::Store;
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use super::conditions::{ConditionReason, ConditionState, ConditionType};
+use super::conditions::{ConditionReason, ConditionState, ConditionType, StatusReason};
 use super::context::{Context, get_crd, get_crd_seen};
 use super::decide::{Decision, WebhookConversion, cleaned_at_generation, decide, managed_fields_pending};
 use super::error::{Error, status_code};
@@ -778,10 +778,30 @@ async fn report_undecodable(invalid: &InvalidObject, ctx: &Context) -> Result<Ac
     let message = format!("the policy cannot be read: {}", invalid.error);
     let generation = invalid.metadata.generation;
     let conditions: Vec<_> = [
-        ConditionState::new(ConditionType::Ready, false, "InvalidPolicy", message.clone()),
-        ConditionState::new(ConditionType::Reconciling, false, "Stalled", message.clone()),
-        ConditionState::new(ConditionType::Stalled, true, "InvalidPolicy", message.clone()),
-        ConditionState::new(ConditionType::Blocked, true, "InvalidPolicy", message),
+        ConditionState::new(
+            ConditionType::Ready,
+            false,
+            ConditionReason::InvalidPolicy.as_str(),
+            message.clone(),
+        ),
+        ConditionState::new(
+            ConditionType::Reconciling,
+            false,
+            StatusReason::Stalled.as_str(),
+            message.clone(),
+        ),
+        ConditionState::new(
+            ConditionType::Stalled,
+            true,
+            ConditionReason::InvalidPolicy.as_str(),
+            message.clone(),
+        ),
+        ConditionState::new(
+            ConditionType::Blocked,
+            true,
+            ConditionReason::InvalidPolicy.as_str(),
+            message,
+        ),
     ]
     .into_iter()
     .map(|c| c.condition(&[], generation, now))

@@ -12,7 +12,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::core::DeserializeGuard;
 use serde_json::json;
 
-use super::conditions::{ConditionReason, ConditionState, ConditionType};
+use super::conditions::{ConditionReason, ConditionState, ConditionType, StatusReason};
 pub use super::observation::Observation;
 use crate::api::{
     HistoryEntry, MilestoneKind, NextTransition, VersionPhase, VersionPolicy, VersionPolicyStatus,
@@ -169,7 +169,7 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
         None => ConditionState::new(
             ConditionType::Blocked,
             false,
-            "NotBlocked",
+            StatusReason::NotBlocked.as_str(),
             "nothing is held back".to_owned(),
         ),
     };
@@ -244,13 +244,13 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
         (None, Some(message)) if migrations_enabled => ConditionState::new(
             ConditionType::Stalled,
             true,
-            "MigrationFailed",
+            StatusReason::MigrationFailed.as_str(),
             format!("the last migration of {crd_name} failed and is retried later: {message}"),
         ),
         (None, None) if failed_cleanup.is_some() => ConditionState::new(
             ConditionType::Stalled,
             true,
-            "ManagedFieldsCleanupFailed",
+            StatusReason::ManagedFieldsCleanupFailed.as_str(),
             format!(
                 "the last rewrite of {crd_name}'s managedFields entries failed and is retried later: {}",
                 failed_cleanup.clone().unwrap_or_default()
@@ -259,7 +259,7 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
         _ => ConditionState::new(
             ConditionType::Stalled,
             false,
-            "NotStalled",
+            StatusReason::NotStalled.as_str(),
             "nothing needs a human".to_owned(),
         ),
     };
@@ -273,14 +273,14 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
         ConditionState::new(
             ConditionType::Reconciling,
             false,
-            "Stalled",
+            StatusReason::Stalled.as_str(),
             "stalled: see the Stalled condition".to_owned(),
         )
     } else if let (true, Some(work)) = (migrations_enabled, &migration_work) {
         let reason = if observation.migrating {
-            "Migrating"
+            StatusReason::Migrating.as_str()
         } else {
-            "MigrationPending"
+            StatusReason::MigrationPending.as_str()
         };
         ConditionState::new(ConditionType::Reconciling, true, reason, work.clone())
     } else if let Some(reason) = waiting {
@@ -294,21 +294,21 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
         ConditionState::new(
             ConditionType::Reconciling,
             false,
-            "MigrationPending",
+            StatusReason::MigrationPending.as_str(),
             format!("{work}; spec.migration.enabled is false, so run `crd-lifecycle migrate {crd_name}`"),
         )
     } else if !in_sync && observation.dry_run_patch.is_none() && observation.blocked.is_empty() {
         ConditionState::new(
             ConditionType::Reconciling,
             true,
-            "Pending",
+            StatusReason::Pending.as_str(),
             format!("{crd_name} does not match the policy yet"),
         )
     } else {
         ConditionState::new(
             ConditionType::Reconciling,
             false,
-            "Idle",
+            StatusReason::Idle.as_str(),
             "no transition or migration under way".to_owned(),
         )
     };
@@ -331,21 +331,21 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
         ConditionState::new(
             ConditionType::Ready,
             true,
-            "UpToDate",
+            StatusReason::UpToDate.as_str(),
             format!("{crd_name} matches the policy"),
         )
     } else if observation.dry_run_patch.is_some() {
         ConditionState::new(
             ConditionType::Ready,
             false,
-            "DryRun",
+            StatusReason::DryRun.as_str(),
             format!("dry run: the changes to {crd_name} in status.dryRunPatch were not applied"),
         )
     } else {
         ConditionState::new(
             ConditionType::Ready,
             false,
-            "Pending",
+            StatusReason::Pending.as_str(),
             format!("{crd_name} does not match the policy yet"),
         )
     };
@@ -364,17 +364,17 @@ fn conditions(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<Cond
             (None, _) => format!("dry run: {crd_name} already matches the policy"),
         };
         return vec![
-            ConditionState::new(ConditionType::Ready, true, "DryRun", message),
+            ConditionState::new(ConditionType::Ready, true, StatusReason::DryRun.as_str(), message),
             ConditionState::new(
                 ConditionType::Reconciling,
                 false,
-                "DryRun",
+                StatusReason::DryRun.as_str(),
                 "dry run: the operator changes nothing".to_owned(),
             ),
             ConditionState::new(
                 ConditionType::Stalled,
                 false,
-                "NotStalled",
+                StatusReason::NotStalled.as_str(),
                 "nothing needs a human".to_owned(),
             ),
             blocked,

@@ -9,7 +9,7 @@
 //!
 //! A CRD that had not changed for `SettleCheck::settled_after` (a minute) when it was read,
 //! measured on the apiserver's clock alone, has had far longer than that span for every
-//! apiserver to act on it: one agreeing answer is enough there (ARCHITECTURE.md, "The
+//! apiserver to act on it: one agreeing answer is enough there (docs/src/internals/architecture.md, "The
 //! settle check"). The check is always about the CRD as last read: the trim confirms the
 //! state it is about to act on, not the one the run started from.
 

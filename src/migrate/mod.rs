@@ -442,7 +442,7 @@ async fn read_current(client: &Client, crd_name: &str, settings: &Settings) -> R
 }
 
 /// The CRD as it is now, once discovery confirms that the apiservers answering store in its
-/// storage version (the settle check, ARCHITECTURE.md): what another migrator (Kubernetes'
+/// storage version (the settle check, docs/src/internals/architecture.md): what another migrator (Kubernetes'
 /// built-in one, which has no settle of its own) may be started for. Its rewrites go through
 /// any apiserver, and one that has not acted on the switch yet encodes in the old version.
 pub async fn settled_target(client: &Client, crd_name: &str, settings: &Settings) -> Result<Target, Error> {

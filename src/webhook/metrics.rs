@@ -70,7 +70,7 @@ impl WebhookMetrics {
         let metrics = Self::default();
         registry.register(
             "conversion_reviews",
-            "ConversionReviews answered by the conversion webhook, by policy and result",
+            "ConversionReviews answered by the conversion webhook, by policy (unknown for a path naming no known policy) and result: success, failure (a Failed result) or invalid (not a review)",
             metrics.reviews.clone(),
         );
         registry.register_with_unit(
@@ -86,12 +86,12 @@ impl WebhookMetrics {
         );
         registry.register(
             "webhook_open_connections",
-            "Client connections the conversion webhook has open",
+            "Client connections the conversion webhook has open (per replica: how the apiservers' connections spread)",
             metrics.open_connections.clone(),
         );
         registry.register(
             "webhook_connections_aged_out",
-            "Connections the conversion webhook asked to close (HTTP/2 GOAWAY) at their maximum age",
+            "Connections the conversion webhook asked to close (HTTP/2 GOAWAY, HTTP/1.1 Connection: close) at their maximum age",
             metrics.connections_aged_out.clone(),
         );
         metrics

@@ -312,11 +312,11 @@ fn exported_series(text: &str) -> std::collections::BTreeSet<String> {
     names
 }
 
-/// Every metric the alerts, the dashboard and the README name is one the operator exports,
+/// Every metric the alerts, the dashboard and the book name is one the operator exports,
 /// as scraped from `/metrics`. A family without a sample is not in the text, so each gets
 /// one first, through the same calls the controller, the migrations and the webhook make.
 #[tokio::test]
-async fn the_dashboard_alerts_and_readme_use_only_exported_metrics() {
+async fn the_dashboard_alerts_and_book_use_only_exported_metrics() {
     use crd_lifecycle::controller::metrics::{CrdLabels, JobLabels, Metrics, MigrationResultLabels};
     use crd_lifecycle::webhook::metrics::ReviewResult;
     let metrics = Arc::new(Metrics::default());
@@ -365,7 +365,11 @@ async fn the_dashboard_alerts_and_readme_use_only_exported_metrics() {
         "deploy/components/monitoring/prometheusrule.yaml",
         "deploy/components/monitoring/alerts.test.yaml",
         "deploy/components/monitoring/dashboard.json",
-        "README.md",
+        "docs/src/concepts/controller.md",
+        "docs/src/concepts/engines.md",
+        "docs/src/concepts/webhook-ha.md",
+        "docs/src/reference/conditions.md",
+        "docs/src/reference/metrics.md",
     ] {
         let content = std::fs::read_to_string(format!("{root}/{file}")).expect("readable");
         let used: std::collections::BTreeSet<&str> = name.find_iter(&content).map(|m| m.as_str()).collect();

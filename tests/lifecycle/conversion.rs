@@ -599,7 +599,7 @@ proptest! {
 /// parent requires it, so that no object holds an empty parent).
 fn schema_for(fields: &[String]) -> Value {
     // Every version has a `spec`, even one with no fields (an empty object the object
-    // holds is then kept, not pruned: the limit the README states for parents only one
+    // holds is then kept, not pruned: the limit the book states (docs/src/concepts/conversion.md) for parents only one
     // version has).
     let mut root = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {}}}});
     for path in fields {

@@ -8,7 +8,7 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// A directory holding the built binary as `kubectl-crd_lifecycle`, as the README installs it.
+/// A directory holding the built binary as `kubectl-crd_lifecycle`, as the kubectl plugin guide (docs/src/guides/kubectl-plugin.md) installs it.
 fn plugin_dir() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("crd-lifecycle-plugin-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");

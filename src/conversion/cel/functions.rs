@@ -35,7 +35,8 @@ const fn f(name: &'static str, style: Style, arities: &'static [usize]) -> Funct
 }
 
 /// Every function an expression may call (besides operators and macros). Documented in the
-/// README's conversion section; `the_readme_documents_every_function` keeps the two in step.
+/// book's conversion page (docs/src/concepts/conversion.md); `the_book_documents_every_function`
+/// keeps the two in step.
 pub(super) const FUNCTIONS: &[Function] = &[
     // Conversions.
     f("int", Style::Global, &[1]),
@@ -211,7 +212,7 @@ fn check_call(
     if candidates.is_empty() {
         if MACROS.contains(&name) {
             return Err(format!(
-                "the macro {name} is called with {} argument(s): see the README for its form (e.g. list.{name}(x, <expression of x>))",
+                "the macro {name} is called with {} argument(s): see docs/src/concepts/conversion.md for its form (e.g. list.{name}(x, <expression of x>))",
                 args.len()
             ));
         }

@@ -111,7 +111,7 @@ impl Meter {
         if self.used > self.limit {
             return Err(Stop::Limit(if self.review_bound {
                 format!(
-                    "the review's cost budget of {} units is used up (see the README's conversion limits)",
+                    "the review's cost budget of {} units is used up (see the conversion limits in docs/src/concepts/conversion.md)",
                     self.per_review
                 )
             } else {

@@ -202,7 +202,7 @@ fn skip_literal(bytes: &[u8], start: usize, raw: bool) -> usize {
 }
 
 /// The functions an expression may call, as `name/arity` with their call form, for docs
-/// and the README test.
+/// and the book test (`the_book_documents_every_function`).
 pub fn function_names() -> Vec<String> {
     functions::FUNCTIONS
         .iter()

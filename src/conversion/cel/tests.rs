@@ -258,19 +258,19 @@ fn a_review_budget_is_shared_by_its_evaluations() {
     );
 }
 
-/// Every function the evaluator has is in the README's table (and so documented).
+/// Every function the evaluator has is in the book's table (and so documented).
 #[test]
-fn the_readme_documents_every_function() {
-    let readme = include_str!("../../../README.md");
-    let table = readme
+fn the_book_documents_every_function() {
+    let page = include_str!("../../../docs/src/concepts/conversion.md");
+    let table = page
         .split("| kind | functions |")
         .nth(1)
         .and_then(|rest| rest.split("\n\n").next())
-        .expect("the README's CEL function table");
+        .expect("the CEL function table of docs/src/concepts/conversion.md");
     for name in function_names() {
         assert!(
             table.contains(&format!("`{name}")) || table.contains(&format!(" {name}(")),
-            "{name} is not in the README's CEL function table"
+            "{name} is not in the CEL function table of docs/src/concepts/conversion.md"
         );
     }
 }
@@ -417,7 +417,7 @@ fn matches_and_contains_cost_as_much_as_they_can_run() {
 /// (etcd's object limit) the costly ones are refused at once.
 ///
 /// A timed assertion, allowed here as an upper bound far above typical: each takes tens of
-/// milliseconds in a release build on this project's 2-core machine (README, "Limits of an
+/// milliseconds in a release build on this project's 2-core machine (docs/src/concepts/conversion.md, "Limits of an
 /// expression"); 1 s leaves room for a loaded machine. The regex engine is optimized in the
 /// test profile (Cargo.toml), as in production.
 #[test]
