@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use apiserver::FakeApiserver;
 use crd_lifecycle::api::VersionPolicy;
 use crd_lifecycle::controller::metrics::Metrics;
-use crd_lifecycle::controller::migrations::Migrations;
 use crd_lifecycle::controller::traffic::TrafficMonitor;
 use crd_lifecycle::controller::{Context, reconcile};
 use futures::StreamExt;
@@ -145,28 +144,13 @@ async fn run() {
         },
     );
     let metrics = Arc::new(Metrics::default());
-    let context = Arc::new(Context {
-        traffic: TrafficMonitor::new(client.clone(), Duration::from_secs(3600)),
-        writers: Arc::new(crd_lifecycle::controller::writer_reads::WriterReads::new(
-            client.clone(),
-        )),
-        migrations: Arc::new(Migrations::new(
-            client.clone(),
-            recorder.clone(),
-            metrics.clone(),
-            2,
-        )),
-        client: client.clone(),
-        recorder,
-        metrics,
-        policies: store,
-        clock: Arc::new(jiff::Timestamp::now),
-        resync: Duration::from_secs(600),
-        webhook: None,
-        last_reconciles: Default::default(),
-        patches_first: Default::default(),
-        crds_seen: Default::default(),
-    });
+    let context = Arc::new(
+        Context::builder(client.clone(), store)
+            .recorder(recorder)
+            .metrics(metrics)
+            .traffic(TrafficMonitor::new(client.clone(), Duration::from_secs(3600)))
+            .build(),
+    );
 
     // Every policy is due now: reconcile them all, as the controller's queue would.
     let started = Instant::now();

@@ -47,7 +47,7 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tracing::{error, info, warn};
 
-pub use context::{Clock, Context};
+pub use context::{Clock, Context, ContextBuilder};
 pub use crds_seen::CrdsSeen;
 pub use error::{Error, status_code};
 pub use reconcile::{competing_owner, error_policy, reconcile, requeue_after};
@@ -63,7 +63,6 @@ use metrics::Metrics;
 use migrations::Migrations;
 use supervise::{Essential, Supervisor};
 use traffic::TrafficMonitor;
-use writer_reads::WriterReads;
 
 /// Settings of `crd-lifecycle run`.
 #[derive(Clone, Debug)]
@@ -523,21 +522,19 @@ pub async fn controller(
             })
         }),
     };
-    let context = Arc::new(Context {
-        writers: Arc::new(WriterReads::new(client.clone())),
-        client,
-        recorder,
-        metrics,
-        policies: store,
-        clock,
-        resync: settings.resync,
-        migrations: migrations.clone(),
-        traffic,
-        webhook,
-        last_reconciles,
-        patches_first: Default::default(),
-        crds_seen,
-    });
+    let context = Arc::new(
+        Context::builder(client, store)
+            .recorder(recorder)
+            .metrics(metrics)
+            .clock(clock)
+            .resync(settings.resync)
+            .migrations(migrations.clone())
+            .traffic(traffic)
+            .webhook(webhook)
+            .last_reconciles(last_reconciles)
+            .crds_seen(crds_seen)
+            .build(),
+    );
     // Ready once the policies are listed: a controller whose watch is refused (no
     // VersionPolicy CRD, no permission) is not.
     let ready_when_listed = {

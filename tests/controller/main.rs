@@ -91,22 +91,7 @@ impl Harness {
         migrations: Arc<Migrations>,
         webhook: Option<Arc<crd_lifecycle::controller::WebhookEndpoint>>,
     ) {
-        let ctx = &self.ctx;
-        self.ctx = Arc::new(Context {
-            client: ctx.client.clone(),
-            recorder: ctx.recorder.clone(),
-            metrics: ctx.metrics.clone(),
-            policies: ctx.policies.clone(),
-            clock: ctx.clock.clone(),
-            resync: ctx.resync,
-            migrations,
-            traffic: ctx.traffic.clone(),
-            writers: ctx.writers.clone(),
-            webhook,
-            last_reconciles: ctx.last_reconciles.clone(),
-            patches_first: ctx.patches_first.clone(),
-            crds_seen: ctx.crds_seen.clone(),
-        });
+        self.ctx = Arc::new(self.ctx.rebuild().migrations(migrations).webhook(webhook).build());
     }
 
     /// A new leader (or this controller restarted): the same cluster, cache, clock and
@@ -379,21 +364,16 @@ pub fn test_context(
     let metrics = Arc::new(Metrics::default());
     let migrations = test_migrations(client.clone(), recorder.clone(), metrics.clone(), clock.clone());
     let writers = WriterReads::new(client.clone()).with_retry(test_retry());
-    Arc::new(Context {
-        traffic: TrafficMonitor::new(client.clone(), Duration::from_secs(1)),
-        writers: Arc::new(writers),
-        client,
-        recorder,
-        metrics,
-        policies,
-        clock,
-        resync: Duration::from_secs(600),
-        migrations: Arc::new(migrations),
-        webhook: None,
-        last_reconciles: Default::default(),
-        patches_first: Default::default(),
-        crds_seen: Default::default(),
-    })
+    Arc::new(
+        Context::builder(client.clone(), policies)
+            .recorder(recorder)
+            .metrics(metrics)
+            .clock(clock)
+            .migrations(Arc::new(migrations))
+            .traffic(TrafficMonitor::new(client, Duration::from_secs(1)))
+            .writers(Arc::new(writers))
+            .build(),
+    )
 }
 
 /// The controller's migration manager for tests: 2 at once, fast retries and settle checks,

@@ -554,9 +554,9 @@ impl Migrations {
             let followed = self.until_finished(&policy_name, &migration, api, status).await?;
             if let Followed::Deleted = followed {
                 return Err(format!(
-                    "StorageVersionMigration {} was deleted before Kubernetes started it: the storage version moved on \
-                     from {storage_version} (it would have rewritten into the new one unconfirmed); the next reconcile \
-                     migrates into the storage version now",
+                    "StorageVersionMigration {} was deleted before Kubernetes started it (by this controller when the \
+                     storage version moved on from {storage_version}: it would have rewritten into the new one \
+                     unconfirmed; or by someone else); the next reconcile migrates into the storage version now",
                     migration.name
                 ));
             }
