@@ -14,7 +14,7 @@ use tracing::debug;
 
 use super::conversion_config::WebhookEndpoint;
 use super::crds_seen::CrdsSeen;
-use super::error::Error;
+use super::error::{Error, Request};
 use super::metrics::Metrics;
 use super::migrations::Migrations;
 use super::patches_first::PatchesFirst;
@@ -246,7 +246,7 @@ pub async fn get_crd(ctx: &Context, name: &str) -> Result<Option<CustomResourceD
 /// A quorum read; a CRD that is gone is forgotten (`CrdsSeen::forget`).
 async fn quorum_read(ctx: &Context, name: &str) -> Result<Option<CustomResourceDefinition>, Error> {
     let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
-    let crd = api.get_opt(name).await?;
+    let crd = api.get_opt(name).await.map_err(Error::of(Request::ReadCrd))?;
     if crd.is_none() {
         ctx.crds_seen.forget(name);
     }

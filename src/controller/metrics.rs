@@ -97,7 +97,11 @@ impl Default for Metrics {
         let reconcile_failures = Family::<ErrorLabels, Counter>::default();
         registry.register(
             "reconcile_failures",
-            "Reconciles that failed and will be retried, by error",
+            format!(
+                "Reconciles that failed and will be retried, by error: the request the apiserver failed ({}), or {}",
+                super::error::Request::ALL.map(super::error::Request::label).join(", "),
+                super::error::Error::OTHER_LABELS.join(", ")
+            ),
             reconcile_failures.clone(),
         );
         let reconcile_duration = Histogram::new(exponential_buckets(0.005, 2.0, 12));

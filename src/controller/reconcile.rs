@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 use super::conditions::{ConditionReason, ConditionState, ConditionType, StatusReason};
 use super::context::{Context, get_crd, get_crd_seen};
 use super::decide::{Decision, WebhookConversion, cleaned_at_generation, decide, managed_fields_pending};
-use super::error::{Error, status_code};
+use super::error::{Error, Request, status_code};
 use super::events::publish_events;
 use super::gate_inputs;
 use super::patch::as_json_patch;
@@ -64,7 +64,7 @@ pub fn error_policy(
     match error {
         // The policy was deleted while it was being reconciled (its status write answers
         // 404): routine, and the next event says so.
-        Error::Kube(kube::Error::Api(status)) if status.code == 404 => {
+        error if error.api_status_code() == Some(404) => {
             tracing::debug!(policy = name, error = %error, "policy gone during its reconcile");
         }
         _ => warn!(policy = name, error = %error, "reconcile failed"),
@@ -725,7 +725,7 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
                 outcome.evaluation = Some(evaluation);
                 return Ok(outcome);
             }
-            Err(error) => return Err(error.into()),
+            Err(error) => return Err(Error::of(Request::PatchCrd)(error)),
         }
     }
     Err(Error::ConcurrentModification {
@@ -807,7 +807,9 @@ async fn report_undecodable(invalid: &InvalidObject, ctx: &Context) -> Result<Ac
     .map(|c| c.condition(&[], generation, now))
     .collect();
     let status = json!({"observedGeneration": generation, "conditions": conditions});
-    apply_status(&ctx.client, &name, FIELD_MANAGER, status).await?;
+    apply_status(&ctx.client, &name, FIELD_MANAGER, status)
+        .await
+        .map_err(Error::of(Request::WriteStatus))?;
     ctx.metrics
         .set_blocked(&name, &[ConditionReason::InvalidPolicy.as_str()]);
     ctx.metrics.set_state(&name, Some("Stalled"));

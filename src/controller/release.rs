@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use super::conditions::ConditionReason;
 use super::context::{Context, get_crd};
-use super::error::{Error, status_code};
+use super::error::{Error, Request};
 use super::events;
 use super::patch::{add_conversion, as_json_patch};
 use super::status::{Observation, build_status, write_status};
@@ -117,9 +117,7 @@ pub async fn let_go(ctx: &Context, name: &str, finalizers: &[String]) -> Result<
         json!({"op": "remove", "path": format!("/metadata/finalizers/{index}")}),
     ];
     match patch_policy(ctx, name, ops).await {
-        Err(Error::Kube(error)) if matches!(status_code(&error), Some(404 | 409 | 422)) => {
-            Ok(Action::await_change())
-        }
+        Err(error) if matches!(error.api_status_code(), Some(404 | 409 | 422)) => Ok(Action::await_change()),
         other => other.map(|()| Action::await_change()),
     }
 }
@@ -137,15 +135,15 @@ fn converting_for(crd: &CustomResourceDefinition, policy: &str) -> Option<Value>
 
 async fn patch_policy(ctx: &Context, name: &str, ops: Vec<Value>) -> Result<(), Error> {
     let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(ctx.client.clone());
-    json_patch(&api, name, ops).await
+    json_patch(&api, name, ops, Request::PatchPolicy).await
 }
 
 async fn patch_crd(ctx: &Context, name: &str, ops: Vec<Value>) -> Result<(), Error> {
     let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
-    json_patch(&api, name, ops).await
+    json_patch(&api, name, ops, Request::PatchCrd).await
 }
 
-async fn json_patch<K>(api: &Api<K>, name: &str, ops: Vec<Value>) -> Result<(), Error>
+async fn json_patch<K>(api: &Api<K>, name: &str, ops: Vec<Value>, request: Request) -> Result<(), Error>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -154,7 +152,8 @@ where
         source,
     })?;
     api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
-        .await?;
+        .await
+        .map_err(Error::of(request))?;
     Ok(())
 }
 

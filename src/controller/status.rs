@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::Client;
 use tracing::warn;
 
-use super::error::Error;
+use super::error::{Error, Request};
 use crate::api::FIELD_MANAGER;
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
@@ -500,7 +500,9 @@ pub async fn write_status(
         what: "status",
         source,
     })?;
-    Ok(apply_status(client, name, FIELD_MANAGER, status).await?)
+    apply_status(client, name, FIELD_MANAGER, status)
+        .await
+        .map_err(Error::of(Request::WriteStatus))
 }
 
 #[cfg(test)]

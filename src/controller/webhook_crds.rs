@@ -28,6 +28,7 @@ use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::reflector::Store;
 
 use super::Error;
+use super::error::Request;
 use crate::api::VersionPolicy;
 use crate::conversion::RecordedConversion;
 
@@ -125,7 +126,7 @@ impl WebhookCrds {
             }
         }
         if let Some(error) = failed {
-            return Err(Error::Kube(error));
+            return Err(Error::of(Request::ReadWebhookCrds)(error));
         }
         Ok(read.values().filter_map(|r| r.pointed.clone()).collect())
     }

@@ -332,7 +332,7 @@ async fn the_dashboard_alerts_and_book_use_only_exported_metrics() {
         result: "failed".into(),
     };
     metrics.observe_reconcile(std::time::Duration::from_millis(3));
-    metrics.record_failure("kube");
+    metrics.record_failure("patch_crd");
     metrics.record_transition("widgets.example.com", "v1", "store");
     metrics.set_next_transition("widgets", Some(jiff::Timestamp::UNIX_EPOCH));
     metrics.set_blocked("widgets", &["AwaitingMigration"]);
