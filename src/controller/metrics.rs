@@ -186,7 +186,7 @@ impl Default for Metrics {
         let migrations = Family::<MigrationResultLabels, Counter>::default();
         registry.register(
             "migrations",
-            "Finished migrations, by crd and result: succeeded, failed or error",
+            "Finished migrations, by crd and result: succeeded, failed, error or missing_permission",
             migrations.clone(),
         );
         let migration_duration = Histogram::new(exponential_buckets(0.1, 2.0, 16));
@@ -205,7 +205,7 @@ impl Default for Metrics {
         let managed_fields_cleanups = Family::<MigrationResultLabels, Counter>::default();
         registry.register(
             "managed_fields_cleanups",
-            "Finished managedFields cleanups, by crd and result: succeeded, failed or error",
+            "Finished managedFields cleanups, by crd and result: succeeded, failed, error or missing_permission",
             managed_fields_cleanups.clone(),
         );
         let webhook = Arc::new(WebhookMetrics::registered(&mut registry));

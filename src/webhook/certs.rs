@@ -180,7 +180,13 @@ impl Bundle {
         .map(|(k, v)| (k.to_owned(), ByteString(v.clone().into_bytes())))
         .collect();
         secret.data = Some(data);
-        secret.type_ = Some("kubernetes.io/tls".to_owned());
+        // A Secret's type is immutable (422 "field is immutable" on a change, and a PUT
+        // without one means Opaque: tests/fixtures/apiserver/secret-answers-v1.36.txt): a
+        // Secret that exists keeps its own. The rotation record creates it Opaque when it
+        // writes first (after `kubectl delete secret`); the certificates fit either type.
+        if secret.type_.is_none() {
+            secret.type_ = Some("kubernetes.io/tls".to_owned());
+        }
         let annotations = secret.metadata.annotations.get_or_insert_with(BTreeMap::new);
         annotations.insert(NOT_AFTER_ANNOTATION.to_owned(), self.not_after.to_string());
         annotations.insert(SANS_ANNOTATION.to_owned(), self.names.join(","));

@@ -859,3 +859,40 @@ async fn a_bundle_the_apiserver_refuses_is_reported_not_taken_for_a_race() {
     assert!(synced.refused.is_empty());
     assert_eq!(bundle_of(&h, RELEASED), ca1.ca_pem);
 }
+
+/// After `kubectl delete secret`, the rotation record may write first and create the Secret
+/// Opaque; the certificate keeper then fills that Secret without changing its type (the
+/// apiserver refuses a type change with 422 "field is immutable", recorded in
+/// tests/fixtures/apiserver/secret-answers-v1.36.txt: the certificates would never be
+/// written again).
+#[tokio::test]
+async fn certificates_are_written_into_a_secret_the_rotation_record_created() {
+    let h = Harness::new();
+    let client = h.fake.client();
+    let record = RotationRecord {
+        namespace: NAMESPACE.to_owned(),
+        secret: SECRET.to_owned(),
+        replica: "replica-a".to_owned(),
+        ttl: std::time::Duration::from_secs(180),
+    };
+    record
+        .publish(&client, None, jiff::Timestamp::now())
+        .await
+        .expect("the record creates the Secret");
+    assert_eq!(h.fake.lock().secrets[SECRET]["type"], "Opaque");
+    let bundle = certs::ensure_secret(&client, NAMESPACE, SECRET, &target().certificate_names())
+        .await
+        .expect("the certificates are written into the Secret the record created");
+    let secret = h.fake.lock().secrets[SECRET].clone();
+    assert_eq!(secret["type"], "Opaque", "the type stays as created");
+    assert!(
+        secret["metadata"]["annotations"]
+            .as_object()
+            .is_some_and(|a| a.contains_key(SINCE_ANNOTATION)),
+        "the record's entries are kept: {secret}"
+    );
+    let again = certs::ensure_secret(&client, NAMESPACE, SECRET, &target().certificate_names())
+        .await
+        .expect("read back");
+    assert_eq!(again, bundle, "the certificates read back from the Opaque Secret");
+}

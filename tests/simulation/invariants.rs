@@ -314,7 +314,13 @@ impl IdleRuns {
             return None;
         }
         self.last = migration.clone();
-        if migration["phase"] != "Succeeded" || migration["listed"] != 0 || migration["total"] != 0 {
+        // Found nothing to migrate (`AlreadyMigrated`): nothing listed and no `rewroteAll`,
+        // which a run that trimmed sets even over no objects.
+        if migration["phase"] != "Succeeded"
+            || migration["listed"] != 0
+            || migration["total"] != 0
+            || migration.get("rewroteAll").is_some()
+        {
             return None;
         }
         let started = migration["startedAt"].as_str().unwrap_or_default().to_owned();

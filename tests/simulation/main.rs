@@ -86,7 +86,13 @@ fn main() -> ExitCode {
                     if seed >= last.load(Ordering::SeqCst) {
                         break;
                     }
-                    if sender.send((seed, run_seed(seed))).is_err() {
+                    // A panic is a finding too: reported with its seed, and no later seed starts.
+                    let ran = std::panic::catch_unwind(|| run_seed(seed)).unwrap_or_else(|_| {
+                        last.fetch_min(seed + 1, Ordering::SeqCst);
+                        println!("simulation: seed {seed} PANICKED (replay: SIM_SEED={seed} cargo test --test simulation)");
+                        Some(Ran::panicked(seed))
+                    });
+                    if sender.send((seed, ran)).is_err() {
                         break;
                     }
                 }
@@ -132,11 +138,15 @@ fn main() -> ExitCode {
                     continue;
                 }
                 if !result.outcome.violations.is_empty() {
+                    // One violation is enough to act on; SIM_KEEP_GOING=1 counts them all.
+                    // No later seed starts while this one is shrunk and reported.
+                    let stop = std::env::var("SIM_KEEP_GOING").is_err();
+                    if stop {
+                        last.store(seed, Ordering::SeqCst);
+                    }
                     report(seed, &result.draw, &result.outcome);
                     failed.push(seed);
-                    // One violation is enough to act on; SIM_KEEP_GOING=1 counts them all.
-                    if std::env::var("SIM_KEEP_GOING").is_err() {
-                        last.store(seed, Ordering::SeqCst);
+                    if stop {
                         stopped = Some(seed);
                         return;
                     }
@@ -179,6 +189,25 @@ struct Ran {
     replayed: bool,
     /// The second run's digest differed (reported here, as it happened).
     replay_differs: bool,
+}
+
+impl Ran {
+    /// A seed whose run panicked: a violation that says so.
+    fn panicked(seed: u64) -> Ran {
+        Ran {
+            draw: workload::draw(seed),
+            outcome: world::Outcome {
+                violations: vec![format!("seed {seed}: the run panicked (its message is above)")],
+                trace: Vec::new(),
+                steps: 0,
+                digest: 0,
+                requests: Vec::new(),
+                faults: Vec::new(),
+            },
+            replayed: false,
+            replay_differs: false,
+        }
+    }
 }
 
 /// Runs `seed` (and again, every `REPLAY_EVERY` seeds, to check the replay is exact), or

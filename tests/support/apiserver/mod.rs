@@ -1125,8 +1125,9 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
         }
         // Secrets as recorded (tests/fixtures/apiserver/secret-answers-v1.36.txt): 404 and 409
         // name the Secret in `details`; POST fills namespace, uid, creationTimestamp and type;
-        // a PUT keeps uid and creationTimestamp, answers 409 for a stale resourceVersion and
-        // 404 for a Secret that is gone (it never creates one).
+        // a PUT keeps uid and creationTimestamp, answers 409 for a stale resourceVersion (none:
+        // unconditional), 422 for a type change (none sent: Opaque) and 404 for a Secret that
+        // is gone (it never creates one).
         ("GET", ["api", "v1", "namespaces", _, "secrets", name]) => match state.secrets.get(*name) {
             Some(secret) => (200, secret.clone()),
             None => secret_failure(not_found("secrets", name), name),
@@ -1150,15 +1151,33 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
             let Some(current) = state.secrets.get(*name) else {
                 return secret_failure(not_found("secrets", name), name);
             };
-            if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
+            // Without a resourceVersion the update is unconditional.
+            let sent = &body["metadata"]["resourceVersion"];
+            if !sent.is_null() && *sent != current["metadata"]["resourceVersion"] {
                 return secret_failure(conflict("secrets", name), name);
             }
             let mut body = body;
             for kept in ["namespace", "uid", "creationTimestamp"] {
                 body["metadata"][kept] = current["metadata"][kept].clone();
             }
+            // The type is immutable; none sent means Opaque, then compared.
             if body.get("type").is_none() {
-                body["type"] = current["type"].clone();
+                body["type"] = "Opaque".into();
+            }
+            if body["type"] != current["type"] {
+                let sent = body["type"].as_str().unwrap_or_default();
+                let mut refusal = status_body(
+                    422,
+                    "Invalid",
+                    &format!(
+                        "Secret \"{name}\" is invalid: type: Invalid value: \"{sent}\": field is immutable"
+                    ),
+                );
+                refusal["details"] = json!({"name": name, "kind": "Secret", "causes": [{
+                    "reason": "FieldValueInvalid",
+                    "message": format!("Invalid value: \"{sent}\": field is immutable"),
+                    "field": "type"}]});
+                return (422, refusal);
             }
             body["metadata"]["resourceVersion"] = state.next_resource_version().into();
             state.secrets.insert((*name).to_owned(), body.clone());
