@@ -321,9 +321,12 @@ pub struct DeprecateMilestone {
     #[schemars(pattern(r"^([0-9]+[dhms])+$"))]
     pub after: Option<String>,
 
-    /// The `deprecationWarning` set on the version: not empty, at most 256 bytes of UTF-8,
+    /// The `deprecationWarning` set on the version: not empty, at most 256 bytes of UTF-8
+    /// (tighter than the 256 characters of its length bound: 128 × "é" is the most),
     /// printable characters only (letters, marks, numbers, punctuation, symbols and the
-    /// ASCII space). When unset the apiserver's default warning is used.
+    /// ASCII space; no non-breaking or zero-width spaces, soft hyphens or other format
+    /// characters, nothing newer than Unicode 13). When unset the apiserver's default
+    /// warning is used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 256), pattern(r"^[\p{L}\p{M}\p{N}\p{P}\p{S} ]+$"))]
     #[x_kube(validation = Rule::new("size(bytes(self)) <= 256").message("warning must be at most 256 bytes of UTF-8"))]

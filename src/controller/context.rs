@@ -74,7 +74,9 @@ impl Context {
     }
 
     /// A builder holding every part of this context (shared, not copied): a restarted
-    /// controller or a new leader in tests replaces some and keeps the rest.
+    /// controller or a new leader in tests replaces some and keeps the rest. The migration
+    /// manager keeps the clock and metrics it was made with: replace it too when replacing
+    /// those.
     pub fn rebuild(&self) -> ContextBuilder {
         ContextBuilder {
             client: self.client.clone(),
@@ -127,7 +129,8 @@ pub struct ContextBuilder {
 }
 
 impl ContextBuilder {
-    /// The Event recorder (default: reporting as controller `crd-lifecycle`).
+    /// The Event recorder (default: reporting as controller `crd-lifecycle`, without the
+    /// replica's identity that `run` adds).
     pub fn recorder(mut self, recorder: Recorder) -> Self {
         self.recorder = Some(recorder);
         self
@@ -158,7 +161,8 @@ impl ContextBuilder {
         self
     }
 
-    /// The traffic sampler (default: every 30 s, as `--traffic-sample-interval`).
+    /// The traffic sampler (default: one sampling every 30 s, as `--traffic-sample-interval`,
+    /// once its `run` is started; `run` starts it, a context alone does not).
     pub fn traffic(mut self, traffic: Arc<TrafficMonitor>) -> Self {
         self.traffic = Some(traffic);
         self

@@ -98,7 +98,7 @@ impl Default for Metrics {
         registry.register(
             "reconcile_failures",
             format!(
-                "Reconciles that failed and will be retried, by error: the request the apiserver failed ({}), or {}",
+                "Reconciles that failed and will be retried, by error: the apiserver request that failed ({}), or {}",
                 super::error::Request::ALL.map(super::error::Request::label).join(", "),
                 super::error::Error::OTHER_LABELS.join(", ")
             ),

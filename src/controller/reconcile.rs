@@ -64,7 +64,10 @@ pub fn error_policy(
     match error {
         // The policy was deleted while it was being reconciled (its status write answers
         // 404): routine, and the next event says so.
-        error if error.api_status_code() == Some(404) => {
+        Error::Kube {
+            request: Request::WriteStatus | Request::PatchPolicy,
+            source: kube::Error::Api(status),
+        } if status.code == 404 => {
             tracing::debug!(policy = name, error = %error, "policy gone during its reconcile");
         }
         _ => warn!(policy = name, error = %error, "reconcile failed"),
