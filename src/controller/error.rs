@@ -24,10 +24,6 @@ pub enum Error {
     /// The object has no name (the apiserver always sets one).
     #[error("object has no metadata.name")]
     MissingName,
-
-    /// A watch this read relies on has not listed its objects yet.
-    #[error("{what} are not listed yet")]
-    NotListed { what: &'static str },
 }
 
 impl Error {
@@ -38,7 +34,6 @@ impl Error {
             Error::ConcurrentModification { .. } => "concurrent_modification",
             Error::Serialize { .. } => "serialize",
             Error::MissingName => "missing_name",
-            Error::NotListed { .. } => "not_listed",
         }
     }
 }
