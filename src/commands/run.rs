@@ -1,8 +1,10 @@
 //! `crd-lifecycle run`: the controller.
 
 use crd_lifecycle::controller::leader::LeaseSettings;
-use crd_lifecycle::controller::{self, CertificateSource, RunSettings, WebhookSettings, WebhookTarget};
+use crd_lifecycle::controller::{self, RunSettings};
 use crd_lifecycle::kubeclient;
+use crd_lifecycle::webhook::WebhookSettings;
+use crd_lifecycle::webhook::ca::{CertificateSource, RotationRecord, WebhookTarget};
 
 use super::CommandError;
 use crate::cli::RunArgs;
@@ -84,7 +86,7 @@ fn webhook_settings(args: &RunArgs) -> Result<Option<WebhookSettings>, CommandEr
             max_review_bytes: args.webhook.webhook_max_review_bytes,
             ..Default::default()
         },
-        record: Some(crd_lifecycle::controller::rotation_record::RotationRecord {
+        record: Some(RotationRecord {
             namespace: args.lease_namespace.clone(),
             secret: flags.webhook_secret.clone(),
             replica: args.identity.clone().unwrap_or_else(default_identity),

@@ -12,7 +12,6 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use tracing::debug;
 
-use super::conversion_config::WebhookEndpoint;
 use super::crds_seen::CrdsSeen;
 use super::error::{Error, Request};
 use super::metrics::Metrics;
@@ -22,8 +21,9 @@ use super::traffic::TrafficMonitor;
 use super::triggers::LastReconciles;
 use super::writer_reads::WriterReads;
 use crate::api::VersionPolicy;
+use crate::webhook::ca::WebhookEndpoint;
 
-pub use super::clock::Clock;
+use crate::clock::Clock;
 
 /// What every reconcile shares.
 pub struct Context {

@@ -29,10 +29,6 @@ pub enum Error {
     /// The object has no name (the apiserver always sets one).
     #[error("object has no metadata.name")]
     MissingName,
-
-    /// A watch this read relies on has not listed its objects yet.
-    #[error("{what} are not listed yet")]
-    NotListed { what: &'static str },
 }
 
 impl Error {
@@ -51,7 +47,6 @@ impl Error {
             Error::ConcurrentModification { .. } => Self::OTHER_LABELS[0],
             Error::Serialize { .. } => Self::OTHER_LABELS[1],
             Error::MissingName => Self::OTHER_LABELS[2],
-            Error::NotListed { .. } => Self::OTHER_LABELS[3],
         }
     }
 
@@ -82,18 +77,15 @@ pub enum Request {
     PatchPolicy,
     /// The server-side apply of the policy's status.
     WriteStatus,
-    /// The reads of the CRDs pointed at the conversion webhook (their `caBundle`).
-    ReadWebhookCrds,
 }
 
 impl Request {
     /// Every request, for the metric's documentation and tests.
-    pub const ALL: [Request; 5] = [
+    pub const ALL: [Request; 4] = [
         Request::ReadCrd,
         Request::PatchCrd,
         Request::PatchPolicy,
         Request::WriteStatus,
-        Request::ReadWebhookCrds,
     ];
 
     /// Its `error` label value.
@@ -103,7 +95,6 @@ impl Request {
             Request::PatchCrd => "patch_crd",
             Request::PatchPolicy => "patch_policy",
             Request::WriteStatus => "write_status",
-            Request::ReadWebhookCrds => "read_webhook_crds",
         }
     }
 
@@ -114,7 +105,6 @@ impl Request {
             Request::PatchCrd => "patching the CRD",
             Request::PatchPolicy => "patching the VersionPolicy",
             Request::WriteStatus => "writing the VersionPolicy's status",
-            Request::ReadWebhookCrds => "reading the CRDs pointed at the conversion webhook",
         }
     }
 }

@@ -1,46 +1,13 @@
-//! Events on VersionPolicies: one way to build and publish them, for reconciles,
-//! migrations, cleanups and releases.
+//! Events on VersionPolicies, for reconciles, migrations, cleanups and releases (built and
+//! published through `kube_events`).
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder};
-use tracing::warn;
 
 use super::status::Observation;
 use crate::api::{MilestoneKind, VersionPolicy};
+use crate::kube_events::{send, truncate};
 use crate::lifecycle::Transition;
-
-/// An event with its note cut to what the apiserver keeps.
-pub fn event(type_: EventType, reason: &str, action: &str, note: String) -> Event {
-    Event {
-        type_,
-        reason: reason.to_owned(),
-        note: Some(truncate(note)),
-        action: action.to_owned(),
-        secondary: None,
-    }
-}
-
-/// Publishes an event; a failure is logged, never fatal.
-pub async fn send(recorder: &Recorder, reference: &ObjectReference, event: Event) {
-    if let Err(error) = recorder.publish(&event, reference).await {
-        warn!(reason = event.reason, error = %error, "cannot publish event");
-    }
-}
-
-/// Event notes are limited to 1 kB.
-pub fn truncate(mut note: String) -> String {
-    const LIMIT: usize = 1000;
-    if note.len() > LIMIT {
-        let mut end = LIMIT - 3;
-        while !note.is_char_boundary(end) {
-            end -= 1;
-        }
-        note.truncate(end);
-        note.push_str("...");
-    }
-    note
-}
 
 /// Events: one Normal event per applied transition, a Warning per blocked reason and for
 /// corrected drift. Failing to publish an event never fails the reconcile.
@@ -163,15 +130,4 @@ fn transition_note(crd: &str, transition: &Transition) -> String {
         "{what} ({} milestone scheduled at {})",
         transition.milestone, transition.at
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn long_notes_are_truncated_on_a_char_boundary() {
-        let note = truncate("é".repeat(800));
-        assert!(note.len() <= 1000 && note.ends_with("..."));
-    }
 }

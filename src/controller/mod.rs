@@ -1,11 +1,8 @@
 //! The controller: applies VersionPolicies to live CRDs on schedule, with status, events,
 //! metrics, leader election and graceful shutdown.
 
-pub mod ca_bundles;
-mod clock;
 pub mod conditions;
 mod context;
-pub mod conversion_config;
 pub mod crds_seen;
 pub mod decide;
 mod error;
@@ -22,13 +19,9 @@ pub mod permissions;
 pub mod preflight;
 mod reconcile;
 mod release;
-pub mod rotation_record;
 pub mod status;
-pub mod supervise;
 pub mod traffic;
 pub mod triggers;
-pub mod webhook_crds;
-mod webhook_tasks;
 pub mod writer_reads;
 
 use std::net::SocketAddr;
@@ -47,21 +40,22 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tracing::{error, info, warn};
 
-pub use context::{Clock, Context, ContextBuilder};
+pub use context::{Context, ContextBuilder};
 pub use crds_seen::CrdsSeen;
 pub use error::{Error, status_code};
 pub use reconcile::{competing_owner, error_policy, reconcile, requeue_after};
 pub use release::RELEASE_FINALIZER;
-use webhook_tasks::start_webhook;
-pub use webhook_tasks::{CertificateRefresher, CertificateSource, WebhookSettings};
 
 use crate::api::VersionPolicy;
-pub use conversion_config::{WebhookEndpoint, WebhookTarget};
+use crate::clock::Clock;
+use crate::supervise::{self, Essential, Supervisor};
+use crate::webhook::WebhookSettings;
+use crate::webhook::ca::{CaBundleKeeper, WebhookEndpoint};
+use crate::webhook::run::RunningWebhook;
 use http::Health;
 use leader::{LeaderElector, LeaseSettings};
 use metrics::Metrics;
 use migrations::Migrations;
-use supervise::{Essential, Supervisor};
 use traffic::TrafficMonitor;
 
 /// Settings of `crd-lifecycle run`.
@@ -213,11 +207,11 @@ async fn serve_webhook(
     clock: &Clock,
     signal: impl Future<Output = ()> + Send + 'static,
     supervisor: &mut Supervisor,
-) -> Result<Option<webhook_tasks::Webhook>, RunError> {
+) -> Result<Option<RunningWebhook>, RunError> {
     let (Some(webhook_settings), Some(readiness)) = (&settings.webhook, &probes.health.webhook) else {
         return Ok(None);
     };
-    start_webhook(
+    crate::webhook::run::start(
         client.clone(),
         webhook_settings.clone(),
         metrics.webhook.clone(),
@@ -229,6 +223,12 @@ async fn serve_webhook(
     )
     .await
     .map(Some)
+    .map_err(|error| {
+        RunError::Webhook(format!(
+            "cannot listen on {} (--webhook-port): {error}",
+            webhook_settings.address
+        ))
+    })
 }
 
 /// One replica as [`run`] leads it, without the process around it (metrics server, probes'
@@ -422,7 +422,7 @@ fn standby_backoff(lease_duration: Duration) -> backon::ExponentialBackoff {
 struct StopWriters {
     migrations: Arc<Migrations>,
     sampler: Option<Essential>,
-    ca_bundles: Option<Essential>,
+    ca_bundle_keeper: Option<Essential>,
 }
 
 impl Drop for StopWriters {
@@ -430,7 +430,7 @@ impl Drop for StopWriters {
         // Interrupted migrations resume from their checkpoints under the next leader.
         self.migrations.shutdown();
         drop(self.sampler.take());
-        drop(self.ca_bundles.take());
+        drop(self.ca_bundle_keeper.take());
     }
 }
 
@@ -514,8 +514,8 @@ pub async fn controller(
             Err("it returned".to_owned())
         })),
         // Every CRD pointed at the webhook trusts its CAs, governed or not.
-        ca_bundles: webhook.clone().map(|endpoint| {
-            let keeper = ca_bundles::CaBundleKeeper::new(client.clone(), endpoint, recorder.clone());
+        ca_bundle_keeper: webhook.clone().map(|endpoint| {
+            let keeper = CaBundleKeeper::new(client.clone(), endpoint, recorder.clone());
             Essential::spawn("the CA bundle keeper", async move {
                 keeper.run().await;
                 Err("it returned".to_owned())
@@ -603,7 +603,7 @@ pub async fn controller(
     // The leader's own essential tasks: one that stops ends this term.
     let mut leader_tasks = Supervisor::default();
     leader_tasks.extend(stop_writers.sampler.take());
-    leader_tasks.extend(stop_writers.ca_bundles.take());
+    leader_tasks.extend(stop_writers.ca_bundle_keeper.take());
     let result = tokio::select! {
         biased;
         failed = leader_tasks.first_failure() => Err(failed.into()),

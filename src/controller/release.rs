@@ -13,11 +13,11 @@ use tracing::{info, warn};
 use super::conditions::ConditionReason;
 use super::context::{Context, get_crd};
 use super::error::{Error, Request};
-use super::events;
 use super::patch::{add_conversion, as_json_patch};
 use super::status::{Observation, build_status, write_status};
 use crate::api::VersionPolicy;
 use crate::conversion::RecordedConversion;
+use crate::kube_events;
 
 /// The finalizer that keeps a policy until its CRD is released.
 pub const RELEASE_FINALIZER: &str = "crdlifecycle.io/release-crd";
@@ -158,6 +158,6 @@ where
 }
 
 async fn publish(ctx: &Context, policy: &VersionPolicy, type_: EventType, reason: &str, note: &str) {
-    let event = events::event(type_, reason, "Release", note.to_owned());
-    events::send(&ctx.recorder, &policy.object_ref(&()), event).await;
+    let event = kube_events::event(type_, reason, "Release", note.to_owned());
+    kube_events::send(&ctx.recorder, &policy.object_ref(&()), event).await;
 }

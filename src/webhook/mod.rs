@@ -1,9 +1,13 @@
 //! The conversion webhook: HTTPS `POST /convert/<policy>` answering `apiextensions.k8s.io/v1`
-//! ConversionReviews with the policy's declarative conversion.
+//! ConversionReviews with the policy's declarative conversion. `crd-lifecycle run` serves it
+//! on every replica (`run`), its CA kept trusted by the CRDs across rotations (`ca`);
+//! `crd-lifecycle webhook` serves it alone (`standalone`).
 
+pub mod ca;
 pub mod certs;
 pub mod metrics;
 mod readiness;
+pub(crate) mod run;
 mod server;
 pub mod standalone;
 
@@ -355,6 +359,22 @@ impl Default for Limits {
             review_cost: crate::conversion::cel::PER_REVIEW_COST_LIMIT,
         }
     }
+}
+
+/// Where the conversion webhook of `crd-lifecycle run` listens, how the apiserver reaches it, and its
+/// certificates.
+#[derive(Clone, Debug)]
+pub struct WebhookSettings {
+    pub address: std::net::SocketAddr,
+    pub target: ca::WebhookTarget,
+    pub certificates: ca::CertificateSource,
+    /// What one review may cost.
+    pub limits: Limits,
+    /// Where each replica records what it serves (so that a CA stays trusted while a
+    /// replica serves a certificate it signed, across restarts).
+    pub record: Option<ca::RotationRecord>,
+    /// How connections age, and the drain after SIGTERM.
+    pub connections: Connections,
 }
 
 /// The answer to a review whose body is over `max_review_bytes`: a Failed result (which the

@@ -79,7 +79,7 @@ impl Harness {
     }
 
     /// The same controller, serving a conversion webhook at `endpoint`.
-    fn serve_webhook(&mut self, endpoint: Arc<crd_lifecycle::controller::WebhookEndpoint>) {
+    fn serve_webhook(&mut self, endpoint: Arc<crd_lifecycle::webhook::ca::WebhookEndpoint>) {
         let migrations = self.ctx.migrations.clone();
         self.replace_context(migrations, Some(endpoint));
     }
@@ -89,7 +89,7 @@ impl Harness {
     fn replace_context(
         &mut self,
         migrations: Arc<Migrations>,
-        webhook: Option<Arc<crd_lifecycle::controller::WebhookEndpoint>>,
+        webhook: Option<Arc<crd_lifecycle::webhook::ca::WebhookEndpoint>>,
     ) {
         self.ctx = Arc::new(self.ctx.rebuild().migrations(migrations).webhook(webhook).build());
     }
@@ -349,7 +349,7 @@ impl Drop for Harness {
 /// The controller's shared context for tests: migrations that retry and settle fast.
 pub fn test_context(
     client: kube::Client,
-    clock: crd_lifecycle::controller::Clock,
+    clock: crd_lifecycle::clock::Clock,
     policies: kube::runtime::reflector::Store<
         kube::core::DeserializeGuard<crd_lifecycle::api::VersionPolicy>,
     >,
@@ -382,7 +382,7 @@ fn test_migrations(
     client: kube::Client,
     recorder: Recorder,
     metrics: Arc<Metrics>,
-    clock: crd_lifecycle::controller::Clock,
+    clock: crd_lifecycle::clock::Clock,
 ) -> Migrations {
     Migrations::new(client, recorder, metrics, 2)
         .with_progress_interval(Duration::from_millis(20))

@@ -29,7 +29,7 @@ impl Running {
     fn start(fake: FakeApiserver) -> Running {
         let start = ts("2026-01-01T00:00:00Z");
         let origin = tokio::time::Instant::now();
-        let clock: crd_lifecycle::controller::Clock =
+        let clock: crd_lifecycle::clock::Clock =
             Arc::new(move || start + jiff::SignedDuration::try_from(origin.elapsed()).expect("a short test"));
         let metrics = Arc::new(Metrics::default());
         let settings = RunSettings {

@@ -252,8 +252,8 @@ pub(crate) mod crd_conversion {
 
     use crd_lifecycle::api::VersionPolicy;
     use crd_lifecycle::controller::{RELEASE_FINALIZER, reconcile};
-    use crd_lifecycle::controller::{WebhookEndpoint, WebhookTarget};
     use crd_lifecycle::conversion::{CRD_CONVERSION_ANNOTATION, CRD_CONVERSION_BEFORE_ANNOTATION};
+    use crd_lifecycle::webhook::ca::{WebhookEndpoint, WebhookTarget};
     use crd_lifecycle::webhook::{self, CachedPolicies, PolicySource};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::core::{DeserializeGuard, PartialObjectMeta};

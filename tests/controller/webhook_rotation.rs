@@ -6,14 +6,12 @@
 
 use std::sync::Arc;
 
-use crd_lifecycle::controller::ca_bundles::{CaBundleKeeper, Synced};
-use crd_lifecycle::controller::rotation_record::{RotationRecord, SINCE_ANNOTATION};
-use crd_lifecycle::controller::webhook_crds::WebhookCrds;
-use crd_lifecycle::controller::{
-    CertificateRefresher, CertificateSource, WebhookEndpoint, WebhookSettings, WebhookTarget,
-};
 use crd_lifecycle::conversion::CRD_CONVERSION_ANNOTATION;
-use crd_lifecycle::webhook::{CachedPolicies, CertStore, Readiness, WebhookMetrics, certs};
+use crd_lifecycle::webhook::ca::{
+    CaBundleKeeper, CertificateRefresher, CertificateSource, RotationRecord, SINCE_ANNOTATION, Synced,
+    WebhookCrds, WebhookEndpoint, WebhookTarget,
+};
+use crd_lifecycle::webhook::{CachedPolicies, CertStore, Readiness, WebhookMetrics, WebhookSettings, certs};
 use kube::ResourceExt;
 use kube::runtime::events::{Recorder, Reporter};
 

@@ -24,9 +24,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crd_lifecycle::controller::rotation_record::RotationRecord;
-use crd_lifecycle::controller::{CertificateSource, Probes, WebhookSettings, WebhookTarget};
+use crd_lifecycle::controller::Probes;
 use crd_lifecycle::conversion::RecordedConversion;
+use crd_lifecycle::webhook::WebhookSettings;
+use crd_lifecycle::webhook::ca::{CertificateSource, RotationRecord, WebhookTarget};
 use serde_json::{Value, json};
 
 use crate::apiserver::{Checker, State};
@@ -177,7 +178,7 @@ fn decode(encoded: &Value) -> Option<String> {
 }
 
 /// Whether the webhook serves the CRD: a policy names it, or it records its conversion
-/// (`webhook_crds::candidates`); any other CRD gets every review refused, whatever CA it
+/// (`webhook::ca::pointed_crds::candidates`); any other CRD gets every review refused, whatever CA it
 /// trusts.
 fn served_by_the_webhook(state: &State, name: &str, crd: &Value) -> bool {
     let annotations: Option<BTreeMap<String, String>> =
@@ -271,7 +272,7 @@ impl Certificates {
                 continue;
             }
             let bundle = decode(&config["caBundle"]).unwrap_or_default();
-            let cas = crd_lifecycle::controller::conversion_config::pem_blocks(&bundle)
+            let cas = crd_lifecycle::webhook::ca::pem_blocks(&bundle)
                 .iter()
                 .map(|pem| self.ca(pem))
                 .collect();

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crd_lifecycle::clock::Clock;
 use crd_lifecycle::controller::leader::LeaseSettings;
-use crd_lifecycle::controller::{Clock, Probes, RunSettings, replica};
+use crd_lifecycle::controller::{Probes, RunSettings, replica};
 use crd_lifecycle::{check, migrate};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

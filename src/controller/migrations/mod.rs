@@ -25,10 +25,10 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use super::events;
 use super::metrics::{CrdLabels, JobLabels, Metrics, MigrationResultLabels};
 use super::status::apply_status;
 use crate::api::{MigrationPhase, MigrationStatus, VersionPolicy};
+use crate::kube_events;
 use crate::migrate::{self, Counts, Mode, Outcome, Report};
 use job::Job;
 use progress::{AbortOnDrop, TaskProgress, apply_counts, checkpoint_status};
@@ -151,7 +151,7 @@ pub struct Migrations {
     pub(super) checked_objects: Mutex<HashMap<String, RememberedObjects>>,
     /// The controller's clock, for the instants runs record (compared with the schedule's
     /// and with each other's).
-    pub(super) clock: super::clock::Clock,
+    pub(super) clock: crate::clock::Clock,
 }
 
 /// This controller's migration of a CRD under way (`Migrations::running_migration`).
@@ -217,7 +217,7 @@ impl Migrations {
     /// How a storage switch (or a newly served version) is confirmed through discovery
     /// before a run (default: 5 answers in a row, 1 s apart, for up to 5 minutes).
     /// The clock preflights record their instants by (the controller's).
-    pub fn with_clock(mut self, clock: super::clock::Clock) -> Self {
+    pub fn with_clock(mut self, clock: crate::clock::Clock) -> Self {
         self.clock = clock;
         self
     }
@@ -692,10 +692,10 @@ impl Migrations {
         reason: &str,
         note: String,
     ) {
-        events::send(
+        kube_events::send(
             &self.recorder,
             reference,
-            events::event(type_, reason, "Migrate", note),
+            kube_events::event(type_, reason, "Migrate", note),
         )
         .await;
     }

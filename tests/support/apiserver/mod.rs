@@ -11,7 +11,6 @@ mod migrations;
 mod objects;
 mod policies;
 mod watch;
-mod watches;
 
 pub use access::Denied;
 use access::review_access;
@@ -20,9 +19,8 @@ use leases::{create_lease, replace_lease};
 use objects::{CustomRequest, custom_resource, discovery, is_discovery, serve_custom};
 pub use objects::{ListFault, ObjectFault, StoredObject};
 use policies::{apply_policy_status, delete_policy, patch_policy};
-pub use watch::FakeBody;
-use watch::{CrdWatcher, CrdWrite, http_date, is_crd_watch, watch_crd};
-pub use watches::{Change, Watched};
+pub use watch::{Change, FakeBody, Watched};
+use watch::{http_date, is_crd_watch, watch_crd};
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
@@ -161,7 +159,7 @@ pub struct State {
     pub secrets_forbidden: BTreeMap<String, usize>,
     pub requests: Vec<Recorded>,
     resource_version: u64,
-    /// Every change of a VersionPolicy or CRD, oldest first, for watches (`watches`).
+    /// Every change of a VersionPolicy or CRD, oldest first, for watches (`watch`).
     pub changes: Vec<Change>,
     /// Wakes the open watches after a change (`Notify` wakes its waiters in a fixed order,
     /// a `watch` channel's receivers in a random one: a simulation must replay exactly).
@@ -200,10 +198,9 @@ pub struct State {
     pub clock_offset: jiff::SignedDuration,
     /// This machine's clock and tokio's when the fake's clock was first read.
     clock_base: Option<(jiff::Timestamp, tokio::time::Instant)>,
-    /// Every write of every CRD, for watches to replay.
-    crd_history: Vec<CrdWrite>,
-    /// Open watches of CRDs.
-    crd_watchers: Vec<CrdWatcher>,
+    /// How many times the apiserver restarted (`expire_watch_history`): the whole-CRD
+    /// watches open before end.
+    watch_restarts: u64,
     /// Watches from a resourceVersion before this one answer 410 Expired.
     watch_history_from: u64,
     /// Who made the change being processed, for the checker (`step`): the client's actor
@@ -364,8 +361,7 @@ impl State {
             .into(),
         );
         self.record(Watched::Crds, if created { "ADDED" } else { "MODIFIED" }, &crd);
-        self.crds.insert(name.clone(), crd);
-        self.crd_written(&name, created);
+        self.crds.insert(name, crd);
     }
 }
 
@@ -1000,7 +996,7 @@ fn route(state: &mut State, request: &Recorded, segments: &[&str], body: Value) 
                 .crds
                 .iter()
                 .filter(|(n, _)| name.is_none_or(|name| name == n.as_str()))
-                .map(|(_, crd)| watches::as_asked(crd, metadata_only))
+                .map(|(_, crd)| watch::as_asked(crd, metadata_only))
                 .collect();
             let (kind, api_version) = if metadata_only {
                 ("PartialObjectMetadataList", "meta.k8s.io/v1")

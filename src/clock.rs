@@ -1,4 +1,4 @@
-//! The controller's notion of now.
+//! The notion of now of the controller and of the webhook's rotation record.
 
 use std::sync::Arc;
 

@@ -1,10 +1,7 @@
-//! The conversion webhook as the controller runs it: its certificates (loaded, renewed,
-//! their CA published to the CRDs), the policy cache it converts with, and its server, each
-//! a supervised task. Every replica serves it, leader or not; SIGTERM drains it (see
-//! [`crate::webhook::Connections`]) while the controller's writers stop at once.
+//! One replica's serving certificate, kept fresh: read from files or a Secret (renewed
+//! there when due), served once every CRD pointed at the webhook trusts its CA, recorded in
+//! the rotation record, and its CA handed to the endpoint's bundle for the leader to write.
 
-use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,31 +10,11 @@ use kube::Client;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::RunError;
-use super::clock::Clock;
-use super::conversion_config::{
-    CaRotation, CertificateSet, CrdBundles, Rotation, WebhookEndpoint, WebhookTarget,
-};
-use super::rotation_record::RotationRecord;
-use super::supervise::{Essential, Supervisor};
-use super::webhook_crds::WebhookCrds;
-use crate::webhook::{CertStore, Connections, Readiness, Server, WebhookMetrics};
-
-/// Where the conversion webhook listens, how the apiserver reaches it, and its
-/// certificates.
-#[derive(Clone, Debug)]
-pub struct WebhookSettings {
-    pub address: SocketAddr,
-    pub target: WebhookTarget,
-    pub certificates: CertificateSource,
-    /// What one review may cost.
-    pub limits: crate::webhook::Limits,
-    /// Where each replica records what it serves (so that a CA stays trusted while a
-    /// replica serves a certificate it signed, across restarts).
-    pub record: Option<RotationRecord>,
-    /// How connections age, and the drain after SIGTERM.
-    pub connections: Connections,
-}
+use super::endpoint::WebhookEndpoint;
+use super::record::RotationRecord;
+use super::rotation::{CaRotation, CertificateSet, CrdBundles, Rotation};
+use crate::clock::Clock;
+use crate::webhook::{CertStore, Readiness, WebhookMetrics, WebhookSettings};
 
 /// Where the webhook's certificates come from.
 #[derive(Clone, Debug)]
@@ -56,124 +33,13 @@ pub const FILES_CHECKED_EVERY: Duration = Duration::from_secs(15);
 /// is renewed, a month before it expires, or when someone deletes it).
 pub const SECRET_READ_EVERY: Duration = Duration::from_secs(3600);
 
-/// The webhook `run` serves.
-pub(super) struct Webhook {
-    /// Its CRD settings and the CA bundle the leader writes to the CRDs.
-    pub endpoint: Arc<WebhookEndpoint>,
-    /// Completes once the server has stopped (after its drain, once the connections closed
-    /// or their deadline passed).
-    stopped: tokio::sync::oneshot::Receiver<()>,
-    connections: Connections,
-}
-
-impl Webhook {
-    /// Waits until the server has drained and stopped (it started draining at the
-    /// shutdown signal), for at most its drain and closing deadline and a little more.
-    pub async fn drained(self, supervisor: &mut Supervisor) {
-        let bound = self.connections.drain + self.connections.closing_deadline() + Duration::from_secs(2);
-        info!("waiting for the conversion webhook to drain");
-        tokio::select! {
-            biased;
-            _ = self.stopped => {}
-            failed = supervisor.first_failure() => {
-                warn!(error = %failed, "an essential task stopped while the conversion webhook drained");
-            }
-            () = tokio::time::sleep(bound) => warn!("the conversion webhook did not stop within {bound:?}"),
-        }
-    }
-}
-
-/// Starts the webhook: binds its address (a taken one fails at once), then serves at once
-/// while its certificates and caches load. `readiness` says when it may be sent reviews,
-/// `certs` holds the certificate it serves, `clock` dates the rotation record; `signal`
-/// starts its drain.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn start_webhook(
-    client: Client,
-    settings: WebhookSettings,
-    metrics: Arc<WebhookMetrics>,
-    readiness: Arc<Readiness>,
-    certs: Arc<CertStore>,
-    clock: Clock,
-    signal: impl Future<Output = ()> + Send + 'static,
-    supervisor: &mut Supervisor,
-) -> Result<Webhook, RunError> {
-    let listener = tokio::net::TcpListener::bind(settings.address)
-        .await
-        .map_err(|error| {
-            RunError::Webhook(format!(
-                "cannot listen on {} (--webhook-port): {error}",
-                settings.address
-            ))
-        })?;
-    // The webhook's caches also say which CRDs its certificates must be trusted by.
-    let (cache, watches) = crate::webhook::CachedPolicies::watch(client.clone());
-    let crds = WebhookCrds::new(&cache);
-    let endpoint = Arc::new(WebhookEndpoint::new(settings.target.clone()).with_crds(crds));
-    let refresher = CertificateRefresher::new(
-        client.clone(),
-        &settings,
-        endpoint.clone(),
-        certs.clone(),
-        readiness.clone(),
-        metrics.clone(),
-    )
-    .with_clock(clock);
-    // Failures are retried with backoff and reported by /readyz; it never gives up.
-    supervisor.add(Essential::spawn(
-        "the webhook certificate refresher",
-        async move {
-            refresher.run().await;
-            Err("it returned".to_owned())
-        },
-    ));
-
-    let cache = Arc::new(cache);
-    // Ready only once the webhook knows every policy and every CRD's recorded conversion:
-    // before that it would refuse reviews it can answer.
-    let loaded = {
-        let (cache, readiness) = (cache.clone(), readiness.clone());
-        async move {
-            if cache.wait_until_ready().await {
-                readiness.policies_loaded();
-                info!("the conversion webhook's caches are filled");
-            }
-        }
-    };
-    supervisor.add(Essential::spawn("the conversion webhook's watches", async move {
-        futures::future::join(watches, loaded).await;
-        Err("the watches ended".to_owned())
-    }));
-    let connections = settings.connections;
-    let server = Server {
-        certs,
-        policies: cache,
-        metrics,
-        limits: settings.limits.clone(),
-        readiness: readiness.clone(),
-        connections,
-    };
-    let stop = crate::webhook::drain_after(signal, readiness, connections.drain);
-    let (stopped, stopped_rx) = tokio::sync::oneshot::channel();
-    supervisor.add(Essential::spawn("the conversion webhook server", async move {
-        let served = server.serve(listener, stop).await;
-        let _ = stopped.send(());
-        served.map_err(|error| error.to_string())
-    }));
-    Ok(Webhook {
-        endpoint,
-        stopped: stopped_rx,
-        connections,
-    })
-}
-
 /// Keeps one replica's serving certificate fresh and the CAs the replicas need in the
 /// bundle the leader writes to the CRDs. Each pass reads the certificates (files, or the
 /// Secret, renewing it when due); the CRDs are looked at only when there is something to
 /// learn from them: a new certificate set, a set waiting for its CA to be trusted, a served
 /// CA some CRD does not trust, or a CA a live replica serves that this one has no copy of.
 /// Looking costs a GET of each CRD the webhook serves that changed since it was read, and
-/// nothing else (`webhook_crds`: never a list of the CRDs). What this replica serves is recorded on the Secret (`RotationRecord`) at least
+/// nothing else (`pointed_crds`: never a list of the CRDs). What this replica serves is recorded on the Secret (`RotationRecord`) at least
 /// every third of the record's time to live. Reading certificates or CRDs and writing the
 /// record fail and are retried independently, with backoff; the bundle reaches the CRDs even
 /// while the record cannot be written (without pruning: liveness unknown). `/readyz` is

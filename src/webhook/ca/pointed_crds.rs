@@ -28,7 +28,6 @@ use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::reflector::Store;
 
 use super::Error;
-use super::error::Request;
 use crate::api::VersionPolicy;
 use crate::conversion::RecordedConversion;
 
@@ -40,12 +39,12 @@ const READS_AT_ONCE: usize = 4;
 
 /// A CRD whose `spec.conversion` points at the webhook, as read.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PointedCrd {
-    pub name: String,
+pub(crate) struct PointedCrd {
+    pub(crate) name: String,
     /// The resourceVersion it was read at.
-    pub resource_version: String,
+    pub(crate) resource_version: String,
     /// Its `caBundle` (PEM), if it has one.
-    pub ca_bundle: Option<Vec<u8>>,
+    pub(crate) ca_bundle: Option<Vec<u8>>,
 }
 
 /// The CRDs the webhook serves, as this process last read them.
@@ -76,7 +75,7 @@ impl WebhookCrds {
     }
 
     /// No watch behind it: every read fails (an endpoint that only renders `spec.conversion`).
-    pub fn unwatched() -> WebhookCrds {
+    pub(crate) fn unwatched() -> WebhookCrds {
         let (policies, _) = kube::runtime::reflector::store();
         let (crds, _) = kube::runtime::reflector::store();
         WebhookCrds::new(&crate::webhook::CachedPolicies::new(policies, crds))
@@ -85,7 +84,7 @@ impl WebhookCrds {
     /// Every candidate that `pointed` says points at the webhook, by name, reading the
     /// candidates whose resourceVersion changed since they were read. `Err` when the watches
     /// have not listed yet or a read failed (what was read meanwhile is kept).
-    pub async fn pointed(
+    pub(crate) async fn pointed(
         &self,
         client: &kube::Client,
         pointed: impl Fn(&CustomResourceDefinition) -> Option<PointedCrd>,
@@ -126,14 +125,14 @@ impl WebhookCrds {
             }
         }
         if let Some(error) = failed {
-            return Err(Error::of(Request::ReadWebhookCrds)(error));
+            return Err(Error::Kube(error));
         }
         Ok(read.values().filter_map(|r| r.pointed.clone()).collect())
     }
 
     /// Keeps what a write or a read answered (the CRD at its new resourceVersion), so that
     /// the next pass need not read it again; returns it if it points at the webhook.
-    pub async fn remember(
+    pub(crate) async fn remember(
         &self,
         crd: &CustomResourceDefinition,
         pointed: impl Fn(&CustomResourceDefinition) -> Option<PointedCrd>,
@@ -172,7 +171,7 @@ fn read_of(
 
 /// The CRDs the webhook can serve, with the resourceVersion the metadata watch last saw:
 /// those a policy names in `spec.crdName` and those recording a conversion (pure).
-pub fn candidates(
+pub(crate) fn candidates(
     policies: &[std::sync::Arc<DeserializeGuard<VersionPolicy>>],
     crds: &[std::sync::Arc<PartialObjectMeta<CustomResourceDefinition>>],
 ) -> BTreeMap<String, String> {

@@ -19,7 +19,7 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 
 /// Prefix of the annotations.
-pub const ANNOTATION_PREFIX: &str = "serving.crdlifecycle.io/";
+pub(crate) const ANNOTATION_PREFIX: &str = "serving.crdlifecycle.io/";
 /// Since when the record is kept (RFC 3339).
 pub const SINCE_ANNOTATION: &str = "crdlifecycle.io/serving-record-since";
 
@@ -27,15 +27,15 @@ pub const SINCE_ANNOTATION: &str = "crdlifecycle.io/serving-record-since";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Live {
     /// The CA fingerprints live replicas serve, this one's included.
-    pub fingerprints: Vec<String>,
+    pub(crate) fingerprints: Vec<String>,
     /// Whether the record has been kept for a whole time to live, so that every live
     /// replica had time to write its entry: only then may a CA missing from it leave the
     /// bundle.
-    pub complete: bool,
+    pub(crate) complete: bool,
 }
 
 /// A short, stable fingerprint of a CA certificate (PEM): SHA-256 of its trimmed text.
-pub fn fingerprint(ca_pem: &str) -> String {
+pub(crate) fn fingerprint(ca_pem: &str) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA256, ca_pem.trim().as_bytes());
     digest.as_ref()[..12].iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -8,7 +8,7 @@
 //!
 //! The CRDs are not listed: the candidates are those the webhook serves (a policy names
 //! them, or they record their conversion), and a candidate is read again only once it
-//! changed (`webhook_crds`), so a pass on an unchanged cluster sends no request.
+//! changed (`pointed_crds`), so a pass on an unchanged cluster sends no request.
 //!
 //! Only `caBundle` is written, by a merge patch carrying the resourceVersion read: it sets
 //! the field whether the CRD had one or not, and a CRD that changed since it was read answers
@@ -32,9 +32,9 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::Error;
-use super::conversion_config::WebhookEndpoint;
-use super::events;
-use super::webhook_crds::PointedCrd;
+use super::endpoint::WebhookEndpoint;
+use super::pointed_crds::PointedCrd;
+use crate::kube_events;
 
 /// How often the CRDs are looked at when the bundle did not change (a CRD pointed at the
 /// webhook since, a write that lost a race, a refusal that may have been lifted).
@@ -178,8 +178,8 @@ impl CaBundleKeeper {
                  accepts one, the webhook's replicas do not serve a certificate of a new CA, and the \
                  CRD's conversions fail once the certificate it trusts expires"
             );
-            let event = events::event(EventType::Warning, "CABundleRefused", "WriteCABundle", note);
-            events::send(&self.recorder, &crd_reference(crd), event).await;
+            let event = kube_events::event(EventType::Warning, "CABundleRefused", "WriteCABundle", note);
+            kube_events::send(&self.recorder, &crd_reference(crd), event).await;
         }
         for crd in &synced.written {
             if self.refusals.contains_key(crd) {
