@@ -33,12 +33,7 @@ pub enum Error {
 
 impl Error {
     /// The labels of the failures that are not a request's (`Request::label`).
-    pub const OTHER_LABELS: [&'static str; 4] = [
-        "concurrent_modification",
-        "serialize",
-        "missing_name",
-        "not_listed",
-    ];
+    pub const OTHER_LABELS: [&'static str; 3] = ["concurrent_modification", "serialize", "missing_name"];
 
     /// Short stable label, for metrics (`error` label) and event reasons.
     pub fn label(&self) -> &'static str {

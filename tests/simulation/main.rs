@@ -144,7 +144,10 @@ fn main() -> ExitCode {
                     if stop {
                         last.store(seed, Ordering::SeqCst);
                     }
-                    report(seed, &result.draw, &result.outcome);
+                    // A panic was printed where it happened (shrinking would panic again).
+                    if !result.panicked {
+                        report(seed, &result.draw, &result.outcome);
+                    }
                     failed.push(seed);
                     if stop {
                         stopped = Some(seed);
@@ -189,6 +192,8 @@ struct Ran {
     replayed: bool,
     /// The second run's digest differed (reported here, as it happened).
     replay_differs: bool,
+    /// The run panicked (`outcome` holds only a violation that says so).
+    panicked: bool,
 }
 
 impl Ran {
@@ -206,6 +211,7 @@ impl Ran {
             },
             replayed: false,
             replay_differs: false,
+            panicked: true,
         }
     }
 }
@@ -249,6 +255,7 @@ fn run_seed(seed: u64) -> Option<Ran> {
         outcome,
         replayed,
         replay_differs,
+        panicked: false,
     })
 }
 
