@@ -8,12 +8,12 @@ use futures::future::{BoxFuture, FutureExt, select_all};
 use tokio::task::JoinHandle;
 
 /// A spawned essential task.
-pub struct Essential {
+pub struct SupervisedTask {
     name: &'static str,
     handle: JoinHandle<Result<(), String>>,
 }
 
-impl Essential {
+impl SupervisedTask {
     /// Spawns `task`; its `Err` (or a panic) ends the process.
     pub fn spawn(
         name: &'static str,
@@ -26,7 +26,7 @@ impl Essential {
     }
 }
 
-impl Drop for Essential {
+impl Drop for SupervisedTask {
     fn drop(&mut self) {
         self.handle.abort();
     }
@@ -43,15 +43,15 @@ pub struct TaskFailed {
 /// The essential tasks of one process.
 #[derive(Default)]
 pub struct Supervisor {
-    tasks: Vec<Essential>,
+    tasks: Vec<SupervisedTask>,
 }
 
 impl Supervisor {
-    pub fn add(&mut self, task: Essential) {
+    pub fn add(&mut self, task: SupervisedTask) {
         self.tasks.push(task);
     }
 
-    pub fn extend(&mut self, tasks: impl IntoIterator<Item = Essential>) {
+    pub fn extend(&mut self, tasks: impl IntoIterator<Item = SupervisedTask>) {
         self.tasks.extend(tasks);
     }
 
@@ -89,9 +89,9 @@ mod tests {
     #[tokio::test]
     async fn a_failing_or_panicking_task_is_reported_a_finished_one_is_not() {
         let mut supervisor = Supervisor::default();
-        supervisor.add(Essential::spawn("done", async { Ok(()) }));
-        supervisor.add(Essential::spawn("runs", std::future::pending()));
-        supervisor.add(Essential::spawn("metrics server", async {
+        supervisor.add(SupervisedTask::spawn("done", async { Ok(()) }));
+        supervisor.add(SupervisedTask::spawn("runs", std::future::pending()));
+        supervisor.add(SupervisedTask::spawn("metrics server", async {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             Err("cannot bind 0.0.0.0:8080: address in use".to_owned())
         }));
@@ -102,7 +102,7 @@ mod tests {
         );
 
         let mut supervisor = Supervisor::default();
-        supervisor.add(Essential::spawn("traffic sampler", async { panic!("boom") }));
+        supervisor.add(SupervisedTask::spawn("traffic sampler", async { panic!("boom") }));
         let failed = supervisor.first_failure().await;
         assert!(
             failed
@@ -112,7 +112,7 @@ mod tests {
         );
 
         let mut idle = Supervisor::default();
-        idle.add(Essential::spawn("done", async { Ok(()) }));
+        idle.add(SupervisedTask::spawn("done", async { Ok(()) }));
         let waited = tokio::time::timeout(std::time::Duration::from_millis(50), idle.first_failure()).await;
         assert!(waited.is_err(), "a task that finished cleanly is no failure");
     }

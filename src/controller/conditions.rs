@@ -393,7 +393,10 @@ mod tests {
     fn every_reason_written_is_a_declared_one() {
         for (file, source) in [
             ("status.rs", include_str!("status.rs")),
-            ("reconcile.rs", include_str!("reconcile.rs")),
+            (
+                "reconcile/undecodable.rs",
+                include_str!("reconcile/undecodable.rs"),
+            ),
         ] {
             for call in source.split("ConditionState::new(").skip(1) {
                 // The reason is the third argument; a literal there starts with a quote.

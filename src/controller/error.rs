@@ -1,31 +1,28 @@
-//! Failures of the controller layer.
+//! Failures of a reconcile: the top error, wrapping each step's own, and the labels the
+//! metrics keep apart.
 
-/// Why a reconcile failed (and will be retried with backoff). Conditions the controller
-/// reports on the policy (invalid policy, missing CRD, conflicts, ...) are not errors: they
-/// are written to status and the reconcile succeeds.
+use super::reconcile::apply::ApplyError;
+use super::reconcile::read::ReadError;
+use super::reconcile::release::ReleaseError;
+use super::reconcile::report::ReportError;
+
+/// Why a reconcile failed (and will be retried with backoff): the error of the step that
+/// failed. Conditions the controller reports on the policy (invalid policy, missing CRD,
+/// conflicts, ...) are not errors: they are written to status and the reconcile succeeds.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A request to the apiserver failed.
-    #[error("{} failed: {source}", request.describe())]
-    Kube {
-        /// Which request.
-        request: Request,
-        #[source]
-        source: kube::Error,
-    },
-
-    /// The CRD kept changing under us: every guarded patch attempt found it modified.
-    #[error("CRD {crd} was modified concurrently {attempts} times in a row; will retry")]
-    ConcurrentModification { crd: String, attempts: usize },
-
-    /// A value could not be serialized (a bug, reported rather than panicking).
-    #[error("cannot serialize {what}: {source}")]
-    Serialize {
-        what: &'static str,
-        #[source]
-        source: serde_json::Error,
-    },
-
+    /// The release step (the finalizer, releasing a deleted policy's CRD).
+    #[error("releasing: {0}")]
+    Release(#[from] ReleaseError),
+    /// The read step.
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// The apply step.
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    /// The report step (the status write).
+    #[error(transparent)]
+    Report(#[from] ReportError),
     /// The object has no name (the apiserver always sets one).
     #[error("object has no metadata.name")]
     MissingName,
@@ -35,27 +32,58 @@ impl Error {
     /// The labels of the failures that are not a request's (`Request::label`).
     pub const OTHER_LABELS: [&'static str; 3] = ["concurrent_modification", "serialize", "missing_name"];
 
-    /// Short stable label, for metrics (`error` label) and event reasons.
+    /// Short stable label, for metrics (`error` label): the request that failed, or what
+    /// else did.
     pub fn label(&self) -> &'static str {
-        match self {
-            Error::Kube { request, .. } => request.label(),
-            Error::ConcurrentModification { .. } => Self::OTHER_LABELS[0],
-            Error::Serialize { .. } => Self::OTHER_LABELS[1],
-            Error::MissingName => Self::OTHER_LABELS[2],
+        match self.request() {
+            Some(request) => request.label(),
+            None => match self {
+                Error::Apply(ApplyError::ConcurrentModification { .. }) => Self::OTHER_LABELS[0],
+                Error::MissingName => Self::OTHER_LABELS[2],
+                _ => Self::OTHER_LABELS[1],
+            },
         }
     }
 
-    /// The error of `request` failing with `source` (for `map_err`).
-    pub fn of(request: Request) -> impl FnOnce(kube::Error) -> Error {
-        move |source| Error::Kube { request, source }
+    /// The apiserver request that failed, if a request did.
+    pub fn request(&self) -> Option<Request> {
+        match self {
+            Error::Release(ReleaseError::PatchPolicy { .. }) => Some(Request::PatchPolicy),
+            Error::Release(ReleaseError::PatchCrd { .. }) | Error::Apply(ApplyError::Patch { .. }) => {
+                Some(Request::PatchCrd)
+            }
+            Error::Release(ReleaseError::Read(_)) | Error::Read(_) | Error::Apply(ApplyError::Read(_)) => {
+                Some(Request::ReadCrd)
+            }
+            Error::Report(ReportError::WriteStatus { .. }) => Some(Request::WriteStatus),
+            Error::Release(ReleaseError::Serialize(_))
+            | Error::Apply(ApplyError::Serialize(_) | ApplyError::ConcurrentModification { .. })
+            | Error::Report(ReportError::Serialize(_))
+            | Error::MissingName => None,
+        }
     }
 
     /// The apiserver's answer, when a request failed with one.
     pub fn api_status_code(&self) -> Option<u16> {
-        match self {
-            Error::Kube { source, .. } => status_code(source),
-            _ => None,
-        }
+        let source = match self {
+            Error::Release(
+                ReleaseError::PatchPolicy { source, .. } | ReleaseError::PatchCrd { source, .. },
+            )
+            | Error::Apply(ApplyError::Patch { source, .. })
+            | Error::Report(ReportError::WriteStatus { source, .. }) => source,
+            Error::Release(ReleaseError::Read(read))
+            | Error::Read(read)
+            | Error::Apply(ApplyError::Read(read)) => &read.source,
+            _ => return None,
+        };
+        status_code(source)
+    }
+
+    /// Whether the policy was deleted while it was being reconciled: its own status write
+    /// or patch answered 404.
+    pub fn policy_gone(&self) -> bool {
+        matches!(self.request(), Some(Request::WriteStatus | Request::PatchPolicy))
+            && self.api_status_code() == Some(404)
     }
 }
 
@@ -92,16 +120,6 @@ impl Request {
             Request::WriteStatus => "write_status",
         }
     }
-
-    /// What it is, in an error message.
-    fn describe(self) -> &'static str {
-        match self {
-            Request::ReadCrd => "reading the CRD",
-            Request::PatchCrd => "patching the CRD",
-            Request::PatchPolicy => "patching the VersionPolicy",
-            Request::WriteStatus => "writing the VersionPolicy's status",
-        }
-    }
 }
 
 /// The HTTP status code of an apiserver error response, if that is what `error` is.
@@ -118,6 +136,17 @@ mod tests {
 
     use super::*;
 
+    fn not_found() -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status {
+                code: 404,
+                reason: "NotFound".to_owned(),
+                ..kube::core::Status::default()
+            }
+            .boxed(),
+        )
+    }
+
     /// A failed CRD patch and a failed status write count apart, and the message says which.
     #[test]
     fn each_request_has_its_own_label_and_words() {
@@ -127,14 +156,34 @@ mod tests {
             .chain(Error::OTHER_LABELS)
             .collect();
         assert_eq!(labels.len(), Request::ALL.len() + Error::OTHER_LABELS.len());
-        let failed = Error::of(Request::WriteStatus)(kube::Error::LinesCodecMaxLineLengthExceeded);
+        let failed = Error::from(ReportError::WriteStatus {
+            policy: "p".to_owned(),
+            source: kube::Error::LinesCodecMaxLineLengthExceeded,
+        });
         assert_eq!(failed.label(), "write_status");
         assert!(
             failed
                 .to_string()
-                .starts_with("writing the VersionPolicy's status failed: "),
+                .starts_with("writing the status of VersionPolicy p failed: "),
             "{failed}"
         );
         assert_eq!(failed.api_status_code(), None);
+        assert!(!failed.policy_gone());
+        let gone = Error::from(ReportError::WriteStatus {
+            policy: "p".to_owned(),
+            source: not_found(),
+        });
+        assert!(gone.policy_gone());
+        let patch_crd_gone = Error::from(ApplyError::Patch {
+            crd: "c".to_owned(),
+            source: not_found(),
+        });
+        assert_eq!(patch_crd_gone.label(), "patch_crd");
+        assert!(!patch_crd_gone.policy_gone());
+        let conflict = Error::from(ApplyError::ConcurrentModification {
+            crd: "c".to_owned(),
+            attempts: 3,
+        });
+        assert_eq!(conflict.label(), "concurrent_modification");
     }
 }

@@ -20,7 +20,7 @@ pub async fn publish_events(
     let reference = policy.object_ref(&());
     let crd = &policy.spec.crd_name;
     let mut events = Vec::new();
-    for transition in &observation.applied {
+    for transition in observation.applied {
         events.push(Event {
             type_: EventType::Normal,
             reason: transition_reason(transition.milestone).to_owned(),

@@ -4,10 +4,8 @@
 pub mod conditions;
 mod context;
 pub mod crds_seen;
-pub mod decide;
 mod error;
 pub mod events;
-pub mod gate_inputs;
 pub mod http;
 pub mod leader;
 pub mod metrics;
@@ -18,11 +16,10 @@ pub mod patches_first;
 pub mod permissions;
 pub mod preflight;
 mod reconcile;
-mod release;
 pub mod status;
 pub mod traffic;
 pub mod triggers;
-pub mod writer_reads;
+pub mod writers_gate;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -43,12 +40,16 @@ use tracing::{error, info, warn};
 pub use context::{Context, ContextBuilder};
 pub use crds_seen::CrdsSeen;
 pub use error::{Error, status_code};
-pub use reconcile::{competing_owner, error_policy, reconcile, requeue_after};
-pub use release::RELEASE_FINALIZER;
+pub use reconcile::decide;
+pub use reconcile::gates;
+pub use reconcile::govern::competing_owner;
+pub use reconcile::release::RELEASE_FINALIZER;
+pub use reconcile::wake::requeue_after;
+pub use reconcile::{error_policy, reconcile};
 
 use crate::api::VersionPolicy;
 use crate::clock::Clock;
-use crate::supervise::{self, Essential, Supervisor};
+use crate::supervise::{self, SupervisedTask, Supervisor};
 use crate::webhook::WebhookSettings;
 use crate::webhook::ca::{CaBundleKeeper, WebhookEndpoint};
 use crate::webhook::run::RunningWebhook;
@@ -157,7 +158,7 @@ pub async fn run(client: Client, settings: RunSettings) -> Result<(), RunError> 
     let server = http::serve(listener, metrics.clone(), health.clone(), async move {
         let _ = exited.await;
     });
-    supervisor.add(Essential::spawn("the metrics server", async move {
+    supervisor.add(SupervisedTask::spawn("the metrics server", async move {
         server.await.map_err(|error| error.to_string())
     }));
 
@@ -421,8 +422,8 @@ fn standby_backoff(lease_duration: Duration) -> backon::ExponentialBackoff {
 /// also when its future is dropped because leadership was lost.
 struct StopWriters {
     migrations: Arc<Migrations>,
-    sampler: Option<Essential>,
-    ca_bundle_keeper: Option<Essential>,
+    sampler: Option<SupervisedTask>,
+    ca_bundle_keeper: Option<SupervisedTask>,
 }
 
 impl Drop for StopWriters {
@@ -509,14 +510,14 @@ pub async fn controller(
     let sampler = traffic.clone();
     let mut stop_writers = StopWriters {
         migrations: migrations.clone(),
-        sampler: Some(Essential::spawn("the traffic sampler", async move {
+        sampler: Some(SupervisedTask::spawn("the traffic sampler", async move {
             sampler.run().await;
             Err("it returned".to_owned())
         })),
         // Every CRD pointed at the webhook trusts its CAs, governed or not.
         ca_bundle_keeper: webhook.clone().map(|endpoint| {
             let keeper = CaBundleKeeper::new(client.clone(), endpoint, recorder.clone());
-            Essential::spawn("the CA bundle keeper", async move {
+            SupervisedTask::spawn("the CA bundle keeper", async move {
                 keeper.run().await;
                 Err("it returned".to_owned())
             })

@@ -1,4 +1,6 @@
-//! What one reconcile found and did: the input from which the status is built.
+//! What one reconcile found and did: the input from which the status is built. It borrows
+//! the steps' results (`reconcile::apply::Applied`, `reconcile::background::Started`); only
+//! the blocks, gathered from several steps, and the status as recorded are its own.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -16,9 +18,9 @@ pub struct Observation<'a> {
     /// Everything that holds the policy back, most important first.
     pub blocked: Vec<(ConditionReason, String)>,
     /// Transitions applied by this reconcile.
-    pub applied: Vec<Transition>,
+    pub applied: &'a [Transition],
     /// With `spec.dryRun`, the patch that was not applied.
-    pub dry_run_patch: Option<String>,
+    pub dry_run_patch: Option<&'a str>,
     /// Whether a storage-version migration of the CRD is running.
     pub migrating: bool,
     /// Whether a managedFields cleanup of the CRD is running.
@@ -30,10 +32,10 @@ pub struct Observation<'a> {
     pub recorded_conditions: Option<Vec<Condition>>,
     /// Applied transitions that needed an approval, and who approved (field manager of
     /// the approval annotation) and when.
-    pub approved: Vec<(String, MilestoneKind)>,
+    pub approved: &'a [(String, MilestoneKind)],
     pub approver: Option<(String, Time)>,
     /// Traffic observed for versions with a traffic gate.
-    pub traffic: Vec<TrafficStatus>,
+    pub traffic: &'a [TrafficStatus],
     /// Whether this reconcile pointed the CRD's spec.conversion at the webhook.
     pub conversion_configured: bool,
     /// Whether this reconcile gave the CRD back its conversion from before the webhook.

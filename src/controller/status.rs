@@ -1,12 +1,9 @@
 //! Building `VersionPolicy.status` from what a reconcile observed and did (pure).
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Client;
-use tracing::warn;
 
-use super::error::{Error, Request};
-use crate::api::FIELD_MANAGER;
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::DeserializeGuard;
@@ -91,13 +88,13 @@ pub fn build_status(
         versions,
         next_transition,
         history,
-        dry_run_patch: observation.dry_run_patch.clone(),
+        dry_run_patch: observation.dry_run_patch.map(str::to_owned),
         // Written by the migration, cleanup and preflight tasks under their own field manager.
         migration: None,
         managed_fields_cleanup: None,
         preflights: Vec::new(),
         preflight: None,
-        traffic: observation.traffic.clone(),
+        traffic: observation.traffic.to_vec(),
     }
 }
 
@@ -457,52 +454,11 @@ pub async fn apply_status(
     Ok(applied.meta().resource_version.clone())
 }
 
-/// `status.history` and `status.conditions` as the apiserver has them, read past the cache
-/// (which lags behind our own writes) unless `cache_current` (the cached policy holds the
-/// last status this process wrote, and only this field manager writes them); the cached
-/// ones when the read fails.
-pub async fn recorded_status(
-    client: &Client,
-    name: &str,
-    cached: &VersionPolicy,
-    cache_current: bool,
-) -> (Vec<crate::api::HistoryEntry>, Vec<Condition>) {
-    if cache_current {
-        let status = cached.status.clone().unwrap_or_default();
-        return (status.history, status.conditions);
-    }
-    let status = match read_policy(client, name).await {
-        Ok(Some(fresh)) => fresh.status.unwrap_or_default(),
-        Ok(None) => VersionPolicyStatus::default(),
-        Err(error) => {
-            warn!(policy = name, error = %error, "cannot read the policy's recorded status; using the cached one");
-            cached.status.clone().unwrap_or_default()
-        }
-    };
-    (status.history, status.conditions)
-}
-
 /// The policy as the apiserver has it now, past the cache; `None` when it is gone or cannot
 /// be decoded.
 pub async fn read_policy(client: &Client, name: &str) -> Result<Option<VersionPolicy>, kube::Error> {
     let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
     Ok(api.get_opt(name).await?.and_then(|guard| guard.0.ok()))
-}
-
-/// Applies the reconciler's status (field manager `crd-lifecycle`); returns the policy's
-/// resourceVersion after it.
-pub async fn write_status(
-    client: &Client,
-    name: &str,
-    status: &crate::api::VersionPolicyStatus,
-) -> Result<Option<String>, Error> {
-    let status = serde_json::to_value(status).map_err(|source| Error::Serialize {
-        what: "status",
-        source,
-    })?;
-    apply_status(client, name, FIELD_MANAGER, status)
-        .await
-        .map_err(Error::of(Request::WriteStatus))
 }
 
 #[cfg(test)]

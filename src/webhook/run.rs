@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use super::ca::{CertificateRefresher, WebhookCrds, WebhookEndpoint};
 use super::{CertStore, Connections, Readiness, Server, WebhookMetrics, WebhookSettings};
 use crate::clock::Clock;
-use crate::supervise::{Essential, Supervisor};
+use crate::supervise::{SupervisedTask, Supervisor};
 
 /// The webhook `crd-lifecycle run` serves, once started.
 pub(crate) struct RunningWebhook {
@@ -72,7 +72,7 @@ pub(crate) async fn start(
     )
     .with_clock(clock);
     // Failures are retried with backoff and reported by /readyz; it never gives up.
-    supervisor.add(Essential::spawn(
+    supervisor.add(SupervisedTask::spawn(
         "the webhook certificate refresher",
         async move {
             refresher.run().await;
@@ -92,10 +92,13 @@ pub(crate) async fn start(
             }
         }
     };
-    supervisor.add(Essential::spawn("the conversion webhook's watches", async move {
-        futures::future::join(watches, loaded).await;
-        Err("the watches ended".to_owned())
-    }));
+    supervisor.add(SupervisedTask::spawn(
+        "the conversion webhook's watches",
+        async move {
+            futures::future::join(watches, loaded).await;
+            Err("the watches ended".to_owned())
+        },
+    ));
     let connections = settings.connections;
     let server = Server {
         certs,
@@ -107,11 +110,14 @@ pub(crate) async fn start(
     };
     let stop = super::drain_after(signal, readiness, connections.drain);
     let (stopped, stopped_rx) = tokio::sync::oneshot::channel();
-    supervisor.add(Essential::spawn("the conversion webhook server", async move {
-        let served = server.serve(listener, stop).await;
-        let _ = stopped.send(());
-        served.map_err(|error| error.to_string())
-    }));
+    supervisor.add(SupervisedTask::spawn(
+        "the conversion webhook server",
+        async move {
+            let served = server.serve(listener, stop).await;
+            let _ = stopped.send(());
+            served.map_err(|error| error.to_string())
+        },
+    ));
     Ok(RunningWebhook {
         endpoint,
         stopped: stopped_rx,

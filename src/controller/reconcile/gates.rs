@@ -7,10 +7,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use std::collections::BTreeMap;
 
-use super::preflight;
-use super::traffic::TrafficMonitor;
-use super::writer_reads::{Known, WriterReads};
 use crate::api::{MigrationPhase, TrafficStatus, VersionPolicy, VersionPolicyStatus};
+use crate::controller::preflight;
+use crate::controller::traffic::TrafficMonitor;
+use crate::controller::writers_gate::{WritersGate, WritersReport};
 use crate::lifecycle::{APPROVE_ANNOTATION, GateInputs, PreflightResult, parse_approvals, parse_duration};
 
 /// The gate inputs of a policy, the traffic part of its status, and the approval
@@ -146,14 +146,14 @@ pub fn preflight_results(
 /// managedFields. `reads` reads them in the background (`spec.migration.pageSize` objects a
 /// page), only while such a gate is due (from its instant, not at every reconcile before),
 /// and keeps the result while it stands; a
-/// version whose read is under way or failed holds its gate, and `Known::recheck_at` says
+/// version whose read is under way or failed holds its gate, and `WritersReport::recheck_at` says
 /// when to look again.
 pub fn writers(
-    reads: &WriterReads,
+    reads: &WritersGate,
     policy: &VersionPolicy,
     crd: &CustomResourceDefinition,
     now: jiff::Timestamp,
-) -> Known {
+) -> WritersReport {
     // An invalid schedule is reported by the evaluation; nothing to read for it.
     let due: Vec<(String, jiff::SignedDuration)> =
         crate::lifecycle::Schedule::new(&policy.spec, &crate::lifecycle::CrdState::from_crd(crd), now)

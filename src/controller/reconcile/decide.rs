@@ -7,9 +7,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::ResourceExt;
 use serde_json::Value;
 
-use super::conditions::ConditionReason;
-use super::patch::{add_conversion, crd_patch, restore_conversion};
 use crate::api::{MigrationPhase, MilestoneKind, VersionPolicy};
+use crate::controller::conditions::ConditionReason;
+use crate::controller::patch::{add_conversion, crd_patch, restore_conversion};
 use crate::conversion::RecordedConversion;
 use crate::lifecycle::{CompletedMigration, CrdState, Evaluation, GateInputs, Schedule, Transition};
 

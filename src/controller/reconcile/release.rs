@@ -1,5 +1,5 @@
-//! A deleted policy releases its CRD before it goes (the `crdlifecycle.io/release-crd`
-//! finalizer).
+//! The release step: a deleted policy releases its CRD before it goes (the
+//! `crdlifecycle.io/release-crd` finalizer), and a live one keeps that finalizer.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
@@ -10,20 +10,60 @@ use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use super::conditions::ConditionReason;
-use super::context::{Context, get_crd};
-use super::error::{Error, Request};
-use super::patch::{add_conversion, as_json_patch};
-use super::status::{Observation, build_status, write_status};
+use super::read::{self, ReadError};
+use super::report::write_status;
 use crate::api::VersionPolicy;
+use crate::controller::Context;
+use crate::controller::conditions::ConditionReason;
+use crate::controller::error::status_code;
+use crate::controller::patch::{add_conversion, as_json_patch};
+use crate::controller::status::{Observation, build_status};
 use crate::conversion::RecordedConversion;
 use crate::kube_events;
+
+/// The release step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    /// A JSON Patch of the policy (its finalizer) failed.
+    #[error("patching VersionPolicy {policy} failed: {source}")]
+    PatchPolicy {
+        policy: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Recording the conversion on the CRD before releasing it failed.
+    #[error("patching CustomResourceDefinition {crd} failed: {source}")]
+    PatchCrd {
+        crd: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Reading the CRD to release failed.
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// A patch could not be serialized (a bug, reported rather than panicking).
+    #[error("cannot serialize the patch: {0}")]
+    Serialize(#[source] serde_json::Error),
+}
+
+impl ReleaseError {
+    /// The apiserver's answer, when a patch failed with one.
+    pub fn api_status_code(&self) -> Option<u16> {
+        match self {
+            ReleaseError::PatchPolicy { source, .. } | ReleaseError::PatchCrd { source, .. } => {
+                status_code(source)
+            }
+            ReleaseError::Read(error) => status_code(&error.source),
+            ReleaseError::Serialize(_) => None,
+        }
+    }
+}
 
 /// The finalizer that keeps a policy until its CRD is released.
 pub const RELEASE_FINALIZER: &str = "crdlifecycle.io/release-crd";
 
 /// Keeps the policy from disappearing before its CRD is released (see `release`).
-pub async fn ensure_finalizer(policy: &VersionPolicy, ctx: &Context) -> Result<(), Error> {
+pub async fn ensure_finalizer(policy: &VersionPolicy, ctx: &Context) -> Result<(), ReleaseError> {
     let finalizers = policy.metadata.finalizers.as_deref().unwrap_or_default();
     if finalizers.iter().any(|f| f == RELEASE_FINALIZER) {
         return Ok(());
@@ -42,7 +82,7 @@ pub async fn ensure_finalizer(policy: &VersionPolicy, ctx: &Context) -> Result<(
 /// here if an older version of the operator did not), and the webhook serves it from there
 /// once the policy is gone, so every served version stays readable. Turning
 /// `spec.conversion.webhook.enabled` off before deleting hands conversion back instead.
-pub async fn release(policy: &VersionPolicy, ctx: &Context) -> Result<Action, Error> {
+pub async fn release(policy: &VersionPolicy, ctx: &Context) -> Result<Action, ReleaseError> {
     let name = policy.name_any();
     let has_finalizer = policy
         .metadata
@@ -53,7 +93,7 @@ pub async fn release(policy: &VersionPolicy, ctx: &Context) -> Result<Action, Er
         return Ok(Action::await_change());
     }
     let crd_name = &policy.spec.crd_name;
-    let note = match get_crd(ctx, crd_name).await? {
+    let note = match read::from_etcd(ctx, crd_name).await? {
         None => format!("VersionPolicy {name} deleted; CustomResourceDefinition {crd_name} does not exist"),
         Some(crd) => match converting_for(&crd, &name) {
             Some(current) => {
@@ -96,7 +136,7 @@ pub async fn release(policy: &VersionPolicy, ctx: &Context) -> Result<Action, Er
     ctx.metrics.set_blocked(&name, &[]);
     ctx.metrics.set_next_transition(&name, None);
     ctx.metrics.set_state(&name, None);
-    let_go(
+    remove_release_finalizer(
         ctx,
         &name,
         policy.metadata.finalizers.as_deref().unwrap_or_default(),
@@ -107,7 +147,11 @@ pub async fn release(policy: &VersionPolicy, ctx: &Context) -> Result<Action, Er
 /// Removes the release finalizer (a guarded JSON Patch: `test` its entry, then `remove`
 /// it), so that a deleted policy goes. Gone already, or the finalizers changed meanwhile:
 /// the next event tells.
-pub async fn let_go(ctx: &Context, name: &str, finalizers: &[String]) -> Result<Action, Error> {
+pub async fn remove_release_finalizer(
+    ctx: &Context,
+    name: &str,
+    finalizers: &[String],
+) -> Result<Action, ReleaseError> {
     ctx.last_reconciles.forget(name);
     let Some(index) = finalizers.iter().position(|f| f == RELEASE_FINALIZER) else {
         return Ok(Action::await_change());
@@ -133,27 +177,27 @@ fn converting_for(crd: &CustomResourceDefinition, policy: &str) -> Option<Value>
         .then(|| serde_json::to_value(conversion).unwrap_or(Value::Null))
 }
 
-async fn patch_policy(ctx: &Context, name: &str, ops: Vec<Value>) -> Result<(), Error> {
+async fn patch_policy(ctx: &Context, name: &str, ops: Vec<Value>) -> Result<(), ReleaseError> {
+    let patch = as_json_patch(&ops).map_err(ReleaseError::Serialize)?;
     let api: Api<DeserializeGuard<VersionPolicy>> = Api::all(ctx.client.clone());
-    json_patch(&api, name, ops, Request::PatchPolicy).await
-}
-
-async fn patch_crd(ctx: &Context, name: &str, ops: Vec<Value>) -> Result<(), Error> {
-    let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
-    json_patch(&api, name, ops, Request::PatchCrd).await
-}
-
-async fn json_patch<K>(api: &Api<K>, name: &str, ops: Vec<Value>, request: Request) -> Result<(), Error>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let patch = as_json_patch(&ops).map_err(|source| Error::Serialize {
-        what: "patch",
-        source,
-    })?;
     api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
         .await
-        .map_err(Error::of(request))?;
+        .map_err(|source| ReleaseError::PatchPolicy {
+            policy: name.to_owned(),
+            source,
+        })?;
+    Ok(())
+}
+
+async fn patch_crd(ctx: &Context, name: &str, ops: Vec<Value>) -> Result<(), ReleaseError> {
+    let patch = as_json_patch(&ops).map_err(ReleaseError::Serialize)?;
+    let api: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
+    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
+        .map_err(|source| ReleaseError::PatchCrd {
+            crd: name.to_owned(),
+            source,
+        })?;
     Ok(())
 }
 

@@ -46,7 +46,7 @@ const RETRY_FAILED_AFTER: Duration = Duration::from_secs(60);
 const FORGET_AFTER: Duration = Duration::from_secs(3600);
 
 /// The reads of the writers gates, one per CRD.
-pub struct WriterReads {
+pub struct WritersGate {
     client: Client,
     settings: ListSettings,
     retry_failed_after: Duration,
@@ -55,7 +55,7 @@ pub struct WriterReads {
 
 /// What the writers gates of one policy know now.
 #[derive(Debug, Default)]
-pub struct Known {
+pub struct WritersReport {
     /// Per gated version.
     pub writers: BTreeMap<String, WritersRead>,
     /// When the reconcile should look again: a read under way, or a failed one to retry.
@@ -86,9 +86,9 @@ impl Drop for Read {
     }
 }
 
-impl WriterReads {
+impl WritersGate {
     pub fn new(client: Client) -> Self {
-        WriterReads {
+        WritersGate {
             client,
             settings: ListSettings::default(),
             retry_failed_after: RETRY_FAILED_AFTER,
@@ -112,13 +112,13 @@ impl WriterReads {
         gated: &[(String, SignedDuration)],
         page_size: u32,
         now: Timestamp,
-    ) -> Known {
+    ) -> WritersReport {
         let name = crd.metadata.name.clone().unwrap_or_default();
         let mut reads = lock(&self.reads);
         reads.retain(|_, read| read.asked.elapsed() < FORGET_AFTER);
         if gated.is_empty() {
             reads.remove(&name);
-            return Known::default();
+            return WritersReport::default();
         }
         let stands = reads
             .get(&name)
@@ -131,7 +131,7 @@ impl WriterReads {
             reads.insert(name.clone(), self.start(crd, page_size, now));
         }
         let Some(read) = reads.get_mut(&name) else {
-            return Known::default();
+            return WritersReport::default();
         };
         read.asked = Instant::now();
         let ended = lock(&read.ended);
@@ -151,13 +151,13 @@ impl WriterReads {
                     .iter()
                     .map(|(version, _)| (version.clone(), WritersRead::Read(writes.last_writes(version))))
                     .collect();
-                return Known {
+                return WritersReport {
                     writers,
                     recheck_at: None,
                 };
             }
         };
-        Known {
+        WritersReport {
             writers: gated
                 .iter()
                 .map(|(version, _)| (version.clone(), read_state.clone()))
