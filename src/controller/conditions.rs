@@ -392,7 +392,7 @@ mod tests {
     #[test]
     fn every_reason_written_is_a_declared_one() {
         for (file, source) in [
-            ("status.rs", include_str!("status.rs")),
+            ("status/kstatus.rs", include_str!("status/kstatus.rs")),
             (
                 "reconcile/undecodable.rs",
                 include_str!("reconcile/undecodable.rs"),

@@ -9,7 +9,7 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-use super::metrics::Metrics;
+use crate::controller::metrics::Metrics;
 
 /// Liveness and readiness, set by the controller's tasks.
 #[derive(Default)]

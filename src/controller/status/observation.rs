@@ -4,8 +4,8 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use super::conditions::ConditionReason;
 use crate::api::{HistoryEntry, MilestoneKind, TrafficStatus};
+use crate::controller::conditions::ConditionReason;
 use crate::lifecycle::{CrdState, Evaluation, Transition};
 
 /// What one reconcile found and did, for the status.

@@ -1,0 +1,288 @@
+//! The controller's watches and what each change triggers: a change of a policy's inputs,
+//! of its CRD (not its own patch coming back), or of a competing policy starts a reconcile;
+//! a CA rotation reconciles every policy. Also the leader's background writers, which stop
+//! with the controller however it stops.
+
+pub mod triggers;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use futures::StreamExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::Api;
+use kube::core::{DeserializeGuard, PartialObjectMeta};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tracing::{error, info, warn};
+
+use crate::api::VersionPolicy;
+use crate::clock::Clock;
+use crate::controller::metrics::Metrics;
+use crate::controller::migrations::Migrations;
+use crate::controller::process::http::Health;
+use crate::controller::process::{RunError, RunSettings};
+use crate::controller::traffic::TrafficMonitor;
+use crate::controller::{Context, CrdsSeen, error_policy, reconcile};
+use crate::supervise::{SupervisedTask, Supervisor};
+use crate::webhook::ca::{CaBundleKeeper, WebhookEndpoint};
+
+/// Stops the controller's background writers when the controller stops, however it stops:
+/// also when its future is dropped because leadership was lost.
+struct StopWriters {
+    migrations: Arc<Migrations>,
+    sampler: Option<SupervisedTask>,
+    ca_bundle_keeper: Option<SupervisedTask>,
+}
+
+impl Drop for StopWriters {
+    fn drop(&mut self) {
+        // Interrupted migrations resume from their checkpoints under the next leader.
+        self.migrations.shutdown();
+        drop(self.sampler.take());
+        drop(self.ca_bundle_keeper.take());
+    }
+}
+
+/// The controller itself, without the process around it (metrics server, webhook, leader
+/// election): watches, reconciles and background runs until `shutdown`. `clock` is the
+/// instant its decisions use (the wall clock; tests give one of their own).
+pub async fn controller(
+    client: Client,
+    settings: RunSettings,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    webhook: Option<Arc<WebhookEndpoint>>,
+    clock: Clock,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> Result<(), RunError> {
+    let policies: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
+    // Metadata is enough to know which CRD changed (and costs far less than the schemas).
+    let crds: Api<PartialObjectMeta<CustomResourceDefinition>> = Api::all(client.clone());
+    // The cache sees every change of a policy; only a change of what a reconcile acts on
+    // starts one (`triggers::policy_inputs`), not its own status and finalizer writes.
+    let (store, writer) = reflector::store();
+    // Not `store.wait_until_ready()`: kube-runtime's `Controller` waits on it, and it wakes
+    // one waiter only (`sync::Listed`).
+    let (policies_listed, policy_lists) = crate::sync::Listed::new();
+    let policy_changes = watcher(policies.clone(), watcher::Config::default().any_semantic())
+        .reflect(writer)
+        .inspect(policy_lists)
+        .applied_objects()
+        .predicate_filter(triggers::policy_inputs, Default::default());
+    let mut controller = Controller::for_stream(policy_changes, store.clone());
+    // A new CA bundle (a CA rotation) reaches every CRD at once, not at the next resync.
+    if let Some(endpoint) = &webhook {
+        let changes = futures::stream::unfold(endpoint.bundle_changes(), |mut changes| async move {
+            changes.changed().await.ok()?;
+            Some(((), changes))
+        });
+        controller = controller.reconcile_all_on(changes);
+    }
+
+    // A CRD event (including the migrator trimming status.storedVersions) reconciles the
+    // policies that target it, except those whose last reconcile acted on the CRD at that
+    // resourceVersion (its own patch coming back).
+    let by_crd = store.clone();
+    let last_reconciles = Arc::new(triggers::LastReconciles::default());
+    let acted_on = last_reconciles.clone();
+    // Each CRD's resourceVersion, whether the CRD watch is up (a kept CRD serves reads only
+    // then), and deletions, before the events are mapped to reconciles.
+    let crds_seen = Arc::new(CrdsSeen::default());
+    let seen = crds_seen.clone();
+    let crd_changes = watcher(crds, watcher::Config::default().any_semantic())
+        .inspect(move |event| seen.watch_event(event))
+        .touched_objects();
+    // A policy created, deleted or moved to another CRD reconciles the other policies for
+    // the same CRD (the loser of a conflict takes over when the winner is deleted).
+    let by_competitor = store.clone();
+    let competitors = watcher(policies, watcher::Config::default().any_semantic())
+        .touched_objects()
+        .predicate_filter(triggers::competition, Default::default());
+
+    let reporter = Reporter {
+        controller: "crd-lifecycle".into(),
+        instance: Some(settings.identity.clone()),
+    };
+    let recorder = Recorder::new(client.clone(), reporter);
+    let (migrations, traffic, mut stop_writers) =
+        background_writers(&client, &settings, &metrics, &recorder, &clock, &webhook);
+    let context = Arc::new(
+        Context::builder(client, store)
+            .recorder(recorder)
+            .metrics(metrics)
+            .clock(clock)
+            .resync(settings.resync)
+            .migrations(migrations.clone())
+            .traffic(traffic)
+            .webhook(webhook)
+            .last_reconciles(last_reconciles)
+            .crds_seen(crds_seen)
+            .build(),
+    );
+    // Ready once the policies are listed: a controller whose watch is refused (no
+    // VersionPolicy CRD, no permission) is not.
+    let ready_when_listed = {
+        let health = health.clone();
+        async move {
+            if policies_listed.wait().await {
+                health.ready.store(true, Ordering::Relaxed);
+                info!("VersionPolicies listed; ready");
+            }
+        }
+    };
+    // When each kind of watch failure was last reported.
+    let watch_errors = WatchErrors::default();
+    info!("controller started");
+    let running = controller
+        .watches_stream(crd_changes, move |crd| {
+            let resource_version = crd.resource_version().unwrap_or_default();
+            let mut policies = policies_for_crd(&by_crd, &crd.name_any(), None);
+            policies.retain(|policy| !acted_on.acted_on(&policy.name, &resource_version));
+            policies
+        })
+        .watches_stream(competitors, move |policy| {
+            let crd_name = policy
+                .0
+                .as_ref()
+                .map(|p| p.spec.crd_name.clone())
+                .unwrap_or_default();
+            policies_for_crd(&by_competitor, &crd_name, Some(&policy.name_any()))
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, context)
+        .for_each(move |result| {
+            log_result(result, &watch_errors);
+            std::future::ready(())
+        });
+    // The leader's own essential tasks: one that stops ends this term.
+    let mut leader_tasks = Supervisor::default();
+    leader_tasks.extend(stop_writers.sampler.take());
+    leader_tasks.extend(stop_writers.ca_bundle_keeper.take());
+    let result = tokio::select! {
+        biased;
+        failed = leader_tasks.first_failure() => Err(failed.into()),
+        () = running => Ok(()),
+        () = async { ready_when_listed.await; std::future::pending::<()>().await } => Ok(()),
+    };
+    drop(stop_writers);
+    info!("controller stopped");
+    result
+}
+
+/// The leader's writers besides the reconciles: the migrations (and the other background
+/// jobs), the traffic sampler and the CA bundle keeper, stopped together with the controller
+/// (`StopWriters`).
+fn background_writers(
+    client: &Client,
+    settings: &RunSettings,
+    metrics: &Arc<Metrics>,
+    recorder: &Recorder,
+    clock: &Clock,
+    webhook: &Option<Arc<WebhookEndpoint>>,
+) -> (Arc<Migrations>, Arc<TrafficMonitor>, StopWriters) {
+    let migrations = Arc::new(
+        Migrations::new(
+            client.clone(),
+            recorder.clone(),
+            metrics.clone(),
+            settings.parallel_migrations,
+        )
+        .with_svm_pending_deadline(settings.svm_pending_deadline)
+        .with_clock(clock.clone()),
+    );
+    let traffic = TrafficMonitor::new(client.clone(), settings.traffic_sample_interval);
+    let sampler = traffic.clone();
+    let stop_writers = StopWriters {
+        migrations: migrations.clone(),
+        sampler: Some(SupervisedTask::spawn("the traffic sampler", async move {
+            sampler.run().await;
+            Err("it returned".to_owned())
+        })),
+        // Every CRD pointed at the webhook trusts its CAs, governed or not.
+        ca_bundle_keeper: webhook.clone().map(|endpoint| {
+            let keeper = CaBundleKeeper::new(client.clone(), endpoint, recorder.clone());
+            SupervisedTask::spawn("the CA bundle keeper", async move {
+                keeper.run().await;
+                Err("it returned".to_owned())
+            })
+        }),
+    };
+    (migrations, traffic, stop_writers)
+}
+
+/// When each kind of watch failure was last reported.
+type WatchErrors = Arc<std::sync::Mutex<std::collections::HashMap<String, tokio::time::Instant>>>;
+
+/// Logs what one reconcile (or watch) of the controller's stream ended with: routine ends
+/// at debug level, a watch that keeps failing once a minute.
+fn log_result<T>(
+    result: Result<
+        T,
+        kube::runtime::controller::Error<crate::controller::Error, kube::runtime::watcher::Error>,
+    >,
+    watch_errors: &WatchErrors,
+) {
+    match result {
+        // A policy deleted between its event and its reconcile: routine.
+        Err(error @ kube::runtime::controller::Error::ObjectNotFound(_)) => {
+            tracing::debug!(error = %error, "policy gone before its reconcile");
+        }
+        // A watch resumed from a resourceVersion etcd compacted away answers
+        // 410 Expired: routine, the watcher lists again.
+        Err(kube::runtime::controller::Error::QueueError(kube::runtime::watcher::Error::WatchError(
+            status,
+        ))) if status.code == 410 => {
+            tracing::debug!(error = %status.message, "a watch expired (410); listing again");
+        }
+        // A watch that keeps failing (no VersionPolicy CRD, no permission) is
+        // retried with backoff; saying so once a minute is enough.
+        Err(kube::runtime::controller::Error::QueueError(error)) => {
+            let hint = watch_failure_hint(&error);
+            let mut last = crate::sync::lock(watch_errors);
+            let due = last
+                .get(&hint)
+                .is_none_or(|at: &tokio::time::Instant| at.elapsed() >= WATCH_ERROR_EVERY);
+            if due {
+                last.insert(hint.clone(), tokio::time::Instant::now());
+                error!(error = %error, "{hint}");
+            }
+        }
+        Err(error) => warn!(error = %error, "controller error"),
+        Ok(_) => {}
+    }
+}
+
+/// How often a watch that keeps failing is reported.
+const WATCH_ERROR_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What a failing watch means for the person reading the log.
+fn watch_failure_hint(error: &kube::runtime::watcher::Error) -> String {
+    let text = error.to_string();
+    if text.contains("404") || text.to_lowercase().contains("not found") {
+        "cannot watch VersionPolicies: the VersionPolicy CRD is not installed (kubectl apply -f crds/versionpolicy.yaml); retrying, not ready".to_owned()
+    } else if text.contains("403") || text.to_lowercase().contains("forbidden") {
+        "cannot watch VersionPolicies or CustomResourceDefinitions: permission denied (apply deploy/rbac.yaml, or `kubectl auth can-i list versionpolicies.crdlifecycle.io`); retrying, not ready".to_owned()
+    } else {
+        "a watch of VersionPolicies or CustomResourceDefinitions keeps failing; retrying, not ready"
+            .to_owned()
+    }
+}
+
+/// The policies in the cache that target `crd_name`, except `except`.
+fn policies_for_crd(
+    store: &Store<DeserializeGuard<VersionPolicy>>,
+    crd_name: &str,
+    except: Option<&str>,
+) -> Vec<ObjectRef<DeserializeGuard<VersionPolicy>>> {
+    store
+        .state()
+        .iter()
+        .filter(|guard| guard.0.as_ref().is_ok_and(|p| p.spec.crd_name == crd_name))
+        .filter(|guard| Some(guard.name_any().as_str()) != except)
+        .map(|guard| ObjectRef::from_obj(guard.as_ref()))
+        .collect()
+}
