@@ -14,7 +14,7 @@ use super::metrics::Metrics;
 use super::migrations::Migrations;
 use super::patches_first::PatchesFirst;
 use super::traffic::TrafficMonitor;
-use super::triggers::LastReconciles;
+use super::watch::triggers::LastReconciles;
 use super::writers_gate::WritersGate;
 use crate::api::VersionPolicy;
 use crate::webhook::ca::WebhookEndpoint;

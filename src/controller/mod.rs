@@ -18,20 +18,20 @@
 
 pub mod conditions;
 mod context;
-pub mod crds_seen;
+pub(crate) mod crds_seen;
 mod error;
-pub mod events;
+pub(crate) mod events;
 pub mod metrics;
 pub mod migrations;
-pub mod patch;
-pub mod patches_first;
-pub mod permissions;
+pub(crate) mod patch;
+pub(crate) mod patches_first;
+pub(crate) mod permissions;
 pub mod preflight;
-pub mod process;
+mod process;
 mod reconcile;
 pub mod status;
 pub mod traffic;
-pub mod watch;
+mod watch;
 pub mod writers_gate;
 
 pub use context::{Context, ContextBuilder};
@@ -44,4 +44,4 @@ pub use reconcile::govern::competing_owner;
 pub use reconcile::release::RELEASE_FINALIZER;
 pub use reconcile::wake::requeue_after;
 pub use reconcile::{error_policy, reconcile};
-pub use watch::{controller, triggers};
+pub use watch::controller;
