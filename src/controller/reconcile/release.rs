@@ -5,7 +5,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{info, warn};
@@ -15,6 +14,7 @@ use super::report::write_status;
 use crate::api::VersionPolicy;
 use crate::controller::Context;
 use crate::controller::conditions::ConditionReason;
+use crate::controller::events::{EventReason, event};
 use crate::controller::error::status_code;
 use crate::controller::patch::{add_conversion, as_json_patch};
 use crate::controller::status::{Observation, build_status};
@@ -112,7 +112,7 @@ pub async fn release(policy: &VersionPolicy, ctx: &Context) -> Result<Action, Re
                              the policy stays until it can, so that every version stays readable"
                         );
                         warn!(policy = name, "{message}");
-                        publish(ctx, policy, EventType::Warning, "CannotReleaseCRD", &message).await;
+                        publish(ctx, policy, EventReason::CannotReleaseCRD, &message).await;
                         let observation = Observation {
                             blocked: vec![(ConditionReason::ReleasingCrd, message)],
                             ..Observation::default()
@@ -132,7 +132,7 @@ pub async fn release(policy: &VersionPolicy, ctx: &Context) -> Result<Action, Re
         },
     };
     info!(policy = name, "{note}");
-    publish(ctx, policy, EventType::Normal, "CRDReleased", &note).await;
+    publish(ctx, policy, EventReason::CRDReleased, &note).await;
     ctx.metrics.set_blocked(&name, &[]);
     ctx.metrics.set_next_transition(&name, None);
     ctx.metrics.set_state(&name, None);
@@ -201,7 +201,7 @@ async fn patch_crd(ctx: &Context, name: &str, ops: Vec<Value>) -> Result<(), Rel
     Ok(())
 }
 
-async fn publish(ctx: &Context, policy: &VersionPolicy, type_: EventType, reason: &str, note: &str) {
-    let event = kube_events::event(type_, reason, "Release", note.to_owned());
+async fn publish(ctx: &Context, policy: &VersionPolicy, reason: EventReason, note: &str) {
+    let event = event(reason, note.to_owned(), "Release");
     kube_events::send(&ctx.recorder, &policy.object_ref(&()), event).await;
 }
