@@ -2,10 +2,10 @@
 # The generated documentation, up to date and lint-clean:
 # - the lifecycle pages of the bundled examples (`plan -o markdown`): each checked-in
 #   examples/*/LIFECYCLE.md must be what plan renders (the output is stable);
-# - the book's generated pages (docs/src/reference/{cli,versionpolicy,metrics,conditions}.md
+# - the book's generated pages (docs/src/reference/{cli,versionpolicy,metrics,conditions,events}.md
 #   and docs/src/internals/benchmarks-real.md): each must be what the hidden
 #   `crd-lifecycle docgen` writes from the clap definitions, the CRD's schema, the metrics
-#   registry, the condition reasons and docs/bench/real.txt;
+#   registry, the condition and Event reasons and docs/bench/real.txt;
 # - every page of the book, the README and the lifecycle pages pass the Markdown lint
 #   (pymarkdownlnt, pinned; .ci/run installs it; settings in .pymarkdown.json).
 #   scripts/check-docs.sh            check

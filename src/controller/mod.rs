@@ -20,7 +20,7 @@ pub mod conditions;
 mod context;
 pub(crate) mod crds_seen;
 mod error;
-pub(crate) mod events;
+pub mod events;
 pub mod metrics;
 pub mod migrations;
 pub(crate) mod patch;

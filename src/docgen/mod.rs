@@ -1,10 +1,11 @@
 //! `crd-lifecycle docgen` (hidden): writes the book's generated pages from their sources, the
 //! clap definitions, the VersionPolicy CRD's schema, the metrics registry, the condition
-//! reasons and the saved output of `scripts/bench-real.sh`. `scripts/check-docs.sh` runs it
+//! and Event reasons and the saved output of `scripts/bench-real.sh`. `scripts/check-docs.sh` runs it
 //! into a temporary folder and fails when a checked-in page differs.
 
 mod bench_page;
 mod cli_reference;
+mod events_reference;
 mod markdown;
 mod metrics_reference;
 mod policy_reference;
@@ -53,6 +54,10 @@ pub(crate) fn write_pages(out: &Path, bench_results: &Path) -> Result<Vec<PathBu
         Page {
             path: "reference/conditions.md",
             text: reasons_reference::render(),
+        },
+        Page {
+            path: "reference/events.md",
+            text: events_reference::render(),
         },
         Page {
             path: "internals/benchmarks-real.md",
