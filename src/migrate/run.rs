@@ -159,22 +159,7 @@ impl Run<'_> {
             tokio::select! {
                 biased;
                 Some((page, processed, key)) = in_flight.next(), if !in_flight.is_empty() => {
-                    let result = match processed {
-                        Processed::Done => ObjectResult::Rewritten,
-                        Processed::Skipped => ObjectResult::Skipped,
-                        Processed::Failed(message) => {
-                            let mut failures = lock(&self.failures);
-                            if failures.len() < self.settings.max_reported_failures {
-                                failures.push(Failure { object: key.to_string(), message });
-                            }
-                            ObjectResult::Failed
-                        }
-                    };
-                    counts.record(result);
-                    self.observer.progress(counts, total);
-                    if let Some((checkpoint, committed)) = tracker.done(page, result) {
-                        self.observer.checkpoint(&checkpoint, &committed);
-                    }
+                    self.object_done(page, processed, &key, counts, total, &mut tracker);
                 }
                 listed = async {
                     match fetching.as_mut() {
@@ -190,19 +175,12 @@ impl Run<'_> {
                         // (samples 27, 28). Objects written meanwhile were encoded in the
                         // storage version by the apiserver anyway.
                         Err(Answer::Status { code: 410, continue_token: Some(fresh), .. }) => {
-                            expired_in_a_row += 1;
-                            passes.expired_tokens += 1;
-                            if expired_in_a_row > self.settings.max_expired_in_a_row {
-                                return Err(self.list_error(format!(
-                                    "the continue token expired {expired_in_a_row} times in a row"
-                                )));
-                            }
-                            self.observer.continued(
-                                "the list continue token expired (etcd compaction); going on with the fresh token the apiserver gave",
-                            );
-                            if let Some((checkpoint, committed)) = tracker.replace_token(fresh.clone()) {
-                                self.observer.checkpoint(&checkpoint, &committed);
-                            }
+                            self.go_on_with_a_fresh_token(
+                                &fresh,
+                                &mut expired_in_a_row,
+                                &mut passes.expired_tokens,
+                                &mut tracker,
+                            )?;
                             fetching = Some(self.fetch(Some(fresh)).boxed());
                             continue;
                         }
@@ -214,16 +192,7 @@ impl Run<'_> {
                     expired_in_a_row = 0;
                     let index = next_index;
                     next_index += 1;
-                    counts.listed += page.objects.len() as u64;
-                    if let Some(digest) = digest.as_mut() {
-                        page.objects.iter().for_each(|key| digest.add(key));
-                    }
-                    if let Some(checked) = checked.as_mut() {
-                        page.objects.iter().for_each(|key| checked.add(key));
-                    }
-                    if total.is_none() && let Some(remaining) = page.remaining {
-                        total = Some(counts.listed + remaining);
-                    }
+                    count_listed_page(&page, counts, digest, checked, &mut total);
                     next_token = page.next.clone();
                     if let Some((checkpoint, committed)) = tracker.add(index, page.objects.len(), page.next) {
                         self.observer.checkpoint(&checkpoint, &committed);
@@ -233,6 +202,63 @@ impl Run<'_> {
                 }
             }
         }
+    }
+
+    /// Records what became of one object (a failure's message, up to the reported
+    /// number), its progress, and the checkpoint it completes, if any.
+    fn object_done(
+        &self,
+        page: usize,
+        processed: Processed,
+        key: &ObjectKey,
+        counts: &mut Counts,
+        total: Option<u64>,
+        tracker: &mut PageTracker,
+    ) {
+        let result = match processed {
+            Processed::Done => ObjectResult::Rewritten,
+            Processed::Skipped => ObjectResult::Skipped,
+            Processed::Failed(message) => {
+                let mut failures = lock(&self.failures);
+                if failures.len() < self.settings.max_reported_failures {
+                    failures.push(Failure {
+                        object: key.to_string(),
+                        message,
+                    });
+                }
+                ObjectResult::Failed
+            }
+        };
+        counts.record(result);
+        self.observer.progress(counts, total);
+        if let Some((checkpoint, committed)) = tracker.done(page, result) {
+            self.observer.checkpoint(&checkpoint, &committed);
+        }
+    }
+
+    /// The continue token expired and the apiserver gave a `fresh` one: counted, bounded
+    /// (`max_expired_in_a_row`), and checkpointed; the caller lists on with it.
+    fn go_on_with_a_fresh_token(
+        &self,
+        fresh: &str,
+        expired_in_a_row: &mut usize,
+        expired_tokens: &mut usize,
+        tracker: &mut PageTracker,
+    ) -> Result<(), Error> {
+        *expired_in_a_row += 1;
+        *expired_tokens += 1;
+        if *expired_in_a_row > self.settings.max_expired_in_a_row {
+            return Err(self.list_error(format!(
+                "the continue token expired {expired_in_a_row} times in a row"
+            )));
+        }
+        self.observer.continued(
+            "the list continue token expired (etcd compaction); going on with the fresh token the apiserver gave",
+        );
+        if let Some((checkpoint, committed)) = tracker.replace_token(fresh.to_owned()) {
+            self.observer.checkpoint(&checkpoint, &committed);
+        }
+        Ok(())
     }
 
     /// What a preflight collects of the objects it lists (nothing for other runs).
@@ -410,6 +436,30 @@ impl Run<'_> {
                 _ => Processed::Failed(answer.to_string()),
             },
         }
+    }
+}
+
+/// Counts a listed page's objects, adds them to the digest of the objects and to what a
+/// preflight collects (where the pass keeps them), and learns the total from the page
+/// while it is not known.
+fn count_listed_page(
+    page: &requests::Page,
+    counts: &mut Counts,
+    digest: &mut Option<ObjectsDigest>,
+    checked: &mut Option<CheckedObjects>,
+    total: &mut Option<u64>,
+) {
+    counts.listed += page.objects.len() as u64;
+    if let Some(digest) = digest.as_mut() {
+        page.objects.iter().for_each(|key| digest.add(key));
+    }
+    if let Some(checked) = checked.as_mut() {
+        page.objects.iter().for_each(|key| checked.add(key));
+    }
+    if total.is_none()
+        && let Some(remaining) = page.remaining
+    {
+        *total = Some(counts.listed + remaining);
     }
 }
 
