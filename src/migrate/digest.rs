@@ -1,9 +1,12 @@
 //! A digest of a CRD's objects (each one's namespace, name and resourceVersion): equal
 //! digests mean no object was created, changed or deleted in between.
 
-use super::Error;
-use super::lister::Lister;
+use kube::Client;
+
+use super::crd_reads::read_target;
+use super::lister::{Collection, ListSettings, Lister};
 use super::requests::ObjectKey;
+use super::{Error, Settings};
 
 /// An order-independent digest of a set of objects.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -43,6 +46,14 @@ pub(super) async fn list_digest(lister: &Lister<'_>) -> Result<ObjectsDigest, Er
         })
         .await?;
     Ok(folded.state)
+}
+
+/// A digest of the CRD's objects as they are now (one metadata-only listing through the
+/// storage version), to compare with `Report::objects_digest` of an earlier run.
+pub async fn objects_digest(client: &Client, crd_name: &str, settings: &Settings) -> Result<String, Error> {
+    let target = read_target(client, crd_name, None, settings).await?;
+    let lister = Lister::new(client, Collection::from(&target), ListSettings::from(settings));
+    list_digest(&lister).await.map(|d| d.value())
 }
 
 #[cfg(test)]

@@ -148,19 +148,30 @@ pub async fn wait(
             return Ok(());
         }
         if started.elapsed() >= check.timeout {
-            let what = match expect {
-                Expect::Storage => format!("storing {} as {}", target.plural, target.storage_version),
-                Expect::Served => format!("serving {}/{version}", target.group),
-                Expect::Unserved(_) => format!("no longer serving {}/{version}", target.group),
-            };
-            return Err(Error::NotSettled {
-                crd: target.crd.clone(),
-                what,
-                waited: check.timeout,
-                last,
-            });
+            return Err(not_settled(target, expect, version, check, last));
         }
         tokio::time::sleep(check.interval).await;
+    }
+}
+
+/// The wait for `expect` timed out; `last` says what discovery answered last.
+fn not_settled(
+    target: &Target,
+    expect: Expect<'_>,
+    version: &str,
+    check: &SettleCheck,
+    last: String,
+) -> Error {
+    let what = match expect {
+        Expect::Storage => format!("storing {} as {}", target.plural, target.storage_version),
+        Expect::Served => format!("serving {}/{version}", target.group),
+        Expect::Unserved(_) => format!("no longer serving {}/{version}", target.group),
+    };
+    Error::NotSettled {
+        crd: target.crd.clone(),
+        what,
+        waited: check.timeout,
+        last,
     }
 }
 

@@ -15,7 +15,8 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
-use super::Mode;
+use super::crd_reads::kube_request;
+use super::{Error, Mode, Settings};
 
 /// The label that aggregates a ClusterRole into the operator's migrator role.
 pub const AGGREGATE_LABEL: &str = "crdlifecycle.io/aggregate-to-migrator";
@@ -182,6 +183,33 @@ pub async fn missing(client: &Client, needed: &[Permission]) -> Result<Vec<Permi
         }
     }
     Ok(missing)
+}
+
+/// Fails with `Error::MissingPermission`, naming every missing verb and the ClusterRole
+/// that grants them, unless the caller may do everything the run needs.
+pub(super) async fn check_permissions(
+    client: &Client,
+    crd_name: &str,
+    settings: &Settings,
+) -> Result<(), Error> {
+    let needed = required(
+        crd_name,
+        settings.mode,
+        settings.through_status,
+        settings.managed_fields.dry_run,
+    );
+    let missing = kube_request(settings, "checking permissions", || {
+        self::missing(client, &needed)
+    })
+    .await?;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(Error::MissingPermission(missing_message(
+        crd_name,
+        &missing,
+        settings.through_status,
+    )))
 }
 
 #[cfg(test)]

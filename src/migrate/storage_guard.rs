@@ -314,31 +314,7 @@ async fn follow(
             }
         };
         if let Some(reason) = gap {
-            // The history since `from` is lost: go on from the CRD as it is now, watched
-            // from the list's resourceVersion (the store's: the CRD's own may be too old to
-            // watch from, tests/fixtures/apiserver/crd-list-by-name-after-compaction.txt).
-            let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
-            let listed = loop {
-                match api.list(&by_name).await {
-                    Ok(listed) => break listed,
-                    Err(error) => {
-                        debug!(crd = name, error = %error, "cannot list the CRD after a gap in its watch");
-                        failures = failures.saturating_add(1);
-                        tokio::time::sleep(backoff(failures)).await;
-                    }
-                }
-            };
-            if let Some(resource_version) = listed.metadata.resource_version.clone() {
-                from = resource_version;
-            }
-            match listed
-                .items
-                .iter()
-                .find(|c| c.metadata.name.as_deref() == Some(name.as_str()))
-            {
-                Some(crd) => lock(&record).gap(&reason, crd),
-                None => lock(&record).forbid(format!("the CRD {name} was deleted")),
-            }
+            go_on_after_a_gap(&api, &name, &record, &reason, &mut from, &mut failures).await;
             notify();
         }
         if progressed {
@@ -350,6 +326,43 @@ async fn follow(
                 tokio::time::sleep(backoff(failures)).await;
             }
         }
+    }
+}
+
+/// The history since `from` is lost (`reason`): records the gap in `record` and goes on
+/// from the CRD as it is now.
+async fn go_on_after_a_gap(
+    api: &Api<CustomResourceDefinition>,
+    name: &str,
+    record: &Mutex<Record>,
+    reason: &str,
+    from: &mut String,
+    failures: &mut u32,
+) {
+    // The history since `from` is lost: go on from the CRD as it is now, watched
+    // from the list's resourceVersion (the store's: the CRD's own may be too old to
+    // watch from, tests/fixtures/apiserver/crd-list-by-name-after-compaction.txt).
+    let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
+    let listed = loop {
+        match api.list(&by_name).await {
+            Ok(listed) => break listed,
+            Err(error) => {
+                debug!(crd = name, error = %error, "cannot list the CRD after a gap in its watch");
+                *failures = failures.saturating_add(1);
+                tokio::time::sleep(backoff(*failures)).await;
+            }
+        }
+    };
+    if let Some(resource_version) = listed.metadata.resource_version.clone() {
+        *from = resource_version;
+    }
+    match listed
+        .items
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some(name))
+    {
+        Some(crd) => lock(record).gap(reason, crd),
+        None => lock(record).forbid(format!("the CRD {name} was deleted")),
     }
 }
 

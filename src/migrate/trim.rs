@@ -4,9 +4,10 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
+use super::crd_reads::{kube_request, read_current};
 use super::discovery::{self, Expect};
 use super::requests::Requester;
-use super::{Error, Settings, StorageGuard, Target, Verdict, kube_request, read_current};
+use super::{Error, Settings, StorageGuard, Target, Verdict};
 
 pub(super) enum TrimResult {
     Trimmed(Vec<String>),

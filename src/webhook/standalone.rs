@@ -79,6 +79,34 @@ impl Error {
 /// Serves until SIGTERM / SIGINT, then drains (see [`Connections`]). Errors are bad input
 /// or a failed start.
 pub async fn run(args: &StandaloneSettings, client: Option<kube::Client>) -> Result<(), Error> {
+    let policies = policy_source(args, client).await?;
+    let store = serving_certificate(args)?;
+    let address = SocketAddr::from(([0, 0, 0, 0], args.port));
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|source| Error::Bind {
+            port: args.port,
+            source,
+        })?;
+    // Policies and certificate are loaded: ready until the shutdown signal.
+    let readiness = Arc::new(Readiness::ready());
+    let server = Server {
+        certs: store,
+        policies,
+        metrics: Arc::new(super::WebhookMetrics::default()),
+        limits: args.limits.clone(),
+        readiness: readiness.clone(),
+        connections: args.connections,
+    };
+    let stop = super::drain_after(crate::signals::terminated(), readiness, args.connections.drain);
+    server.serve(listener, stop).await.map_err(Error::Serve)
+}
+
+/// Where the webhook finds the policies: the cluster's (watched), or the files given.
+async fn policy_source(
+    args: &StandaloneSettings,
+    client: Option<kube::Client>,
+) -> Result<Arc<dyn PolicySource>, Error> {
     let policies: Arc<dyn PolicySource> = if args.policy.is_empty() {
         let client = client.ok_or(Error::NoPolicySource)?;
         let (cache, watches) = CachedPolicies::watch(client);
@@ -88,39 +116,49 @@ pub async fn run(args: &StandaloneSettings, client: Option<kube::Client>) -> Res
         }
         Arc::new(cache)
     } else {
-        let mut loaded = Vec::new();
-        for path in &args.policy {
-            let text = manifest::read_source(path)?;
-            let origin = manifest::origin_of(path);
-            let policy = manifest::parse_policy(&text, &origin)?;
-            // Refused at start, not at every review.
-            if let Some(spec) = &policy.spec.conversion {
-                let converter = crate::conversion::Converter::for_spec(spec).map_err(|errors| {
-                    Error::InvalidConversion {
-                        origin: origin.clone(),
-                        errors,
-                    }
+        policy_files(args)?
+    };
+    Ok(policies)
+}
+
+/// The policies of the files given, each conversion compiled (and, with `--crd`, checked to
+/// cover the CRD's versions' schemas) at start.
+fn policy_files(args: &StandaloneSettings) -> Result<Arc<dyn PolicySource>, Error> {
+    let mut loaded = Vec::new();
+    for path in &args.policy {
+        let text = manifest::read_source(path)?;
+        let origin = manifest::origin_of(path);
+        let policy = manifest::parse_policy(&text, &origin)?;
+        // Refused at start, not at every review.
+        if let Some(spec) = &policy.spec.conversion {
+            let converter =
+                crate::conversion::Converter::for_spec(spec).map_err(|errors| Error::InvalidConversion {
+                    origin: origin.clone(),
+                    errors,
                 })?;
-                if let Some(crd) = &args.crd {
-                    let crd =
-                        manifest::parse_documents(&manifest::read_source(crd)?, &manifest::origin_of(crd))?
-                            .into_iter()
-                            .next()
-                            .unwrap_or_default();
-                    let schemas = crate::schema::version_schemas(&crd);
-                    let uncovered = crate::conversion::coverage::check(spec, &converter, &schemas);
-                    if !uncovered.is_empty() {
-                        return Err(Error::InvalidConversion {
-                            origin,
-                            errors: uncovered,
-                        });
-                    }
+            if let Some(crd) = &args.crd {
+                let crd = manifest::parse_documents(&manifest::read_source(crd)?, &manifest::origin_of(crd))?
+                    .into_iter()
+                    .next()
+                    .unwrap_or_default();
+                let schemas = crate::schema::version_schemas(&crd);
+                let uncovered = crate::conversion::coverage::check(spec, &converter, &schemas);
+                if !uncovered.is_empty() {
+                    return Err(Error::InvalidConversion {
+                        origin,
+                        errors: uncovered,
+                    });
                 }
             }
-            loaded.push(policy);
         }
-        Arc::new(StaticPolicies::new(loaded))
-    };
+        loaded.push(policy);
+    }
+    Ok(Arc::new(StaticPolicies::new(loaded)))
+}
+
+/// The serving certificate: the files given, or a self-signed one (its CA written to
+/// `--ca-out`).
+fn serving_certificate(args: &StandaloneSettings) -> Result<Arc<CertStore>, Error> {
     let store = Arc::new(CertStore::default());
     match (&args.cert_file, &args.key_file) {
         (Some(cert), Some(key)) => {
@@ -151,23 +189,5 @@ pub async fn run(args: &StandaloneSettings, client: Option<kube::Client>) -> Res
             }
         }
     }
-    let address = SocketAddr::from(([0, 0, 0, 0], args.port));
-    let listener = tokio::net::TcpListener::bind(address)
-        .await
-        .map_err(|source| Error::Bind {
-            port: args.port,
-            source,
-        })?;
-    // Policies and certificate are loaded: ready until the shutdown signal.
-    let readiness = Arc::new(Readiness::ready());
-    let server = Server {
-        certs: store,
-        policies,
-        metrics: Arc::new(super::WebhookMetrics::default()),
-        limits: args.limits.clone(),
-        readiness: readiness.clone(),
-        connections: args.connections,
-    };
-    let stop = super::drain_after(crate::signals::terminated(), readiness, args.connections.drain);
-    server.serve(listener, stop).await.map_err(Error::Serve)
+    Ok(store)
 }
