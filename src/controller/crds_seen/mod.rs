@@ -14,7 +14,6 @@ mod kept;
 mod until_watched;
 mod watch;
 
-pub use kept::KEPT_CRDS_AT_MOST;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
