@@ -134,7 +134,13 @@ impl EventReason {
     /// Normal, or Warning for what someone should look at.
     pub fn event_type(self) -> EventType {
         match self {
-            EventReason::DriftCorrected | EventReason::CannotReleaseCRD | EventReason::MigrationFailed | EventReason::ManagedFieldsCleanupFailed | EventReason::MissingPermission | EventReason::ConversionPreflightFailed | EventReason::CABundleRefused => EventType::Warning,
+            EventReason::DriftCorrected
+            | EventReason::CannotReleaseCRD
+            | EventReason::MigrationFailed
+            | EventReason::ManagedFieldsCleanupFailed
+            | EventReason::MissingPermission
+            | EventReason::ConversionPreflightFailed
+            | EventReason::CABundleRefused => EventType::Warning,
             _ => EventType::Normal,
         }
     }
@@ -151,31 +157,75 @@ impl EventReason {
     pub fn description(self) -> &'static str {
         match self {
             EventReason::VersionIntroduced => "A version was added to the CRD (its `introduce` milestone).",
-            EventReason::StorageVersionChanged => "A version became the CRD's storage version (its `store` milestone).",
-            EventReason::VersionDeprecated => "A version was marked deprecated, with its warning (its `deprecate` milestone).",
+            EventReason::StorageVersionChanged => {
+                "A version became the CRD's storage version (its `store` milestone)."
+            }
+            EventReason::VersionDeprecated => {
+                "A version was marked deprecated, with its warning (its `deprecate` milestone)."
+            }
             EventReason::VersionUnserved => "A version stopped being served (its `unserve` milestone).",
             EventReason::VersionRemoved => "A version was deleted from the CRD (its `remove` milestone).",
-            EventReason::DriftCorrected => "Someone changed back flags the policy had applied; the controller restored them.",
-            EventReason::ConversionWebhookConfigured => "The CRD's `spec.conversion` now points at this operator's conversion webhook.",
-            EventReason::ConversionRestored => "The CRD has its `spec.conversion` from before the webhook back (`spec.conversion.webhook.enabled` is off).",
+            EventReason::DriftCorrected => {
+                "Someone changed back flags the policy had applied; the controller restored them."
+            }
+            EventReason::ConversionWebhookConfigured => {
+                "The CRD's `spec.conversion` now points at this operator's conversion webhook."
+            }
+            EventReason::ConversionRestored => {
+                "The CRD has its `spec.conversion` from before the webhook back (`spec.conversion.webhook.enabled` is off)."
+            }
             EventReason::DryRun => "With `spec.dryRun`: the patch the controller would have sent.",
-            EventReason::CRDReleased => "A deleted policy released its CRD, which keeps its versions (and its conversion through the webhook, recorded on it).",
-            EventReason::CannotReleaseCRD => "A deleted policy could not record its conversion on the CRD; it stays until it can, so that every version stays readable.",
-            EventReason::MigrationStarted => "A migration of the CRD's objects into the storage version started (internal engine), or a StorageVersionMigration was created (built-in engine).",
-            EventReason::MigrationResumed => "A migration resumed from its checkpoint (after a restart or a new leader).",
-            EventReason::MigrationSucceeded => "Every object was rewritten into the storage version and `status.storedVersions` trimmed.",
-            EventReason::MigrationFailed => "A migration failed (objects that do not convert, the trim refused, a StorageVersionMigration that failed or went); retried after a wait.",
-            EventReason::ManagedFieldsCleanupStarted => "A rewrite of the managedFields entries that name a version about to be removed started.",
-            EventReason::ManagedFieldsCleanupResumed => "A managedFields cleanup resumed from its checkpoint.",
-            EventReason::ManagedFieldsCleanupSucceeded => "No object's managedFields names the cleaned versions any more.",
-            EventReason::ManagedFieldsCleanupFailed => "A managedFields cleanup failed (its message names the objects); retried after a wait.",
-            EventReason::MissingPermission => "A run found a grant it needs missing (revoked since the controller checked); the message names the ClusterRole that grants it.",
-            EventReason::PreflightStarted => "A conversion preflight started reading the objects through the version about to become the storage version.",
-            EventReason::PreflightSucceeded => "Every object converted through the version about to be stored.",
-            EventReason::ConversionPreflightFailed => "Objects did not convert through the version about to be stored: the store is held (`AwaitingPreflight`).",
-            EventReason::PreflightVerified => "Right before the store, the objects changed since the passed preflight converted too.",
-            EventReason::PreflightRepeated => "Too many objects changed since the passed preflight: it is run again before the store.",
-            EventReason::CABundleRefused => "The apiserver refused the webhook's CA bundle on a CRD pointed at it.",
+            EventReason::CRDReleased => {
+                "A deleted policy released its CRD, which keeps its versions (and its conversion through the webhook, recorded on it)."
+            }
+            EventReason::CannotReleaseCRD => {
+                "A deleted policy could not record its conversion on the CRD; it stays until it can, so that every version stays readable."
+            }
+            EventReason::MigrationStarted => {
+                "A migration of the CRD's objects into the storage version started (internal engine), or a StorageVersionMigration was created (built-in engine)."
+            }
+            EventReason::MigrationResumed => {
+                "A migration resumed from its checkpoint (after a restart or a new leader)."
+            }
+            EventReason::MigrationSucceeded => {
+                "Every object was rewritten into the storage version and `status.storedVersions` trimmed."
+            }
+            EventReason::MigrationFailed => {
+                "A migration failed (objects that do not convert, the trim refused, a StorageVersionMigration that failed or went); retried after a wait."
+            }
+            EventReason::ManagedFieldsCleanupStarted => {
+                "A rewrite of the managedFields entries that name a version about to be removed started."
+            }
+            EventReason::ManagedFieldsCleanupResumed => {
+                "A managedFields cleanup resumed from its checkpoint."
+            }
+            EventReason::ManagedFieldsCleanupSucceeded => {
+                "No object's managedFields names the cleaned versions any more."
+            }
+            EventReason::ManagedFieldsCleanupFailed => {
+                "A managedFields cleanup failed (its message names the objects); retried after a wait."
+            }
+            EventReason::MissingPermission => {
+                "A run found a grant it needs missing (revoked since the controller checked); the message names the ClusterRole that grants it."
+            }
+            EventReason::PreflightStarted => {
+                "A conversion preflight started reading the objects through the version about to become the storage version."
+            }
+            EventReason::PreflightSucceeded => {
+                "Every object converted through the version about to be stored."
+            }
+            EventReason::ConversionPreflightFailed => {
+                "Objects did not convert through the version about to be stored: the store is held (`AwaitingPreflight`)."
+            }
+            EventReason::PreflightVerified => {
+                "Right before the store, the objects changed since the passed preflight converted too."
+            }
+            EventReason::PreflightRepeated => {
+                "Too many objects changed since the passed preflight: it is run again before the store."
+            }
+            EventReason::CABundleRefused => {
+                "The apiserver refused the webhook's CA bundle on a CRD pointed at it."
+            }
         }
     }
 }
@@ -205,12 +255,20 @@ pub async fn publish_events(
             .iter()
             .map(|t| format!("{} {}", t.version, t.milestone))
             .collect();
-        let note = format!("{crd} had been changed back by someone else; restored: {}", reset.join(", "));
+        let note = format!(
+            "{crd} had been changed back by someone else; restored: {}",
+            reset.join(", ")
+        );
         events.push(event(EventReason::DriftCorrected, note, "CorrectDrift"));
     }
     if observation.conversion_configured {
-        let note = format!("{crd} now converts between versions through this operator's webhook (spec.conversion)");
-        events.push(event(EventReason::ConversionWebhookConfigured, note, "ConfigureConversion"));
+        let note =
+            format!("{crd} now converts between versions through this operator's webhook (spec.conversion)");
+        events.push(event(
+            EventReason::ConversionWebhookConfigured,
+            note,
+            "ConfigureConversion",
+        ));
     }
     if observation.conversion_restored {
         let note = format!(

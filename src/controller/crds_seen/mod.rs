@@ -14,7 +14,6 @@ mod kept;
 mod until_watched;
 mod watch;
 
-
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;

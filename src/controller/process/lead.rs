@@ -81,15 +81,7 @@ pub(super) async fn lead(
                 None => std::future::pending().await,
             }
         };
-        // SIGTERM stops the controller within SHUTDOWN_GRACE whatever the watches are doing
-        // (refused, retrying, stalled): in-flight reconciles get that long to finish.
-        let deadline = {
-            let shutdown = shutdown.clone();
-            async move {
-                shutdown.await;
-                tokio::time::sleep(SHUTDOWN_GRACE).await;
-            }
-        };
+        let deadline = grace_after(shutdown.clone());
         // A lost lease first: a controller that ended at the same instant still reports it.
         let result = tokio::select! {
             biased;
@@ -121,6 +113,14 @@ pub(super) async fn lead(
         }
         return result;
     }
+}
+
+/// Ends `SHUTDOWN_GRACE` after `shutdown`: SIGTERM stops the controller within it whatever
+/// the watches are doing (refused, retrying, stalled); in-flight reconciles get that long to
+/// finish.
+async fn grace_after(shutdown: impl Future<Output = ()>) {
+    shutdown.await;
+    tokio::time::sleep(SHUTDOWN_GRACE).await;
 }
 
 /// Waits for the Lease, as a standby that is healthy and ready but does not reconcile;

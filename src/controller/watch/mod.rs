@@ -76,11 +76,7 @@ pub async fn controller(
     let mut controller = Controller::for_stream(policy_changes, store.clone());
     // A new CA bundle (a CA rotation) reaches every CRD at once, not at the next resync.
     if let Some(endpoint) = &webhook {
-        let changes = futures::stream::unfold(endpoint.bundle_changes(), |mut changes| async move {
-            changes.changed().await.ok()?;
-            Some(((), changes))
-        });
-        controller = controller.reconcile_all_on(changes);
+        controller = controller.reconcile_all_on(bundle_changes(endpoint));
     }
 
     // A CRD event (including the migrator trimming status.storedVersions) reconciles the
@@ -92,10 +88,7 @@ pub async fn controller(
     // Each CRD's resourceVersion, whether the CRD watch is up (a kept CRD serves reads only
     // then), and deletions, before the events are mapped to reconciles.
     let crds_seen = Arc::new(CrdsSeen::default());
-    let seen = crds_seen.clone();
-    let crd_changes = watcher(crds, watcher::Config::default().any_semantic())
-        .inspect(move |event| seen.watch_event(event))
-        .touched_objects();
+    let crd_changes = crd_changes(crds, crds_seen.clone());
     // A policy created, deleted or moved to another CRD reconciles the other policies for
     // the same CRD (the loser of a conflict takes over when the winner is deleted).
     let by_competitor = store.clone();
@@ -103,11 +96,7 @@ pub async fn controller(
         .touched_objects()
         .predicate_filter(triggers::competition, Default::default());
 
-    let reporter = Reporter {
-        controller: "crd-lifecycle".into(),
-        instance: Some(settings.identity.clone()),
-    };
-    let recorder = Recorder::new(client.clone(), reporter);
+    let recorder = Recorder::new(client.clone(), reporter(&settings));
     let (migrations, traffic, mut stop_writers) =
         background_writers(&client, &settings, &metrics, &recorder, &clock, &webhook);
     let context = Arc::new(
@@ -123,35 +112,15 @@ pub async fn controller(
             .crds_seen(crds_seen)
             .build(),
     );
-    // Ready once the policies are listed: a controller whose watch is refused (no
-    // VersionPolicy CRD, no permission) is not.
-    let ready_when_listed = {
-        let health = health.clone();
-        async move {
-            if policies_listed.wait().await {
-                health.ready.store(true, Ordering::Relaxed);
-                info!("VersionPolicies listed; ready");
-            }
-        }
-    };
+    let ready_when_listed = ready_when_listed(health, policies_listed);
     // When each kind of watch failure was last reported.
     let watch_errors = WatchErrors::default();
     info!("controller started");
     let running = controller
         .watches_stream(crd_changes, move |crd| {
-            let resource_version = crd.resource_version().unwrap_or_default();
-            let mut policies = policies_for_crd(&by_crd, &crd.name_any(), None);
-            policies.retain(|policy| !acted_on.acted_on(&policy.name, &resource_version));
-            policies
+            reconciled_on_crd_change(&by_crd, &acted_on, &crd)
         })
-        .watches_stream(competitors, move |policy| {
-            let crd_name = policy
-                .0
-                .as_ref()
-                .map(|p| p.spec.crd_name.clone())
-                .unwrap_or_default();
-            policies_for_crd(&by_competitor, &crd_name, Some(&policy.name_any()))
-        })
+        .watches_stream(competitors, move |policy| competitors_of(&by_competitor, &policy))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)
         .for_each(move |result| {
@@ -171,6 +140,15 @@ pub async fn controller(
     drop(stop_writers);
     info!("controller stopped");
     result
+}
+
+/// Ready once the policies are listed: a controller whose watch is refused (no
+/// VersionPolicy CRD, no permission) is not.
+async fn ready_when_listed(health: Arc<Health>, policies_listed: crate::sync::Listed) {
+    if policies_listed.wait().await {
+        health.ready.store(true, Ordering::Relaxed);
+        info!("VersionPolicies listed; ready");
+    }
 }
 
 /// The leader's writers besides the reconciles: the migrations (and the other background
@@ -256,6 +234,17 @@ fn log_result<T>(
     }
 }
 
+/// The CRDs' changes (metadata only), recorded in `crds_seen` before they are mapped to
+/// reconciles.
+fn crd_changes(
+    crds: Api<PartialObjectMeta<CustomResourceDefinition>>,
+    crds_seen: Arc<CrdsSeen>,
+) -> impl futures::Stream<Item = Result<PartialObjectMeta<CustomResourceDefinition>, watcher::Error>> {
+    watcher(crds, watcher::Config::default().any_semantic())
+        .inspect(move |event| crds_seen.watch_event(event))
+        .touched_objects()
+}
+
 /// How often a watch that keeps failing is reported.
 const WATCH_ERROR_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -270,6 +259,49 @@ fn watch_failure_hint(error: &kube::runtime::watcher::Error) -> String {
         "a watch of VersionPolicies or CustomResourceDefinitions keeps failing; retrying, not ready"
             .to_owned()
     }
+}
+
+/// The events' reporter: this controller, as this replica.
+fn reporter(settings: &RunSettings) -> Reporter {
+    Reporter {
+        controller: "crd-lifecycle".into(),
+        instance: Some(settings.identity.clone()),
+    }
+}
+
+/// Each new CA bundle of the webhook (a CA rotation), as a stream of triggers.
+fn bundle_changes(endpoint: &WebhookEndpoint) -> impl futures::Stream<Item = ()> + use<> {
+    futures::stream::unfold(endpoint.bundle_changes(), |mut changes| async move {
+        changes.changed().await.ok()?;
+        Some(((), changes))
+    })
+}
+
+/// The policies a change of `crd` reconciles: those that target it, except those whose
+/// last reconcile acted on the CRD at that resourceVersion (their own patch coming back).
+fn reconciled_on_crd_change(
+    store: &Store<DeserializeGuard<VersionPolicy>>,
+    last_reconciles: &triggers::LastReconciles,
+    crd: &PartialObjectMeta<CustomResourceDefinition>,
+) -> Vec<ObjectRef<DeserializeGuard<VersionPolicy>>> {
+    let resource_version = crd.resource_version().unwrap_or_default();
+    let mut policies = policies_for_crd(store, &crd.name_any(), None);
+    policies.retain(|policy| !last_reconciles.acted_on(&policy.name, &resource_version));
+    policies
+}
+
+/// The other policies for the same CRD as `policy` (created, deleted or moved to another
+/// CRD): the loser of a conflict takes over when the winner is deleted.
+fn competitors_of(
+    store: &Store<DeserializeGuard<VersionPolicy>>,
+    policy: &DeserializeGuard<VersionPolicy>,
+) -> Vec<ObjectRef<DeserializeGuard<VersionPolicy>>> {
+    let crd_name = policy
+        .0
+        .as_ref()
+        .map(|p| p.spec.crd_name.clone())
+        .unwrap_or_default();
+    policies_for_crd(store, &crd_name, Some(&policy.name_any()))
 }
 
 /// The policies in the cache that target `crd_name`, except `except`.
