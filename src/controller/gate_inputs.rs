@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use std::collections::BTreeMap;
 
-use super::preflight;
+use super::jobs::preflight;
 use super::traffic::TrafficMonitor;
 use super::writer_reads::{Known, WriterReads};
 use crate::api::{MigrationPhase, TrafficStatus, VersionPolicy, VersionPolicyStatus};

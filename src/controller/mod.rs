@@ -9,14 +9,12 @@ mod error;
 pub mod events;
 pub mod gate_inputs;
 pub mod http;
+pub mod jobs;
 pub mod leader;
 pub mod metrics;
-pub mod migrations;
 mod observation;
 pub mod patch;
 pub mod patches_first;
-pub mod permissions;
-pub mod preflight;
 mod reconcile;
 mod release;
 pub mod status;
@@ -53,9 +51,9 @@ use crate::webhook::WebhookSettings;
 use crate::webhook::ca::{CaBundleKeeper, WebhookEndpoint};
 use crate::webhook::run::RunningWebhook;
 use http::Health;
+use jobs::BackgroundJobs;
 use leader::{LeaderElector, LeaseSettings};
 use metrics::Metrics;
-use migrations::Migrations;
 use traffic::TrafficMonitor;
 
 /// Settings of `crd-lifecycle run`.
@@ -420,7 +418,7 @@ fn standby_backoff(lease_duration: Duration) -> backon::ExponentialBackoff {
 /// Stops the controller's background writers when the controller stops, however it stops:
 /// also when its future is dropped because leadership was lost.
 struct StopWriters {
-    migrations: Arc<Migrations>,
+    jobs: Arc<BackgroundJobs>,
     sampler: Option<Essential>,
     ca_bundle_keeper: Option<Essential>,
 }
@@ -428,7 +426,7 @@ struct StopWriters {
 impl Drop for StopWriters {
     fn drop(&mut self) {
         // Interrupted migrations resume from their checkpoints under the next leader.
-        self.migrations.shutdown();
+        self.jobs.shutdown();
         drop(self.sampler.take());
         drop(self.ca_bundle_keeper.take());
     }
@@ -495,8 +493,8 @@ pub async fn controller(
         instance: Some(settings.identity.clone()),
     };
     let recorder = Recorder::new(client.clone(), reporter);
-    let migrations = Arc::new(
-        Migrations::new(
+    let jobs = Arc::new(
+        BackgroundJobs::new(
             client.clone(),
             recorder.clone(),
             metrics.clone(),
@@ -508,7 +506,7 @@ pub async fn controller(
     let traffic = TrafficMonitor::new(client.clone(), settings.traffic_sample_interval);
     let sampler = traffic.clone();
     let mut stop_writers = StopWriters {
-        migrations: migrations.clone(),
+        jobs: jobs.clone(),
         sampler: Some(Essential::spawn("the traffic sampler", async move {
             sampler.run().await;
             Err("it returned".to_owned())
@@ -528,7 +526,7 @@ pub async fn controller(
             .metrics(metrics)
             .clock(clock)
             .resync(settings.resync)
-            .migrations(migrations.clone())
+            .jobs(jobs.clone())
             .traffic(traffic)
             .webhook(webhook)
             .last_reconciles(last_reconciles)

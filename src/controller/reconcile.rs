@@ -21,9 +21,9 @@ use super::decide::{Decision, WebhookConversion, cleaned_at_generation, decide, 
 use super::error::{Error, Request, status_code};
 use super::events::publish_events;
 use super::gate_inputs;
+use super::jobs::permissions::RECHECK_MISSING_AFTER;
+use super::jobs::preflight;
 use super::patch::as_json_patch;
-use super::permissions::RECHECK_MISSING_AFTER;
-use super::preflight;
 use super::release::{ensure_finalizer, let_go, release};
 use super::status::{Observation, apply_status, build_status, policy_state, recorded_status, write_status};
 use crate::api::{FIELD_MANAGER, MigrationEngine, MilestoneKind, TrafficStatus, VersionPolicy};
@@ -116,7 +116,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         // Kubernetes trims storedVersions as a failed StorageVersionMigration ends: what the
         // policy's own failed one had is listed again at once.
         if !policy.spec.dry_run {
-            ctx.migrations.restore_after_failure(policy).await;
+            ctx.jobs.restore_after_failure(policy).await;
         }
         let on_the_way = ctx.patches_first.on_the_way();
         let outcome = apply(policy, ctx, now).await?;
@@ -177,13 +177,10 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
         {
             let engine = policy.spec.migration.engine;
             // Ours, under way with this engine: nothing to check again.
-            let ours_under_way = ctx
-                .migrations
-                .running_migration(&crd_name)
-                .is_some_and(|running| {
-                    running.storage_version == storage
-                        && running.builtin == (engine == MigrationEngine::StorageVersionMigration)
-                });
+            let ours_under_way = ctx.jobs.running_migration(&crd_name).is_some_and(|running| {
+                running.storage_version == storage
+                    && running.builtin == (engine == MigrationEngine::StorageVersionMigration)
+            });
             // Never two migrators at once: with the internal engine every unfinished
             // StorageVersionMigration counts (one this policy made under the other engine
             // too), with the built-in one those of others. Unknown (the API's discovery or
@@ -191,14 +188,10 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
             let foreign = match (ours_under_way, engine) {
                 (true, _) => Ok(None),
                 (false, MigrationEngine::Internal) => {
-                    ctx.migrations
-                        .unfinished_migration(policy, false, Some(storage))
-                        .await
+                    ctx.jobs.unfinished_migration(policy, false, Some(storage)).await
                 }
                 (false, MigrationEngine::StorageVersionMigration) => {
-                    ctx.migrations
-                        .unfinished_migration(policy, true, Some(storage))
-                        .await
+                    ctx.jobs.unfinished_migration(policy, true, Some(storage)).await
                 }
             };
             if ours_under_way {
@@ -231,21 +224,21 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
             } else {
                 match engine {
                     MigrationEngine::Internal => {
-                        match ctx.migrations.check_permissions(policy, Mode::Rewrite).await {
-                            Ok(()) => observation.migrating = ctx.migrations.ensure(policy, storage),
+                        match ctx.jobs.check_permissions(policy, Mode::Rewrite).await {
+                            Ok(()) => observation.migrating = ctx.jobs.ensure(policy, storage),
                             Err(message) => missing_permissions.push(message),
                         }
                     }
-                    MigrationEngine::StorageVersionMigration => match ctx.migrations.builtin_api().await {
+                    MigrationEngine::StorageVersionMigration => match ctx.jobs.builtin_api().await {
                         Ok(Some(api)) => {
-                            observation.migrating = ctx.migrations.ensure_builtin(policy, storage, api)
+                            observation.migrating = ctx.jobs.ensure_builtin(policy, storage, api)
                         }
                         Ok(None) => {
                             observation.blocked.insert(
                                 0,
                                 (
                                     ConditionReason::StorageVersionMigrationUnavailable,
-                                    crate::controller::migrations::BUILTIN_MIGRATION_ENABLE_HINT.to_owned(),
+                                    crate::controller::jobs::BUILTIN_MIGRATION_ENABLE_HINT.to_owned(),
                                 ),
                             );
                             unavailable_recheck = true;
@@ -289,15 +282,11 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
             && !awaiting.is_empty()
             && let Some(storage) = crd.storage_version()
         {
-            match ctx
-                .migrations
-                .check_permissions(policy, Mode::CleanManagedFields)
-                .await
-            {
+            match ctx.jobs.check_permissions(policy, Mode::CleanManagedFields).await {
                 Ok(()) => {
                     let gone = gone_to_record(policy, crd, &awaiting);
                     observation.cleaning =
-                        ctx.migrations
+                        ctx.jobs
                             .ensure_cleanup(policy, storage, awaiting, gone, crd.generation);
                 }
                 Err(message) => missing_permissions.push(message),
@@ -354,7 +343,7 @@ async fn reconcile_policy(policy: &VersionPolicy, ctx: &Context) -> Result<Actio
     // A missing grant is checked again soon (bounded backoff): granting it changes nothing
     // we watch. So is a wait on an outside change.
     let regrant = ctx
-        .migrations
+        .jobs
         .recheck_grant_after(&name, !missing_permissions.is_empty())
         .and_then(|delay| now.checked_add(delay).ok());
     let recheck = unavailable_recheck
@@ -405,12 +394,12 @@ struct Applied {
     fingerprints: std::collections::BTreeMap<String, String>,
     /// When to look again at a writers gate whose read is under way (or failed).
     writers_recheck: Option<Timestamp>,
-    /// Whether a removal waits for a StorageVersionMigration (`Migrations::removal_hold`).
+    /// Whether a removal waits for a StorageVersionMigration (`BackgroundJobs::removal_hold`).
     removal_held: bool,
     /// Whether a store waits for a StorageVersionMigration (`GateInputs::migration_under_way`).
     store_held: bool,
     /// Whether the versions a failed StorageVersionMigration trimmed could not be listed
-    /// again (`Migrations::list_again_after_failure_on_crd`): looked at again soon.
+    /// again (`BackgroundJobs::list_again_after_failure_on_crd`): looked at again soon.
     failure_recheck: bool,
     /// The CRD's resourceVersion the decision was made on (after the patch, if any).
     crd_resource_version: Option<String>,
@@ -549,12 +538,12 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             // This controller's own built-in migration job counts from its first step: it
             // settles for seconds before it creates its StorageVersionMigration.
             let ours = ctx
-                .migrations
+                .jobs
                 .running_migration(crd_name)
                 .filter(|running| running.builtin);
             gates.inputs.migration_under_way = match ours {
                 Some(running) => Some(running.awaited(crd_name)),
-                None => match ctx.migrations.unfinished_migration(policy, false, storage).await {
+                None => match ctx.jobs.unfinished_migration(policy, false, storage).await {
                     Ok(None) => None,
                     Ok(Some(name)) => Some(format!("StorageVersionMigration {name} has finished")),
                     Err(reason) => Some(format!(
@@ -575,10 +564,10 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             Some(failure)
                 if policy.spec.migration.enabled
                     && !policy.spec.dry_run
-                    && ctx.migrations.running_migration(crd_name).is_none() =>
+                    && ctx.jobs.running_migration(crd_name).is_none() =>
             {
                 match ctx
-                    .migrations
+                    .jobs
                     .list_again_after_failure_on_crd(policy, storage, &failure)
                     .await
                 {
@@ -611,15 +600,11 @@ async fn apply(policy: &VersionPolicy, ctx: &Context, now: Timestamp) -> Result<
             // This controller's own migration of the CRD first: until it has finished (a
             // built-in job checks the storage guard after Kubernetes' migrator trimmed), a
             // trim may be ahead of its verdict.
-            let ours = ctx.migrations.running_migration(crd_name);
+            let ours = ctx.jobs.running_migration(crd_name);
             let unfinished = match (ours, failure_uncovered) {
                 (Some(running), _) => Some(running.awaited(crd_name)),
                 (None, Some(uncovered)) => Some(uncovered),
-                (None, None) => match ctx
-                    .migrations
-                    .removal_hold(policy, storage, policy.spec.dry_run)
-                    .await
-                {
+                (None, None) => match ctx.jobs.removal_hold(policy, storage, policy.spec.dry_run).await {
                     Ok(hold) => hold,
                     Err(reason) => Some(format!(
                         "it is known whether a StorageVersionMigration of it runs ({reason})"

@@ -4,6 +4,8 @@
 
 mod builtin;
 mod job;
+pub mod permissions;
+pub mod preflight;
 mod progress;
 
 pub use builtin::ENABLE_HINT as BUILTIN_MIGRATION_ENABLE_HINT;
@@ -119,7 +121,7 @@ pub(super) struct RememberedObjects {
 /// `status.preflights`), read again from the apiserver when a run starts, so that a
 /// restarted controller or a new leader decides the same. The maps here are this process's
 /// own: its tasks, and caches whose loss costs requests, never a decision.
-pub struct Migrations {
+pub struct BackgroundJobs {
     pub(super) client: Client,
     pub(super) recorder: Recorder,
     pub(super) metrics: Arc<Metrics>,
@@ -154,7 +156,7 @@ pub struct Migrations {
     pub(super) clock: crate::clock::Clock,
 }
 
-/// This controller's migration of a CRD under way (`Migrations::running_migration`).
+/// This controller's migration of a CRD under way (`BackgroundJobs::running_migration`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunningMigration {
     pub storage_version: String,
@@ -178,7 +180,7 @@ impl RunningMigration {
     }
 }
 
-impl Migrations {
+impl BackgroundJobs {
     /// At most `parallel` migrations run at once; the others wait for a slot.
     pub fn new(client: Client, recorder: Recorder, metrics: Arc<Metrics>, parallel: usize) -> Self {
         Self {

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::job::Job;
-use super::{MAX_RERUNS, Migrations, RunEnd};
+use super::{BackgroundJobs, MAX_RERUNS, RunEnd};
 use crate::api::{MigrationPhase, MigrationStatus, VersionPolicy};
 use crate::migrate::builtin::{self, CreatedFor, Migration, State};
 use crate::migrate::{self, GuardStart, Outcome, StorageGuard, Verdict};
@@ -75,7 +75,7 @@ enum Followed {
 /// it, before the attempt fails (and the next one starts over).
 const SETTLES_PER_ATTEMPT: u32 = 3;
 
-impl Migrations {
+impl BackgroundJobs {
     /// The built-in migrator's API at its newest served version, `None` when it is not
     /// served (asked at most once a minute, or every 5 s while it is not); `Err` when that
     /// cannot be told (asked again at the next call).

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::migrations::Migrations;
+use super::BackgroundJobs;
 use crate::api::{RewriteSubresource, VersionPolicy};
 use crate::migrate::{Mode, permissions};
 use crate::sync::lock;
@@ -26,7 +26,7 @@ pub const RECHECK_MISSING_AFTER: Duration = Duration::from_secs(60);
 /// stays blocked costs a few SelfSubjectAccessReviews a minute).
 pub const RECHECK_GRANT_AT_MOST_AFTER: Duration = Duration::from_secs(10);
 
-impl Migrations {
+impl BackgroundJobs {
     /// When to ask again for a policy whose run is blocked by a missing permission (bounded
     /// backoff); `None`, and the backoff forgotten, when nothing is missing.
     pub fn recheck_grant_after(&self, policy: &str, missing: bool) -> Option<Duration> {

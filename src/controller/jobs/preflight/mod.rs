@@ -13,7 +13,7 @@
 //!
 //! Every decision here is read from the policy's status, so that a restarted controller or a
 //! new leader decides the same. Only the set of objects a preflight read is kept in memory
-//! (`Migrations::checked_objects`: 16 bytes per object, more than a status could hold; one
+//! (`BackgroundJobs::checked_objects`: 16 bytes per object, more than a status could hold; one
 //! set per store to come whose preflight ran, dropped when it lands): a controller without it
 //! compares the objects' digest instead, and reads every object again if they changed.
 
@@ -29,10 +29,10 @@ use kube::runtime::events::EventType;
 use serde_json::{Value, json};
 use tracing::warn;
 
-use super::context::Context;
-use super::migrations::{Migrations, PREFLIGHT_FIELD_MANAGER, RememberedObjects};
-use super::status::apply_status;
+use super::{BackgroundJobs, PREFLIGHT_FIELD_MANAGER, RememberedObjects};
 use crate::api::{MigrationPhase, MilestoneKind, PreflightStatus, VersionPolicy, VersionPolicyStatus};
+use crate::controller::context::Context;
+use crate::controller::status::apply_status;
 use crate::lifecycle::{BlockReason, CrdState, Evaluation, PreflightPass};
 use crate::migrate::{self, Mode};
 use crate::sync::lock;
@@ -308,7 +308,7 @@ impl StorePreflight {
 /// instant, or at once when a due store waits for that check. `fingerprints`: the CRD's
 /// [`fingerprints`]. Returns when to wake for the next start or check; a missing grant goes
 /// to `missing_permissions`.
-pub(super) async fn schedule(
+pub(crate) async fn schedule(
     policy: &VersionPolicy,
     ctx: &Context,
     evaluation: &Evaluation,
@@ -345,8 +345,7 @@ pub(super) async fn schedule(
         .collect();
     // What this controller remembers of the objects preflights read: only for stores to come.
     let upcoming: Vec<&str> = stores.iter().map(|s| s.version.as_str()).collect();
-    ctx.migrations
-        .forget_checked_objects(&policy.spec.crd_name, &upcoming);
+    ctx.jobs.forget_checked_objects(&policy.spec.crd_name, &upcoming);
     let status = policy.status.as_ref();
     let configured = policy
         .spec
@@ -377,7 +376,7 @@ pub(super) async fn schedule(
                 .max(MAX_PREFLIGHT_LEAD)
                 .as_secs_f64();
         let counted = match near {
-            true => ctx.migrations.object_count(policy).await,
+            true => ctx.jobs.object_count(policy).await,
             false => None,
         };
         let lead = match (configured, near) {
@@ -391,16 +390,16 @@ pub(super) async fn schedule(
             fingerprint: fingerprint.clone(),
             lead,
             objects: counted.max(recorded.map(|p| p.read)).unwrap_or(0),
-            retry_wait: ctx.migrations.retry_after_failure,
+            retry_wait: ctx.jobs.retry_after_failure,
         };
         match plan.need(recorded, now) {
             PreflightNeed::Run(_) if version(&store.version).is_some_and(|v| v.served) => {
-                match ctx.migrations.check_permissions(policy, Mode::Preflight).await {
-                    Ok(()) => ctx.migrations.ensure_preflight(policy, plan.clone()),
+                match ctx.jobs.check_permissions(policy, Mode::Preflight).await {
+                    Ok(()) => ctx.jobs.ensure_preflight(policy, plan.clone()),
                     Err(message) => missing_permissions.push(message),
                 }
             }
-            PreflightNeed::Verify => ctx.migrations.verify_preflight(policy, plan.clone()),
+            PreflightNeed::Verify => ctx.jobs.verify_preflight(policy, plan.clone()),
             _ => {}
         }
         wake = [wake, plan.wake(recorded, now)].into_iter().flatten().min();
@@ -438,7 +437,7 @@ enum Check {
     Repeat(String),
 }
 
-impl Migrations {
+impl BackgroundJobs {
     /// Remembers the objects the passed preflight of `key` read, for the result with
     /// `digest` and `fingerprint`.
     fn remember_checked_objects(
