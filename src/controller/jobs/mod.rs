@@ -57,7 +57,7 @@ pub const MIGRATION_FIELD_MANAGER: &str = "crd-lifecycle-migrator";
 
 /// Field manager of the former single `status.preflight` (earlier releases), and the prefix
 /// of the field managers of `status.preflights` (one per version,
-/// `preflight::preflight_manager`).
+/// `preflight::run::preflight_manager`).
 const PREFLIGHT_FIELD_MANAGER: &str = "crd-lifecycle-preflight";
 
 /// Field manager of `status.managedFieldsCleanup`.
