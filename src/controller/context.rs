@@ -10,8 +10,8 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
 use super::crds_seen::CrdsSeen;
+use super::jobs::BackgroundJobs;
 use super::metrics::Metrics;
-use super::migrations::Migrations;
 use super::patches_first::PatchesFirst;
 use super::traffic::TrafficMonitor;
 use super::watch::triggers::LastReconciles;
@@ -31,8 +31,9 @@ pub struct Context {
     pub clock: Clock,
     /// Reconcile at least this often even when nothing is scheduled.
     pub resync: Duration,
-    /// The storage-version migrations running in the background.
-    pub migrations: Arc<Migrations>,
+    /// The background jobs: migrations, managedFields cleanups, StorageVersionMigrations
+    /// followed and conversion preflights.
+    pub jobs: Arc<BackgroundJobs>,
     /// Samples the apiserver's request counters for traffic gates.
     pub traffic: Arc<TrafficMonitor>,
     /// Reads the objects' managedFields for writers gates, in the background.
@@ -59,7 +60,7 @@ impl Context {
             metrics: None,
             clock: Arc::new(Timestamp::now),
             resync: DEFAULT_RESYNC,
-            migrations: None,
+            jobs: None,
             traffic: None,
             writers: None,
             webhook: None,
@@ -70,8 +71,8 @@ impl Context {
     }
 
     /// A builder holding every part of this context (shared, not copied): a restarted
-    /// controller or a new leader in tests replaces some and keeps the rest. The migration
-    /// manager keeps the clock and metrics it was made with: replace it too when replacing
+    /// controller or a new leader in tests replaces some and keeps the rest. The background
+    /// jobs keep the clock and metrics they were made with: replace them too when replacing
     /// those.
     pub fn rebuild(&self) -> ContextBuilder {
         ContextBuilder {
@@ -81,7 +82,7 @@ impl Context {
             metrics: Some(self.metrics.clone()),
             clock: self.clock.clone(),
             resync: self.resync,
-            migrations: Some(self.migrations.clone()),
+            jobs: Some(self.jobs.clone()),
             traffic: Some(self.traffic.clone()),
             writers: Some(self.writers.clone()),
             webhook: self.webhook.clone(),
@@ -114,7 +115,7 @@ pub struct ContextBuilder {
     metrics: Option<Arc<Metrics>>,
     clock: Clock,
     resync: Duration,
-    migrations: Option<Arc<Migrations>>,
+    jobs: Option<Arc<BackgroundJobs>>,
     traffic: Option<Arc<TrafficMonitor>>,
     writers: Option<Arc<WritersGate>>,
     webhook: Option<Arc<WebhookEndpoint>>,
@@ -150,10 +151,10 @@ impl ContextBuilder {
         self
     }
 
-    /// The migration manager (default: two at once, on this builder's client, recorder,
-    /// metrics and clock).
-    pub fn migrations(mut self, migrations: Arc<Migrations>) -> Self {
-        self.migrations = Some(migrations);
+    /// The background jobs (default: two migrations at once, on this builder's client,
+    /// recorder, metrics and clock).
+    pub fn jobs(mut self, jobs: Arc<BackgroundJobs>) -> Self {
+        self.jobs = Some(jobs);
         self
     }
 
@@ -200,9 +201,9 @@ impl ContextBuilder {
             Recorder::new(client.clone(), reporter)
         });
         let metrics = self.metrics.unwrap_or_default();
-        let migrations = self.migrations.unwrap_or_else(|| {
+        let jobs = self.jobs.unwrap_or_else(|| {
             Arc::new(
-                Migrations::new(
+                BackgroundJobs::new(
                     client.clone(),
                     recorder.clone(),
                     metrics.clone(),
@@ -224,7 +225,7 @@ impl ContextBuilder {
             policies: self.policies,
             clock: self.clock,
             resync: self.resync,
-            migrations,
+            jobs,
             webhook: self.webhook,
             last_reconciles: self.last_reconciles.unwrap_or_default(),
             patches_first: self.patches_first.unwrap_or_default(),

@@ -10,8 +10,9 @@
 //! - the reconcile in named steps (`reconcile`), and what it writes: [`status`] (from an
 //!   `Observation`), [`conditions`], [`events`], [`metrics`], the guarded CRD [`patch`];
 //! - what the gates read in the background: [`traffic`], [`writers_gate`];
-//! - the background jobs: [`migrations`] (runs, cleanups, the built-in engine),
-//!   [`preflight`], [`permissions`].
+//! - the background jobs under one runner ([`jobs`]): migrations, managedFields cleanups,
+//!   the built-in engine and conversion preflights, each run keyed by CRD and kind and
+//!   working towards a typed goal.
 //!
 //! The conversion webhook's operations live next to the webhook (`crate::webhook::ca`,
 //! `crate::webhook::run`).
@@ -21,12 +22,10 @@ mod context;
 pub(crate) mod crds_seen;
 mod error;
 pub mod events;
+pub mod jobs;
 pub mod metrics;
-pub mod migrations;
 pub(crate) mod patch;
 pub(crate) mod patches_first;
-pub(crate) mod permissions;
-pub mod preflight;
 mod process;
 mod reconcile;
 pub mod status;

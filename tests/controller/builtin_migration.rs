@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crd_lifecycle::controller::migrations::Migrations;
+use crd_lifecycle::controller::jobs::BackgroundJobs;
 use serde_json::{Value, json};
 
 use super::{CRD, Harness, fast_settle_check, wait_until, yaml};
@@ -311,8 +311,8 @@ async fn a_pending_migration_created_for_another_storage_version_is_deleted() {
     let pending = migration_pending_into_v1beta1(&mut h).await;
     // The controller restarts (its job no longer follows the migration), and the storage
     // version is moved on to v1 by hand before the svm controller picks anything up.
-    h.ctx.migrations.shutdown();
-    let fresh = Migrations::new(
+    h.ctx.jobs.shutdown();
+    let fresh = BackgroundJobs::new(
         h.ctx.client.clone(),
         h.ctx.recorder.clone(),
         h.ctx.metrics.clone(),
@@ -461,7 +461,7 @@ async fn a_migration_never_picked_up_holds_no_slot_and_fails_at_its_deadline() {
         state.svm_paused = true;
     }
     let ctx = h.ctx.clone();
-    let one_slot = Migrations::new(ctx.client.clone(), ctx.recorder.clone(), ctx.metrics.clone(), 1)
+    let one_slot = BackgroundJobs::new(ctx.client.clone(), ctx.recorder.clone(), ctx.metrics.clone(), 1)
         .with_progress_interval(Duration::from_secs(1))
         .with_settle_check(fast_settle_check())
         .with_clock(ctx.clock.clone())
@@ -822,7 +822,7 @@ async fn only_a_run_that_rewrote_every_object_releases_a_failed_migrations_hold(
     };
     // A run after the failure that found storedVersions trimmed: it rewrote nothing.
     h.apply_status_as(
-        crd_lifecycle::controller::migrations::MIGRATION_FIELD_MANAGER,
+        crd_lifecycle::controller::jobs::MIGRATION_FIELD_MANAGER,
         run(false, json!(["uid-someone-elses"])),
     )
     .await;
@@ -840,7 +840,7 @@ async fn only_a_run_that_rewrote_every_object_releases_a_failed_migrations_hold(
     // ended, by the controller's clock, but had not seen it processed when it listed (the
     // controller's clock ahead of the kube-controller-manager's): it covers nothing.
     h.apply_status_as(
-        crd_lifecycle::controller::migrations::MIGRATION_FIELD_MANAGER,
+        crd_lifecycle::controller::jobs::MIGRATION_FIELD_MANAGER,
         run(true, json!([])),
     )
     .await;
@@ -853,7 +853,7 @@ async fn only_a_run_that_rewrote_every_object_releases_a_failed_migrations_hold(
     // A run that had seen the failure processed before it listed, and rewrote every object
     // (and trimmed): the removal lands.
     h.apply_status_as(
-        crd_lifecycle::controller::migrations::MIGRATION_FIELD_MANAGER,
+        crd_lifecycle::controller::jobs::MIGRATION_FIELD_MANAGER,
         run(true, json!(["uid-someone-elses"])),
     )
     .await;

@@ -317,7 +317,8 @@ fn a_conversion_that_leaves_a_field_of_the_live_crd_uncovered_is_an_invalid_poli
 /// its objects were checked shortly before; otherwise the store waits for the check.
 #[test]
 fn a_passed_preflight_stands_at_the_instant_only_if_checked_just_before() {
-    use crd_lifecycle::controller::{gates, preflight};
+    use crd_lifecycle::controller::gates;
+    use crd_lifecycle::controller::jobs::preflight;
     let crd = crd(|_| {});
     let fingerprint = preflight::fingerprints(&crd)["v1beta1"].clone();
     let decide_with = |edit: &dyn Fn(&mut serde_json::Value), now: &str| {

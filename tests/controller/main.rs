@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use apiserver::FakeApiserver;
 use crd_lifecycle::api::VersionPolicy;
+use crd_lifecycle::controller::jobs::BackgroundJobs;
 use crd_lifecycle::controller::metrics::Metrics;
-use crd_lifecycle::controller::migrations::Migrations;
 use crd_lifecycle::controller::traffic::TrafficMonitor;
 use crd_lifecycle::controller::writers_gate::WritersGate;
 use crd_lifecycle::controller::{Context, reconcile};
@@ -80,7 +80,7 @@ impl Harness {
 
     /// The same controller, serving a conversion webhook at `endpoint`.
     fn serve_webhook(&mut self, endpoint: Arc<crd_lifecycle::webhook::ca::WebhookEndpoint>) {
-        let migrations = self.ctx.migrations.clone();
+        let migrations = self.ctx.jobs.clone();
         self.replace_context(migrations, Some(endpoint));
     }
 
@@ -88,10 +88,10 @@ impl Harness {
     /// migration manager (a restarted controller) and webhook.
     fn replace_context(
         &mut self,
-        migrations: Arc<Migrations>,
+        migrations: Arc<BackgroundJobs>,
         webhook: Option<Arc<crd_lifecycle::webhook::ca::WebhookEndpoint>>,
     ) {
-        self.ctx = Arc::new(self.ctx.rebuild().migrations(migrations).webhook(webhook).build());
+        self.ctx = Arc::new(self.ctx.rebuild().jobs(migrations).webhook(webhook).build());
     }
 
     /// A new leader (or this controller restarted): the same cluster, cache, clock and
@@ -369,7 +369,7 @@ pub fn test_context(
             .recorder(recorder)
             .metrics(metrics)
             .clock(clock)
-            .migrations(Arc::new(migrations))
+            .jobs(Arc::new(migrations))
             .traffic(TrafficMonitor::new(client, Duration::from_secs(1)))
             .writers(Arc::new(writers))
             .build(),
@@ -383,8 +383,8 @@ fn test_migrations(
     recorder: Recorder,
     metrics: Arc<Metrics>,
     clock: crd_lifecycle::clock::Clock,
-) -> Migrations {
-    Migrations::new(client, recorder, metrics, 2)
+) -> BackgroundJobs {
+    BackgroundJobs::new(client, recorder, metrics, 2)
         .with_progress_interval(Duration::from_millis(20))
         .with_retry_after_failure(Duration::from_millis(100))
         .with_retry(test_retry())

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crd_lifecycle::controller::migrations::Migrations;
+use crd_lifecycle::controller::jobs::BackgroundJobs;
 use serde_json::{Value, json};
 
 use super::{CRD, Harness, wait_until};
@@ -201,7 +201,7 @@ async fn a_restarted_controller_resumes_from_the_checkpoint() {
     assert!(metrics.contains(&format!("crd_lifecycle_migration_objects_done{labels} ")));
     assert!(metrics.contains(&format!("crd_lifecycle_migration_objects_per_second{labels} ")));
     // The controller is killed mid-run.
-    h.ctx.migrations.shutdown();
+    h.ctx.jobs.shutdown();
     assert!(
         !h.ctx
             .metrics
@@ -225,7 +225,7 @@ async fn a_restarted_controller_resumes_from_the_checkpoint() {
 
     // A new controller (new migration manager) picks the run up where it stopped.
     let ctx = &h.ctx;
-    let fresh = Migrations::new(ctx.client.clone(), ctx.recorder.clone(), ctx.metrics.clone(), 2)
+    let fresh = BackgroundJobs::new(ctx.client.clone(), ctx.recorder.clone(), ctx.metrics.clone(), 2)
         .with_settle_check(super::fast_settle_check());
     h.replace_context(Arc::new(fresh), None);
     h.fake.clear_requests();
@@ -390,9 +390,9 @@ async fn a_removal_waits_for_the_managed_fields_cleanup_which_resumes_after_a_re
     assert_eq!(cleanup(&h)["versions"], json!(["v1alpha1"]));
 
     // The controller is killed mid-cleanup; a new one resumes from the checkpoint.
-    h.ctx.migrations.shutdown();
+    h.ctx.jobs.shutdown();
     let ctx = &h.ctx;
-    let fresh = Migrations::new(ctx.client.clone(), ctx.recorder.clone(), ctx.metrics.clone(), 2)
+    let fresh = BackgroundJobs::new(ctx.client.clone(), ctx.recorder.clone(), ctx.metrics.clone(), 2)
         .with_settle_check(super::fast_settle_check());
     h.replace_context(Arc::new(fresh), None);
     h.fake.clear_requests();

@@ -268,7 +268,7 @@ async fn a_preflight_cut_short_by_a_restart_runs_again() {
 fn fingerprint_of(h: &Harness, version: &str) -> String {
     let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
         serde_json::from_value(h.fake.crd(CRD)).expect("CRD");
-    crd_lifecycle::controller::preflight::fingerprints(&crd)[version].clone()
+    crd_lifecycle::controller::jobs::preflight::fingerprints(&crd)[version].clone()
 }
 
 /// Finding 5: the check before the instant was missed (the controller was down from a

@@ -6,7 +6,7 @@
 use super::*;
 use apiserver::CheckedFake;
 use crd_lifecycle::controller::http::Health;
-use crd_lifecycle::controller::migrations::MIGRATION_FIELD_MANAGER;
+use crd_lifecycle::controller::jobs::MIGRATION_FIELD_MANAGER;
 use crd_lifecycle::controller::status::apply_status;
 use crd_lifecycle::controller::{RunSettings, controller};
 use std::collections::BTreeMap;

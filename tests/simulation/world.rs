@@ -397,7 +397,7 @@ async fn simulate(seed: u64, draw: &Draw, keep: &dyn Fn(usize) -> bool) -> Outco
                     foreign += 1;
                     let name = format!("someone-else-{foreign}");
                     let wait = Duration::from_millis(*wait_ms);
-                    // A run reads its policy before it starts (`Migrations::fresh`); no
+                    // A run reads its policy before it starts (`BackgroundJobs::fresh`); no
                     // reconcile does (they read the watch's cache). While a migration is
                     // due: a trim then leaves objects in a version no longer listed.
                     let policy_path = "/apis/crdlifecycle.io/v1alpha1/versionpolicies/widgets";

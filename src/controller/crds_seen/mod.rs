@@ -1,7 +1,7 @@
 //! What this process knows of each CRD: the newest resourceVersion its CRD watch delivered
 //! (and its own reads and patches), and, within a memory budget, the CRDs as last read or
 //! patched, for a reconcile to read its CRD without a request while the watch is up and saw
-//! nothing newer (`context::get_crd_seen`); and when its watch delivered a version, for a
+//! nothing newer (`reconcile::read::at_least_as_new_as_seen`); and when its watch delivered a version, for a
 //! reconcile to know that its patch has reached watchers (`until_watched`).
 //!
 //! One `CrdsSeen`, one lock over its `State`; each file owns one use of it:

@@ -10,8 +10,9 @@ use super::apply::Applied;
 use super::decide::{cleaned_at_generation, managed_fields_pending};
 use super::read;
 use crate::api::{MigrationEngine, MigrationPhase, VersionPolicy};
+use crate::controller::Context;
 use crate::controller::conditions::ConditionReason;
-use crate::controller::{Context, migrations, preflight};
+use crate::controller::jobs::{self, preflight};
 use crate::lifecycle::CrdState;
 use crate::migrate::Mode;
 
@@ -88,7 +89,7 @@ async fn start_migration(
     let crd_name = &policy.spec.crd_name;
     let engine = policy.spec.migration.engine;
     // Ours, under way with this engine: nothing to check again.
-    let ours_under_way = ctx.migrations.running_migration(crd_name).is_some_and(|running| {
+    let ours_under_way = ctx.jobs.running_migration(crd_name).is_some_and(|running| {
         running.storage_version == storage
             && running.builtin == (engine == MigrationEngine::StorageVersionMigration)
     });
@@ -102,7 +103,7 @@ async fn start_migration(
     // the list failed) holds ours too, until asked again.
     let others_only = engine == MigrationEngine::StorageVersionMigration;
     match ctx
-        .migrations
+        .jobs
         .unfinished_migration(policy, others_only, Some(storage))
         .await
     {
@@ -135,18 +136,16 @@ async fn start_migration(
             );
         }
         Ok(None) => match engine {
-            MigrationEngine::Internal => {
-                match ctx.migrations.check_permissions(policy, Mode::Rewrite).await {
-                    Ok(()) => started.migrating = ctx.migrations.ensure(policy, storage),
-                    Err(message) => started.missing_permissions.push(message),
-                }
-            }
-            MigrationEngine::StorageVersionMigration => match ctx.migrations.builtin_api().await {
-                Ok(Some(api)) => started.migrating = ctx.migrations.ensure_builtin(policy, storage, api),
+            MigrationEngine::Internal => match ctx.jobs.check_permissions(policy, Mode::Rewrite).await {
+                Ok(()) => started.migrating = ctx.jobs.ensure(policy, storage),
+                Err(message) => started.missing_permissions.push(message),
+            },
+            MigrationEngine::StorageVersionMigration => match ctx.jobs.builtin_api().await {
+                Ok(Some(api)) => started.migrating = ctx.jobs.ensure_builtin(policy, storage, api),
                 Ok(None) => {
                     started.unavailable = Some((
                         ConditionReason::StorageVersionMigrationUnavailable,
-                        migrations::BUILTIN_MIGRATION_ENABLE_HINT.to_owned(),
+                        jobs::BUILTIN_MIGRATION_ENABLE_HINT.to_owned(),
                     ));
                     started.recheck_soon = true;
                 }
@@ -209,16 +208,12 @@ async fn start_cleanup(
     if awaiting.is_empty() {
         return;
     }
-    match ctx
-        .migrations
-        .check_permissions(policy, Mode::CleanManagedFields)
-        .await
-    {
+    match ctx.jobs.check_permissions(policy, Mode::CleanManagedFields).await {
         Ok(()) => {
             let gone = gone_to_record(policy, &fresh, &awaiting);
-            started.cleaning =
-                ctx.migrations
-                    .ensure_cleanup(policy, storage, awaiting, gone, fresh.generation);
+            started.cleaning = ctx
+                .jobs
+                .ensure_cleanup(policy, storage, awaiting, gone, fresh.generation);
         }
         Err(message) => started.missing_permissions.push(message),
     }

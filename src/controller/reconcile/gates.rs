@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeMap;
 
 use crate::api::{MigrationPhase, TrafficStatus, VersionPolicy, VersionPolicyStatus};
-use crate::controller::preflight;
+use crate::controller::jobs::preflight;
 use crate::controller::traffic::TrafficMonitor;
 use crate::controller::writers_gate::{WritersGate, WritersReport};
 use crate::lifecycle::{APPROVE_ANNOTATION, GateInputs, PreflightResult, parse_approvals, parse_duration};

@@ -23,10 +23,10 @@ pub struct Decided {
     pub writers_recheck: Option<Timestamp>,
     /// Whether a store waits for a StorageVersionMigration (`GateInputs::migration_under_way`).
     pub store_held: bool,
-    /// Whether a removal waits for a StorageVersionMigration (`Migrations::removal_hold`).
+    /// Whether a removal waits for a StorageVersionMigration (`BackgroundJobs::removal_hold`).
     pub removal_held: bool,
     /// Whether the versions a failed StorageVersionMigration trimmed could not be listed
-    /// again (`Migrations::list_again_after_failure_on_crd`): looked at again soon.
+    /// again (`BackgroundJobs::list_again_after_failure_on_crd`): looked at again soon.
     pub failure_recheck: bool,
 }
 
@@ -126,12 +126,12 @@ fn webhook_conversion(policy: &VersionPolicy, ctx: &Context) -> WebhookConversio
 async fn store_hold(policy: &VersionPolicy, ctx: &Context, storage: Option<&str>) -> Option<String> {
     let crd_name = &policy.spec.crd_name;
     let ours = ctx
-        .migrations
+        .jobs
         .running_migration(crd_name)
         .filter(|running| running.builtin);
     match ours {
         Some(running) => Some(running.awaited(crd_name)),
-        None => match ctx.migrations.unfinished_migration(policy, false, storage).await {
+        None => match ctx.jobs.unfinished_migration(policy, false, storage).await {
             Ok(None) => None,
             Ok(Some(name)) => Some(format!("StorageVersionMigration {name} has finished")),
             Err(reason) => Some(format!(
@@ -153,14 +153,12 @@ async fn failure_uncovered(
 ) -> Option<String> {
     let crd_name = &policy.spec.crd_name;
     let failure = crate::migrate::builtin::failure_on_crd(crd)?;
-    if !policy.spec.migration.enabled
-        || policy.spec.dry_run
-        || ctx.migrations.running_migration(crd_name).is_some()
+    if !policy.spec.migration.enabled || policy.spec.dry_run || ctx.jobs.running_migration(crd_name).is_some()
     {
         return None;
     }
     match ctx
-        .migrations
+        .jobs
         .list_again_after_failure_on_crd(policy, storage, &failure)
         .await
     {
@@ -192,15 +190,11 @@ async fn removal_hold(
     failure_uncovered: Option<String>,
 ) -> Option<String> {
     let crd_name = &policy.spec.crd_name;
-    let ours = ctx.migrations.running_migration(crd_name);
+    let ours = ctx.jobs.running_migration(crd_name);
     match (ours, failure_uncovered) {
         (Some(running), _) => Some(running.awaited(crd_name)),
         (None, Some(uncovered)) => Some(uncovered),
-        (None, None) => match ctx
-            .migrations
-            .removal_hold(policy, storage, policy.spec.dry_run)
-            .await
-        {
+        (None, None) => match ctx.jobs.removal_hold(policy, storage, policy.spec.dry_run).await {
             Ok(hold) => hold,
             Err(reason) => Some(format!(
                 "it is known whether a StorageVersionMigration of it runs ({reason})"

@@ -135,7 +135,7 @@ async fn act(policy: &VersionPolicy, ctx: &Context, name: &str, now: Timestamp) 
     // Kubernetes trims storedVersions as a failed StorageVersionMigration ends: what the
     // policy's own failed one had is listed again at once.
     if !policy.spec.dry_run {
-        ctx.migrations.restore_after_failure(policy).await;
+        ctx.jobs.restore_after_failure(policy).await;
     }
     let on_the_way = ctx.patches_first.on_the_way();
     let applied = read_decide_apply(policy, ctx, now).await?;

@@ -9,7 +9,7 @@ use jiff::Timestamp;
 use super::Reconciled;
 use super::report::next_transition;
 use crate::controller::Context;
-use crate::controller::permissions::RECHECK_MISSING_AFTER;
+use crate::controller::jobs::permissions::RECHECK_MISSING_AFTER;
 
 /// When the policy's next reconcile is due (`None`: only at the resync).
 pub fn next_wake(ctx: &Context, name: &str, reconciled: &Reconciled, now: Timestamp) -> Option<Timestamp> {
@@ -20,7 +20,7 @@ pub fn next_wake(ctx: &Context, name: &str, reconciled: &Reconciled, now: Timest
     // A missing grant is checked again soon (bounded backoff): granting it changes nothing
     // we watch. So is a wait on an outside change.
     let regrant = ctx
-        .migrations
+        .jobs
         .recheck_grant_after(name, reconciled.misses_permissions())
         .and_then(|delay| now.checked_add(delay).ok());
     let (recheck_soon, preflight_wake, writers_recheck) = match reconciled {

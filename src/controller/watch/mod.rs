@@ -21,8 +21,8 @@ use tracing::{error, info, warn};
 
 use crate::api::VersionPolicy;
 use crate::clock::Clock;
+use crate::controller::jobs::BackgroundJobs;
 use crate::controller::metrics::Metrics;
-use crate::controller::migrations::Migrations;
 use crate::controller::process::http::Health;
 use crate::controller::process::{RunError, RunSettings};
 use crate::controller::traffic::TrafficMonitor;
@@ -33,7 +33,7 @@ use crate::webhook::ca::{CaBundleKeeper, WebhookEndpoint};
 /// Stops the controller's background writers when the controller stops, however it stops:
 /// also when its future is dropped because leadership was lost.
 struct StopWriters {
-    migrations: Arc<Migrations>,
+    jobs: Arc<BackgroundJobs>,
     sampler: Option<SupervisedTask>,
     ca_bundle_keeper: Option<SupervisedTask>,
 }
@@ -41,7 +41,7 @@ struct StopWriters {
 impl Drop for StopWriters {
     fn drop(&mut self) {
         // Interrupted migrations resume from their checkpoints under the next leader.
-        self.migrations.shutdown();
+        self.jobs.shutdown();
         drop(self.sampler.take());
         drop(self.ca_bundle_keeper.take());
     }
@@ -97,7 +97,7 @@ pub async fn controller(
         .predicate_filter(triggers::competition, Default::default());
 
     let recorder = Recorder::new(client.clone(), reporter(&settings));
-    let (migrations, traffic, mut stop_writers) =
+    let (jobs, traffic, mut stop_writers) =
         background_writers(&client, &settings, &metrics, &recorder, &clock, &webhook);
     let context = Arc::new(
         Context::builder(client, store)
@@ -105,7 +105,7 @@ pub async fn controller(
             .metrics(metrics)
             .clock(clock)
             .resync(settings.resync)
-            .migrations(migrations.clone())
+            .jobs(jobs.clone())
             .traffic(traffic)
             .webhook(webhook)
             .last_reconciles(last_reconciles)
@@ -151,8 +151,8 @@ async fn ready_when_listed(health: Arc<Health>, policies_listed: crate::sync::Li
     }
 }
 
-/// The leader's writers besides the reconciles: the migrations (and the other background
-/// jobs), the traffic sampler and the CA bundle keeper, stopped together with the controller
+/// The leader's writers besides the reconciles: the background jobs (migrations, cleanups,
+/// preflights), the traffic sampler and the CA bundle keeper, stopped together with the controller
 /// (`StopWriters`).
 fn background_writers(
     client: &Client,
@@ -161,9 +161,9 @@ fn background_writers(
     recorder: &Recorder,
     clock: &Clock,
     webhook: &Option<Arc<WebhookEndpoint>>,
-) -> (Arc<Migrations>, Arc<TrafficMonitor>, StopWriters) {
-    let migrations = Arc::new(
-        Migrations::new(
+) -> (Arc<BackgroundJobs>, Arc<TrafficMonitor>, StopWriters) {
+    let jobs = Arc::new(
+        BackgroundJobs::new(
             client.clone(),
             recorder.clone(),
             metrics.clone(),
@@ -175,7 +175,7 @@ fn background_writers(
     let traffic = TrafficMonitor::new(client.clone(), settings.traffic_sample_interval);
     let sampler = traffic.clone();
     let stop_writers = StopWriters {
-        migrations: migrations.clone(),
+        jobs: jobs.clone(),
         sampler: Some(SupervisedTask::spawn("the traffic sampler", async move {
             sampler.run().await;
             Err("it returned".to_owned())
@@ -189,7 +189,7 @@ fn background_writers(
             })
         }),
     };
-    (migrations, traffic, stop_writers)
+    (jobs, traffic, stop_writers)
 }
 
 /// When each kind of watch failure was last reported.

@@ -1,10 +1,15 @@
-//! What a background run does: a migration or a managedFields cleanup, with the status
-//! field, field manager, event reasons and metrics that belong to each.
+//! What a background run of the migrator does: a migration or a managedFields cleanup, with
+//! the status field, field manager, event reasons and metrics that belong to each, and what
+//! its last run (by the policy's status) says about the next (pure).
 
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+use super::goal::Goal;
+use super::{CLEANUP_FIELD_MANAGER, MIGRATION_FIELD_MANAGER};
 use crate::api::{MigrationPhase, MigrationStatus, VersionPolicy};
 use crate::migrate::{Counts, Resume};
-
-use super::{CLEANUP_FIELD_MANAGER, MIGRATION_FIELD_MANAGER};
 
 /// What a background run does.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,21 +26,55 @@ pub(super) enum Job {
 }
 
 impl Job {
-    /// The key of its run and of its last failure.
-    pub(super) fn key(&self, crd: &str) -> String {
+    /// What a run of it works towards: the storage version (and, for a cleanup, its
+    /// versions).
+    pub(super) fn goal(&self, storage_version: &str) -> Goal {
+        let storage = storage_version.to_owned();
         match self {
-            Job::Migrate => crd.to_owned(),
-            Job::CleanManagedFields { .. } => format!("managed-fields/{crd}"),
+            Job::Migrate => Goal::Migrate { storage },
+            Job::CleanManagedFields { versions, .. } => Goal::CleanManagedFields {
+                storage,
+                versions: versions.clone(),
+            },
         }
     }
 
-    /// What a run of it works towards: the storage version (and, for a cleanup, its
-    /// versions).
-    pub(super) fn goal(&self, storage_version: &str) -> String {
-        match self {
-            Job::Migrate => storage_version.to_owned(),
-            Job::CleanManagedFields { versions, .. } => format!("{storage_version} {}", versions.join(",")),
-        }
+    /// Whether its last run towards `storage_version` failed less than
+    /// `retry_after_failure` before `now`, by the policy's status (`phase` and `finishedAt`,
+    /// on this controller's clock): a new leader holds it back as long as the old one would
+    /// have.
+    pub(super) fn failed_recently(
+        &self,
+        policy: &VersionPolicy,
+        storage_version: &str,
+        now: Timestamp,
+        retry_after_failure: Duration,
+    ) -> bool {
+        let wait = jiff::SignedDuration::try_from(retry_after_failure).unwrap_or(jiff::SignedDuration::MAX);
+        self.previous(policy).is_some_and(|previous| {
+            previous.phase == MigrationPhase::Failed
+                && previous.storage_version == storage_version
+                && previous.versions == self.versions()
+                && previous
+                    .finished_at
+                    .is_some_and(|at| now.duration_since(at.0) < wait)
+        })
+    }
+
+    /// Whether a cleanup like this one towards `storage_version` already succeeded at the
+    /// CRD's generation `crd_generation`, by the policy's status.
+    pub(super) fn cleaned(
+        &self,
+        policy: &VersionPolicy,
+        storage_version: &str,
+        crd_generation: Option<i64>,
+    ) -> bool {
+        matches!(self, Job::CleanManagedFields { .. })
+            && self.previous(policy).is_some_and(|previous| {
+                previous.succeeded_at(crd_generation)
+                    && previous.storage_version == storage_version
+                    && self.versions().iter().all(|v| previous.versions.contains(v))
+            })
     }
 
     /// Its status field and field manager.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::migrations::Migrations;
+use super::BackgroundJobs;
 use crate::api::{RewriteSubresource, VersionPolicy};
 use crate::migrate::{Mode, permissions};
 use crate::sync::lock;
@@ -18,18 +18,18 @@ const PERMITTED_FOR: Duration = Duration::from_secs(300);
 
 /// How soon a policy blocked because an outside change must happen first (the built-in
 /// migrator's API enabled, another migrator finishing) is checked again.
-pub const RECHECK_MISSING_AFTER: Duration = Duration::from_secs(60);
+pub(crate) const RECHECK_MISSING_AFTER: Duration = Duration::from_secs(60);
 
 /// How soon, at most, a policy blocked by a missing permission is checked again: granting
 /// one changes no object the controller watches, so it is asked again after 1 s, then 2, 4,
 /// 8 and from then on every 10 s (a grant is noticed within about 10 s, and a policy that
 /// stays blocked costs a few SelfSubjectAccessReviews a minute).
-pub const RECHECK_GRANT_AT_MOST_AFTER: Duration = Duration::from_secs(10);
+const RECHECK_GRANT_AT_MOST_AFTER: Duration = Duration::from_secs(10);
 
-impl Migrations {
+impl BackgroundJobs {
     /// When to ask again for a policy whose run is blocked by a missing permission (bounded
     /// backoff); `None`, and the backoff forgotten, when nothing is missing.
-    pub fn recheck_grant_after(&self, policy: &str, missing: bool) -> Option<Duration> {
+    pub(crate) fn recheck_grant_after(&self, policy: &str, missing: bool) -> Option<Duration> {
         let mut checks = lock(&self.missing_checks);
         if !missing {
             checks.remove(policy);
@@ -42,7 +42,7 @@ impl Migrations {
     }
 
     /// Forgets every cached "allowed" for the CRD's objects (a run found one revoked).
-    pub fn forget_permissions(&self, crd: &str) {
+    pub(super) fn forget_permissions(&self, crd: &str) {
         let prefix = format!("{crd}/");
         lock(&self.permitted_at).retain(|key, _| !key.starts_with(&prefix));
     }
@@ -50,7 +50,7 @@ impl Migrations {
     /// `Ok` when this controller may run `mode` over the policy's CRD; otherwise the
     /// message naming each missing verb and the ClusterRole that grants it. A review that
     /// fails (not a denial) is logged and does not block: the run reports what it meets.
-    pub async fn check_permissions(&self, policy: &VersionPolicy, mode: Mode) -> Result<(), String> {
+    pub(crate) async fn check_permissions(&self, policy: &VersionPolicy, mode: Mode) -> Result<(), String> {
         let crd = &policy.spec.crd_name;
         let through_status = policy.spec.migration.subresource == Some(RewriteSubresource::Status);
         let key = format!("{crd}/{mode:?}/{through_status}");

@@ -6,14 +6,14 @@ use std::sync::{Arc, Mutex};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::Migrations;
+use super::BackgroundJobs;
 use super::job::Job;
 use crate::api::{MigrationCheckpoint, MigrationStatus};
 use crate::controller::metrics::{CrdLabels, JobLabels, Metrics};
 use crate::migrate::{self, Checkpoint, Counts, Rate, Resume, Target};
 use crate::sync::lock;
 
-impl Migrations {
+impl BackgroundJobs {
     /// Writes the counts and the last checkpoint every few seconds while the run goes on.
     pub(super) fn report_progress(
         self: Arc<Self>,
