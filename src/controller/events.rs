@@ -127,7 +127,7 @@ impl EventReason {
             EventReason::ConversionPreflightFailed => "ConversionPreflightFailed",
             EventReason::PreflightVerified => "PreflightVerified",
             EventReason::PreflightRepeated => "PreflightRepeated",
-            EventReason::CABundleRefused => "CABundleRefused",
+            EventReason::CABundleRefused => crate::webhook::ca::CA_BUNDLE_REFUSED,
         }
     }
 

@@ -966,9 +966,15 @@ async fn qps_is_a_ceiling() {
         "took {:?}",
         started.elapsed()
     );
+    // Over any ten gaps, at least 8 x 25 ms: one answer the loaded fake handled late makes
+    // the gap after it short, but the limiter never lets a burst through.
     let arrivals: Vec<Instant> = fake.object_requests().iter().map(|r| r.at).collect();
-    let gaps: Vec<Duration> = arrivals.windows(2).map(|w| w[1] - w[0]).collect();
-    assert!(gaps.iter().all(|g| *g >= Duration::from_millis(20)), "{gaps:?}");
+    let spans: Vec<Duration> = arrivals.windows(11).map(|w| w[10] - w[0]).collect();
+    assert!(!spans.is_empty());
+    assert!(
+        spans.iter().all(|s| *s >= Duration::from_millis(200)),
+        "{spans:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

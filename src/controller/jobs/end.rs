@@ -1,9 +1,10 @@
 //! How a run of the migrator (either engine) ends: its status (phase, end time, message),
 //! its Event and its result counter, and the status writes it makes on the way.
 
+use super::job::Stage;
+use crate::controller::events::EventReason;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::runtime::events::EventType;
 use prometheus_client::metrics::counter::Counter;
 use serde_json::json;
 use tracing::{info, warn};
@@ -108,12 +109,12 @@ impl BackgroundJobs {
         };
         status.finished_at = Some(Time(self.now()));
         self.write(name, job, &status).await;
-        let (type_, reason) = match end {
-            RunEnd::Succeeded => (EventType::Normal, job.reason("Succeeded")),
-            RunEnd::MissingPermission => (EventType::Warning, "MissingPermission".to_owned()),
-            RunEnd::Failed | RunEnd::Error => (EventType::Warning, job.reason("Failed")),
+        let reason = match end {
+            RunEnd::Succeeded => job.reason(Stage::Succeeded),
+            RunEnd::MissingPermission => EventReason::MissingPermission,
+            RunEnd::Failed | RunEnd::Error => job.reason(Stage::Failed),
         };
-        self.event(reference, type_, &reason, message).await;
+        self.event(reference, reason, message).await;
         self.record_result(job, crd, end.label());
     }
 

@@ -2,6 +2,7 @@
 //! the status field, field manager, event reasons and metrics that belong to each, and what
 //! its last run (by the policy's status) says about the next (pure).
 
+use crate::controller::events::EventReason;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -23,6 +24,15 @@ pub(super) enum Job {
         versions: Vec<String>,
         gone: Vec<String>,
     },
+}
+
+/// A stage of a run that publishes an Event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Stage {
+    Started,
+    Resumed,
+    Succeeded,
+    Failed,
 }
 
 impl Job {
@@ -94,11 +104,17 @@ impl Job {
         }
     }
 
-    /// The event reason of a stage (`Started`, `Resumed`, `Succeeded`, `Failed`).
-    pub(super) fn reason(&self, stage: &str) -> String {
-        match self {
-            Job::Migrate => format!("Migration{stage}"),
-            Job::CleanManagedFields { .. } => format!("ManagedFieldsCleanup{stage}"),
+    /// The event reason of a stage of its run.
+    pub(super) fn reason(&self, stage: Stage) -> EventReason {
+        match (self, stage) {
+            (Job::Migrate, Stage::Started) => EventReason::MigrationStarted,
+            (Job::Migrate, Stage::Resumed) => EventReason::MigrationResumed,
+            (Job::Migrate, Stage::Succeeded) => EventReason::MigrationSucceeded,
+            (Job::Migrate, Stage::Failed) => EventReason::MigrationFailed,
+            (Job::CleanManagedFields { .. }, Stage::Started) => EventReason::ManagedFieldsCleanupStarted,
+            (Job::CleanManagedFields { .. }, Stage::Resumed) => EventReason::ManagedFieldsCleanupResumed,
+            (Job::CleanManagedFields { .. }, Stage::Succeeded) => EventReason::ManagedFieldsCleanupSucceeded,
+            (Job::CleanManagedFields { .. }, Stage::Failed) => EventReason::ManagedFieldsCleanupFailed,
         }
     }
 

@@ -5,10 +5,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::job::Stage;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Resource;
-use kube::runtime::events::EventType;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -220,8 +220,12 @@ impl BackgroundJobs {
             None => format!("starting {what}"),
         };
         info!(crd, storage = storage_version, "{note}");
-        let reason = job.reason(if resume.is_some() { "Resumed" } else { "Started" });
-        self.event(reference, EventType::Normal, &reason, note).await;
+        let reason = job.reason(if resume.is_some() {
+            Stage::Resumed
+        } else {
+            Stage::Started
+        });
+        self.event(reference, reason, note).await;
         self.write(name, job, &status).await;
         Opened { status, what, resume }
     }

@@ -36,10 +36,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
+use crate::controller::events::{EventReason, event};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
-use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::events::Recorder;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -259,12 +260,7 @@ impl BackgroundJobs {
         self.metrics.job_objects_per_second.clear();
     }
 
-    async fn event(&self, reference: &ObjectReference, type_: EventType, reason: &str, note: String) {
-        kube_events::send(
-            &self.recorder,
-            reference,
-            kube_events::event(type_, reason, "Migrate", note),
-        )
-        .await;
+    async fn event(&self, reference: &ObjectReference, reason: EventReason, note: String) {
+        kube_events::send(&self.recorder, reference, event(reason, note, "Migrate")).await;
     }
 }

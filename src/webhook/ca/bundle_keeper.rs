@@ -36,6 +36,10 @@ use super::endpoint::WebhookEndpoint;
 use super::pointed_crds::PointedCrd;
 use crate::kube_events;
 
+/// The reason of the Warning Event on a CRD whose CA bundle the apiserver refused
+/// (listed with the controller's in `controller::events::EventReason`).
+pub const CA_BUNDLE_REFUSED: &str = "CABundleRefused";
+
 /// How often the CRDs are looked at when the bundle did not change (a CRD pointed at the
 /// webhook since, a write that lost a race, a refusal that may have been lifted).
 const LOOK_AGAIN_EVERY: Duration = Duration::from_secs(60);
@@ -178,7 +182,7 @@ impl CaBundleKeeper {
                  accepts one, the webhook's replicas do not serve a certificate of a new CA, and the \
                  CRD's conversions fail once the certificate it trusts expires"
             );
-            let event = kube_events::event(EventType::Warning, "CABundleRefused", "WriteCABundle", note);
+            let event = kube_events::event(EventType::Warning, CA_BUNDLE_REFUSED, "WriteCABundle", note);
             kube_events::send(&self.recorder, &crd_reference(crd), event).await;
         }
         for crd in &synced.written {

@@ -16,7 +16,7 @@ mod record;
 mod refresher;
 mod rotation;
 
-pub use bundle_keeper::{CaBundleKeeper, Synced};
+pub use bundle_keeper::{CA_BUNDLE_REFUSED, CaBundleKeeper, Synced};
 pub use endpoint::{WebhookEndpoint, WebhookTarget};
 pub use pointed_crds::WebhookCrds;
 pub use record::{Live, RotationRecord, SINCE_ANNOTATION};

@@ -3,10 +3,10 @@
 //! or a storage guard from the state it was created for saw the storage version unchanged
 //! since), or a new attempt, created only once the CRD's storage version has settled.
 
+use crate::controller::events::EventReason;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Resource;
 use kube::api::Api;
-use kube::runtime::events::EventType;
 use tracing::info;
 
 use super::{between, group_resource};
@@ -275,13 +275,8 @@ impl BackgroundJobs {
             api.version
         );
         info!(crd, "{note}");
-        self.event(
-            &policy.object_ref(&()),
-            EventType::Normal,
-            "MigrationStarted",
-            note,
-        )
-        .await;
+        self.event(&policy.object_ref(&()), EventReason::MigrationStarted, note)
+            .await;
         let guard = self.guard_from(crd, storage_version, settings, &created_for);
         Ok((created, created_for, guard))
     }

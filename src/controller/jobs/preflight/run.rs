@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
+use crate::controller::events::EventReason;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Resource;
-use kube::runtime::events::EventType;
 use serde_json::json;
 use tracing::warn;
 
@@ -96,25 +96,20 @@ impl BackgroundJobs {
         let because = why.map(|why| format!(" ({why})")).unwrap_or_default();
         let note =
             format!("conversion preflight: reading every object of {crd} through {version}{ahead}{because}");
-        self.event(&reference, EventType::Normal, "PreflightStarted", note)
-            .await;
+        self.event(&reference, EventReason::PreflightStarted, note).await;
         let settings = self.preflight_settings(&policy, &version);
         let result = migrate::migrate(&self.client, &crd, &settings, &migrate::Quiet).await;
         status.finished_at = Some(Time(self.now()));
         let passed = self.record_preflight_result(&mut status, result, &key);
-        let (phase, type_, reason) = if passed {
-            (MigrationPhase::Succeeded, EventType::Normal, "PreflightSucceeded")
+        let (phase, reason) = if passed {
+            (MigrationPhase::Succeeded, EventReason::PreflightSucceeded)
         } else {
-            (
-                MigrationPhase::Failed,
-                EventType::Warning,
-                "ConversionPreflightFailed",
-            )
+            (MigrationPhase::Failed, EventReason::ConversionPreflightFailed)
         };
         status.phase = phase;
         self.write_preflight(&policy, &status).await;
         let note = status.message.clone().unwrap_or_default();
-        self.event(&reference, type_, reason, note).await;
+        self.event(&reference, reason, note).await;
     }
 
     /// A preflight's status as it starts.

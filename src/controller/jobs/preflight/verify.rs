@@ -6,10 +6,10 @@
 
 use std::sync::Arc;
 
+use crate::controller::events::EventReason;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Resource;
-use kube::runtime::events::EventType;
 use tracing::warn;
 
 use super::plan::{PreflightNeed, StorePreflight, recorded};
@@ -113,8 +113,7 @@ impl BackgroundJobs {
                 if let Some(checked) = checked {
                     self.remember_checked_objects(key, &digest, &plan.fingerprint, checked);
                 }
-                self.event(&reference, EventType::Normal, "PreflightVerified", note)
-                    .await;
+                self.event(&reference, EventReason::PreflightVerified, note).await;
             }
             Check::Failed(report) => {
                 self.forget_checked_objects_of(key);
@@ -130,13 +129,12 @@ impl BackgroundJobs {
                 result.message = Some(note.clone());
                 warn!(policy = name, "{note}");
                 self.write_preflight(&policy, &result).await;
-                self.event(&reference, EventType::Warning, "ConversionPreflightFailed", note)
+                self.event(&reference, EventReason::ConversionPreflightFailed, note)
                     .await;
             }
             Check::Repeat(reason) => {
                 let note = format!("conversion preflight of {version} runs again: {reason}");
-                self.event(&reference, EventType::Normal, "PreflightRepeated", note)
-                    .await;
+                self.event(&reference, EventReason::PreflightRepeated, note).await;
                 self.run_preflight(policy, plan, None).await;
             }
         }
