@@ -286,6 +286,29 @@ pub(crate) mod crd_conversion {
         h
     }
 
+    /// A dry run computes the conversion's patch but sends nothing: no Event says the CRD
+    /// now converts through the webhook (it does not).
+    #[tokio::test]
+    async fn a_dry_run_does_not_announce_the_webhook_conversion() {
+        let mut h = harness();
+        h.fake
+            .edit_policy("gadgets", |policy| policy["spec"]["dryRun"] = json!(true));
+        let endpoint = Arc::new(WebhookEndpoint::new(
+            WebhookTarget::parse_service("crd-lifecycle/crd-lifecycle-webhook").expect("service"),
+        ));
+        endpoint.set_ca_bundle(a_ca());
+        h.serve_webhook(endpoint);
+        h.at("2026-01-20T00:00:00Z");
+        h.reconcile("gadgets").await;
+        assert!(h.fake.crd_writes().is_empty(), "a dry run patches nothing");
+        let reasons: Vec<String> = h.fake.event_summaries().into_iter().map(|(_, r, _)| r).collect();
+        assert!(reasons.iter().any(|r| r == "DryRun"), "{reasons:?}");
+        assert!(
+            !reasons.iter().any(|r| r == "ConversionWebhookConfigured"),
+            "{reasons:?}"
+        );
+    }
+
     #[tokio::test]
     async fn the_crd_is_pointed_at_the_webhook_in_the_same_guarded_patch() {
         let mut h = harness();

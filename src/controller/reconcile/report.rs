@@ -98,8 +98,12 @@ fn observation<'a>(policy: &VersionPolicy, reconciled: &'a Reconciled) -> Observ
             let decision = &decided.decision;
             observation.approved = &decision.approved;
             observation.traffic = &decided.traffic;
-            observation.conversion_configured = decision.conversion_changed;
-            observation.conversion_restored = decision.conversion_restored;
+            // What the patch did to spec.conversion is said once it landed: a dry run or a
+            // refused patch changed nothing.
+            if applied.patched() {
+                observation.conversion_configured = decision.conversion_changed;
+                observation.conversion_restored = decision.conversion_restored;
+            }
         }
         match &applied.patch {
             super::apply::PatchOutcome::Landed { applied, .. } => observation.applied = applied,
