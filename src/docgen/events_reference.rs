@@ -14,8 +14,9 @@ pub(super) fn render() -> String {
     page.push('\n');
     page.push_str(&wrap(
         "The controller publishes Kubernetes Events on the VersionPolicy (and, for the CA \
-         bundle, on the CRD), reported as `crd-lifecycle` with the replica's identity: \
-         `kubectl events --for versionpolicy/NAME` lists them. Besides the reasons below, a \
+         bundle, on the CRD), reported as `crd-lifecycle` with the replica's identity; \
+         cluster-scoped objects' Events live in the `default` namespace, and \
+         `kubectl describe vp NAME` shows them. Besides the reasons below, a \
          Warning carries a Blocked condition's reason (see the \
          [conditions reference](conditions.md)) when something starts holding a policy back; \
          it is not repeated while the same message stands.",
