@@ -15,7 +15,7 @@ use super::metrics::Metrics;
 use super::patches_first::PatchesFirst;
 use super::traffic::TrafficMonitor;
 use super::watch::triggers::LastReconciles;
-use super::writers_gate::WritersGate;
+use super::writers_gate::WritersGateReads;
 use crate::api::VersionPolicy;
 use crate::webhook::ca::WebhookEndpoint;
 
@@ -37,7 +37,7 @@ pub struct Context {
     /// Samples the apiserver's request counters for traffic gates.
     pub traffic: Arc<TrafficMonitor>,
     /// Reads the objects' managedFields for writers gates, in the background.
-    pub writers: Arc<WritersGate>,
+    pub writers: Arc<WritersGateReads>,
     /// The conversion webhook this controller serves, if any.
     pub webhook: Option<Arc<WebhookEndpoint>>,
     /// What each policy's last reconcile acted on and wrote (`triggers::LastReconciles`).
@@ -117,7 +117,7 @@ pub struct ContextBuilder {
     resync: Duration,
     jobs: Option<Arc<BackgroundJobs>>,
     traffic: Option<Arc<TrafficMonitor>>,
-    writers: Option<Arc<WritersGate>>,
+    writers: Option<Arc<WritersGateReads>>,
     webhook: Option<Arc<WebhookEndpoint>>,
     last_reconciles: Option<Arc<LastReconciles>>,
     crds_seen: Option<Arc<CrdsSeen>>,
@@ -166,7 +166,7 @@ impl ContextBuilder {
     }
 
     /// The managedFields reader of writers gates (default: `run`'s paging and retries).
-    pub fn writers(mut self, writers: Arc<WritersGate>) -> Self {
+    pub fn writers(mut self, writers: Arc<WritersGateReads>) -> Self {
         self.writers = Some(writers);
         self
     }
@@ -218,7 +218,7 @@ impl ContextBuilder {
                 .unwrap_or_else(|| TrafficMonitor::new(client.clone(), DEFAULT_TRAFFIC_SAMPLE_INTERVAL)),
             writers: self
                 .writers
-                .unwrap_or_else(|| Arc::new(WritersGate::new(client.clone()))),
+                .unwrap_or_else(|| Arc::new(WritersGateReads::new(client.clone()))),
             client,
             recorder,
             metrics,

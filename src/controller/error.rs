@@ -12,7 +12,7 @@ use super::reconcile::report::ReportError;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The release step (the finalizer, releasing a deleted policy's CRD).
-    #[error("releasing: {0}")]
+    #[error(transparent)]
     Release(#[from] ReleaseError),
     /// The read step.
     #[error(transparent)]

@@ -46,7 +46,7 @@ const RETRY_FAILED_AFTER: Duration = Duration::from_secs(60);
 const FORGET_AFTER: Duration = Duration::from_secs(3600);
 
 /// The reads of the writers gates, one per CRD.
-pub struct WritersGate {
+pub struct WritersGateReads {
     client: Client,
     settings: ListSettings,
     retry_failed_after: Duration,
@@ -86,9 +86,9 @@ impl Drop for Read {
     }
 }
 
-impl WritersGate {
+impl WritersGateReads {
     pub fn new(client: Client) -> Self {
-        WritersGate {
+        WritersGateReads {
             client,
             settings: ListSettings::default(),
             retry_failed_after: RETRY_FAILED_AFTER,

@@ -13,7 +13,7 @@ use crd_lifecycle::api::VersionPolicy;
 use crd_lifecycle::controller::jobs::BackgroundJobs;
 use crd_lifecycle::controller::metrics::Metrics;
 use crd_lifecycle::controller::traffic::TrafficMonitor;
-use crd_lifecycle::controller::writers_gate::WritersGate;
+use crd_lifecycle::controller::writers_gate::WritersGateReads;
 use crd_lifecycle::controller::{Context, reconcile};
 use jiff::Timestamp;
 use kube::core::DeserializeGuard;
@@ -363,7 +363,7 @@ pub fn test_context(
     );
     let metrics = Arc::new(Metrics::default());
     let migrations = test_migrations(client.clone(), recorder.clone(), metrics.clone(), clock.clone());
-    let writers = WritersGate::new(client.clone()).with_retry(test_retry());
+    let writers = WritersGateReads::new(client.clone()).with_retry(test_retry());
     Arc::new(
         Context::builder(client.clone(), policies)
             .recorder(recorder)

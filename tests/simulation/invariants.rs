@@ -298,7 +298,7 @@ pub fn checker(findings: Arc<Mutex<Findings>>) -> crate::apiserver::Checker {
 /// CRD copy a moment before someone else's trim landed); a second one at the same CRD state
 /// means the controller started a run it had just learnt was pointless: a loop of runs, each
 /// with its Events and status writes, while its view of the CRD lags (the kept-copy check in
-/// `reconcile.rs`).
+/// `reconcile/background.rs`, `stored_versions_untrimmed`).
 #[derive(Default)]
 struct IdleRuns {
     /// The policy's `status.migration` at the last step.

@@ -250,7 +250,7 @@ impl BackgroundJobs {
     /// Stops every migration (on shutdown); their checkpoints let the next leader resume.
     pub fn shutdown(&self) {
         for (key, running) in lock(&self.running).drain() {
-            info!(crd = %key, "stopping migration");
+            info!(run = %key, "stopping a background run");
             running.handle.abort();
         }
         // Aborted runs cannot forget their gauges themselves.

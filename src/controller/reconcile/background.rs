@@ -23,7 +23,8 @@ pub struct Started {
     pub migrating: bool,
     /// Whether a managedFields cleanup of the CRD is running.
     pub cleaning: bool,
-    /// Why the built-in migrator cannot be used: reported before every other block.
+    /// Why the built-in migrator cannot be used: reported right after the missing grants,
+    /// before the apply step's blocks.
     pub unavailable: Option<(ConditionReason, String)>,
     /// Why a migration waits for another migrator (or to learn whether one runs):
     /// reported after the decision's blocks.

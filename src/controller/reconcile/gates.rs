@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use crate::api::{MigrationPhase, TrafficStatus, VersionPolicy, VersionPolicyStatus};
 use crate::controller::jobs::preflight;
 use crate::controller::traffic::TrafficMonitor;
-use crate::controller::writers_gate::{WritersGate, WritersReport};
+use crate::controller::writers_gate::{WritersGateReads, WritersReport};
 use crate::lifecycle::{APPROVE_ANNOTATION, GateInputs, PreflightResult, parse_approvals, parse_duration};
 
 /// The gate inputs of a policy, the traffic part of its status, and the approval
@@ -149,7 +149,7 @@ pub fn preflight_results(
 /// version whose read is under way or failed holds its gate, and `WritersReport::recheck_at` says
 /// when to look again.
 pub fn writers(
-    reads: &WritersGate,
+    reads: &WritersGateReads,
     policy: &VersionPolicy,
     crd: &CustomResourceDefinition,
     now: jiff::Timestamp,

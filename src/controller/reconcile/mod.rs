@@ -5,9 +5,11 @@
 //!    finalizer.
 //! 2. [`govern`]: whether the policy acts on its CRD (the oldest policy for a CRD governs;
 //!    `spec.suspend` changes nothing).
-//! 3. [`read`], [`inputs`] (with the pure [`decide`]) and [`apply`]: read the CRD, decide
-//!    with the gates' inputs and the migrations' holds, send one guarded patch; when the CRD
-//!    changed under the patch, again from etcd.
+//! 3. [`read`], [`inputs`] (with the pure [`decide`]) and [`apply`]: first, the versions a
+//!    failed StorageVersionMigration of the policy trimmed are listed in storedVersions again
+//!    (`BackgroundJobs::restore_after_failure`); then read the CRD, decide with the gates'
+//!    inputs and the migrations' holds, send one guarded patch; when the CRD changed under
+//!    the patch, again from etcd.
 //! 4. [`background`]: start what runs beyond the reconcile (conversion preflights, the
 //!    migration, the managedFields cleanup).
 //! 5. [`report`]: Events, metrics and `status`.
