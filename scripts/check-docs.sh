@@ -5,7 +5,8 @@
 # - the book's generated pages (docs/src/reference/{cli,versionpolicy,metrics,conditions,events}.md
 #   and docs/src/internals/benchmarks-real.md): each must be what the hidden
 #   `crd-lifecycle docgen` writes from the clap definitions, the CRD's schema, the metrics
-#   registry, the condition and Event reasons and docs/bench/real.txt;
+#   registry, the condition and Event reasons and docs/bench/real.txt; and the manual pages
+#   (docs/man/*.1, clap_mangen from the same clap definitions);
 # - every page of the book, the README and the lifecycle pages pass the Markdown lint
 #   (pymarkdownlnt, pinned; .ci/run installs it; settings in .pymarkdown.json).
 #   scripts/check-docs.sh            check
@@ -40,9 +41,12 @@ for example in examples/*/; do
   compare "$example/LIFECYCLE.md" "$rendered"
 done
 
-"$binary" docgen --out "$work/book" --bench-results docs/bench/real.txt > "$work/generated"
+"$binary" docgen --out "$work/book" --man "$work/man" --bench-results docs/bench/real.txt > "$work/generated"
 while read -r page; do
-  compare "docs/src/${page#"$work/book/"}" "$page"
+  case "$page" in
+    "$work/man/"*) compare "docs/man/${page#"$work/man/"}" "$page" ;;
+    *) compare "docs/src/${page#"$work/book/"}" "$page" ;;
+  esac
 done < "$work/generated"
 
 # SUMMARY.md is mdBook's table of contents (its part titles are headings of their own), not a

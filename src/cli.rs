@@ -69,7 +69,8 @@ pub enum Command {
     /// aggregates it (`| kubectl apply -f -`).
     Rbac(RbacArgs),
     /// Write the book's generated pages (docs/src): the command-line, VersionPolicy,
-    /// metrics and conditions references and the real-cluster benchmark page.
+    /// metrics, conditions and Events references and the real-cluster benchmark page; and
+    /// the manual pages (docs/man).
     #[command(hide = true)]
     Docgen(DocgenArgs),
 }
@@ -80,6 +81,10 @@ pub struct DocgenArgs {
     /// The book's source folder: pages are written under its reference/ and internals/.
     #[arg(long, value_name = "DIR", default_value = "docs/src")]
     pub out: std::path::PathBuf,
+
+    /// The folder the manual pages are written to (`crd-lifecycle.1`, one per subcommand).
+    #[arg(long, value_name = "DIR", default_value = "docs/man")]
+    pub man: std::path::PathBuf,
 
     /// The saved output of `scripts/bench-real.sh --save` the benchmark page is rendered from.
     #[arg(long, value_name = "FILE", default_value = "docs/bench/real.txt")]

@@ -18,7 +18,8 @@ pub(super) fn render() -> String {
     page.push_str(&wrap(&format!(
         "`{name} <command> [flags]`: {}. Every command has `--help`; the binary also runs as the \
          kubectl plugin `kubectl crd-lifecycle` ([the kubectl plugin](../guides/kubectl-plugin.md)). \
-         Flags of long-running commands also read the environment variables named below.",
+         Flags of long-running commands also read the environment variables named below. \
+         The same text as manual pages: `docs/man/` (`man -l docs/man/crd-lifecycle-plan.1`).",
         root.get_about()
             .map(|a| a.to_string())
             .unwrap_or_default()

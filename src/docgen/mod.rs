@@ -1,4 +1,5 @@
-//! `crd-lifecycle docgen` (hidden): writes the book's generated pages from their sources, the
+//! `crd-lifecycle docgen` (hidden): writes the book's generated pages (and the manual pages,
+//! `man_pages`) from their sources, the
 //! clap definitions, the VersionPolicy CRD's schema, the metrics registry, the condition
 //! and Event reasons and the saved output of `scripts/bench-real.sh`. `scripts/check-docs.sh` runs it
 //! into a temporary folder and fails when a checked-in page differs.
@@ -6,6 +7,7 @@
 mod bench_page;
 mod cli_reference;
 mod events_reference;
+mod man_pages;
 mod markdown;
 mod metrics_reference;
 mod policy_reference;
@@ -24,6 +26,8 @@ pub(crate) enum DocgenError {
     BenchResults { path: PathBuf, message: String },
     #[error("cannot render the VersionPolicy CRD: {0}")]
     Crd(#[from] serde_json::Error),
+    #[error("cannot render the manual pages: {0}")]
+    Man(#[source] std::io::Error),
 }
 
 /// One generated page: its path under the book's source folder and its Markdown.
@@ -32,8 +36,9 @@ struct Page {
     text: String,
 }
 
-/// Writes every generated page under `out` (the book's `src/`) and returns their paths.
-pub(crate) fn write_pages(out: &Path, bench_results: &Path) -> Result<Vec<PathBuf>, DocgenError> {
+/// Writes every generated page under `out` (the book's `src/`) and the manual pages under
+/// `man`, and returns their paths.
+pub(crate) fn write_pages(out: &Path, man: &Path, bench_results: &Path) -> Result<Vec<PathBuf>, DocgenError> {
     let bench = std::fs::read_to_string(bench_results).map_err(|source| DocgenError::Read {
         path: bench_results.to_owned(),
         source,
@@ -69,20 +74,27 @@ pub(crate) fn write_pages(out: &Path, bench_results: &Path) -> Result<Vec<PathBu
     ];
     let mut written = Vec::new();
     for page in pages {
-        let path = out.join(page.path);
-        if let Some(folder) = path.parent() {
-            std::fs::create_dir_all(folder).map_err(|source| DocgenError::Write {
-                path: folder.to_owned(),
-                source,
-            })?;
-        }
-        std::fs::write(&path, page.text).map_err(|source| DocgenError::Write {
-            path: path.clone(),
-            source,
-        })?;
-        written.push(path);
+        written.push(write(&out.join(page.path), page.text.as_bytes())?);
+    }
+    for (name, text) in man_pages::render().map_err(DocgenError::Man)? {
+        written.push(write(&man.join(name), &text)?);
     }
     Ok(written)
+}
+
+/// Writes `text` to `path`, making its folder.
+fn write(path: &Path, text: &[u8]) -> Result<PathBuf, DocgenError> {
+    if let Some(folder) = path.parent() {
+        std::fs::create_dir_all(folder).map_err(|source| DocgenError::Write {
+            path: folder.to_owned(),
+            source,
+        })?;
+    }
+    std::fs::write(path, text).map_err(|source| DocgenError::Write {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(path.to_owned())
 }
 
 /// The line under each generated page's title that says where it comes from.
