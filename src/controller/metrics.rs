@@ -92,9 +92,50 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("crd_lifecycle");
-        let reconciles = Counter::default();
-        registry.register("reconciles", "Reconciles of VersionPolicies", reconciles.clone());
-        let reconcile_failures = Family::<ErrorLabels, Counter>::default();
+        let mut metrics = Self::unregistered();
+        metrics.register_reconciles(&mut registry);
+        metrics.register_jobs(&mut registry);
+        metrics.webhook = Arc::new(WebhookMetrics::registered(&mut registry));
+        metrics.registry = registry;
+        metrics
+    }
+}
+
+impl Metrics {
+    /// Every metric, new and in no registry yet.
+    fn unregistered() -> Self {
+        Self {
+            registry: Registry::default(),
+            reconciles: Counter::default(),
+            reconcile_failures: Family::<ErrorLabels, Counter>::default(),
+            reconcile_duration: Histogram::new(exponential_buckets(0.005, 2.0, 12)),
+            transitions_applied: Family::<TransitionLabels, Counter>::default(),
+            next_transition: Family::<PolicyLabels, Gauge<f64, AtomicU64>>::default(),
+            blocked: Family::<BlockedLabels, Gauge>::default(),
+            policy_state: Family::<StateLabels, Gauge>::default(),
+            leader: Gauge::default(),
+            leadership_losses: Counter::default(),
+            objects_migrated: Family::<CrdLabels, Counter>::default(),
+            objects_failed: Family::<CrdLabels, Counter>::default(),
+            objects_remaining: Family::<JobLabels, Gauge>::default(),
+            job_objects_done: Family::<JobLabels, Gauge>::default(),
+            job_objects_expected: Family::<JobLabels, Gauge>::default(),
+            job_objects_per_second: Family::<JobLabels, Gauge<f64, AtomicU64>>::default(),
+            migrations: Family::<MigrationResultLabels, Counter>::default(),
+            migration_duration: Histogram::new(exponential_buckets(0.1, 2.0, 16)),
+            objects_repaired: Family::<CrdLabels, Counter>::default(),
+            managed_fields_cleanups: Family::<MigrationResultLabels, Counter>::default(),
+            webhook: Arc::new(WebhookMetrics::default()),
+        }
+    }
+
+    /// The reconciles', the policies' and leadership's metrics, into `registry`.
+    fn register_reconciles(&self, registry: &mut Registry) {
+        registry.register(
+            "reconciles",
+            "Reconciles of VersionPolicies",
+            self.reconciles.clone(),
+        );
         registry.register(
             "reconcile_failures",
             format!(
@@ -102,136 +143,99 @@ impl Default for Metrics {
                 super::error::Request::ALL.map(super::error::Request::label).join(", "),
                 super::error::Error::OTHER_LABELS.join(", ")
             ),
-            reconcile_failures.clone(),
+            self.reconcile_failures.clone(),
         );
-        let reconcile_duration = Histogram::new(exponential_buckets(0.005, 2.0, 12));
         registry.register_with_unit(
             "reconcile_duration",
             "Time a reconcile takes",
             Unit::Seconds,
-            reconcile_duration.clone(),
+            self.reconcile_duration.clone(),
         );
-        let transitions_applied = Family::<TransitionLabels, Counter>::default();
         registry.register(
             "transitions_applied",
             "Transitions applied to CRDs, by crd, version and milestone",
-            transitions_applied.clone(),
+            self.transitions_applied.clone(),
         );
-        let next_transition = Family::<PolicyLabels, Gauge<f64, AtomicU64>>::default();
         registry.register(
             "next_transition_timestamp_seconds",
             "When each policy's next transition is scheduled (Unix time)",
-            next_transition.clone(),
+            self.next_transition.clone(),
         );
-        let blocked = Family::<BlockedLabels, Gauge>::default();
         registry.register(
             "blocked",
             "1 while a policy is blocked, by policy and reason (the Blocked condition's reasons)",
-            blocked.clone(),
+            self.blocked.clone(),
         );
-        let policy_state = Family::<StateLabels, Gauge>::default();
         registry.register(
             "policy_state",
             "1 for each policy's state: Ready, Reconciling, Stalled, Suspended or NotReady",
-            policy_state.clone(),
+            self.policy_state.clone(),
         );
-        let leader = Gauge::default();
         registry.register(
             "leader",
             "1 while this replica holds the leader lease",
-            leader.clone(),
+            self.leader.clone(),
         );
-        let leadership_losses = Counter::default();
         registry.register(
             "leadership_losses",
             "Times this replica lost the leader lease (it stops every writer and stands by to lead again)",
-            leadership_losses.clone(),
+            self.leadership_losses.clone(),
         );
-        let objects_migrated = Family::<CrdLabels, Counter>::default();
+    }
+
+    /// The background jobs' metrics, into `registry`.
+    fn register_jobs(&self, registry: &mut Registry) {
         registry.register(
             "migration_objects_migrated",
             "Objects rewritten into the storage version (or found already rewritten)",
-            objects_migrated.clone(),
+            self.objects_migrated.clone(),
         );
-        let objects_failed = Family::<CrdLabels, Counter>::default();
         registry.register(
             "migration_objects_failed",
             "Objects that could not be rewritten",
-            objects_failed.clone(),
+            self.objects_failed.clone(),
         );
-        let objects_remaining = Family::<JobLabels, Gauge>::default();
         registry.register(
             "migration_objects_remaining",
             "Objects not yet done by the running job (job: migration or managed_fields_cleanup; when the apiserver reports a total), by crd and job",
-            objects_remaining.clone(),
+            self.objects_remaining.clone(),
         );
-        let job_objects_done = Family::<JobLabels, Gauge>::default();
         registry.register(
             "migration_objects_done",
             "Objects the running job has finished (rewritten, skipped or failed), by crd and job",
-            job_objects_done.clone(),
+            self.job_objects_done.clone(),
         );
-        let job_objects_expected = Family::<JobLabels, Gauge>::default();
         registry.register(
             "migration_objects_expected",
             "Objects the running job expects in all (a full count when it starts), by crd and job",
-            job_objects_expected.clone(),
+            self.job_objects_expected.clone(),
         );
-        let job_objects_per_second = Family::<JobLabels, Gauge<f64, AtomicU64>>::default();
         registry.register(
             "migration_objects_per_second",
             "Objects the running job finishes per second over the last 10 s, by crd and job",
-            job_objects_per_second.clone(),
+            self.job_objects_per_second.clone(),
         );
-        let migrations = Family::<MigrationResultLabels, Counter>::default();
         registry.register(
             "migrations",
             "Finished migrations, by crd and result: succeeded, failed, error or missing_permission",
-            migrations.clone(),
+            self.migrations.clone(),
         );
-        let migration_duration = Histogram::new(exponential_buckets(0.1, 2.0, 16));
         registry.register_with_unit(
             "migration_duration",
             "Time a migration run takes",
             Unit::Seconds,
-            migration_duration.clone(),
+            self.migration_duration.clone(),
         );
-        let objects_repaired = Family::<CrdLabels, Counter>::default();
         registry.register(
             "managed_fields_objects_repaired",
             "Objects whose managedFields entries naming a version about to be removed were rewritten",
-            objects_repaired.clone(),
+            self.objects_repaired.clone(),
         );
-        let managed_fields_cleanups = Family::<MigrationResultLabels, Counter>::default();
         registry.register(
             "managed_fields_cleanups",
             "Finished managedFields cleanups, by crd and result: succeeded, failed, error or missing_permission",
-            managed_fields_cleanups.clone(),
+            self.managed_fields_cleanups.clone(),
         );
-        let webhook = Arc::new(WebhookMetrics::registered(&mut registry));
-        Self {
-            registry,
-            reconciles,
-            reconcile_failures,
-            reconcile_duration,
-            transitions_applied,
-            next_transition,
-            blocked,
-            policy_state,
-            leader,
-            leadership_losses,
-            objects_migrated,
-            objects_failed,
-            objects_remaining,
-            job_objects_done,
-            job_objects_expected,
-            job_objects_per_second,
-            migrations,
-            migration_duration,
-            objects_repaired,
-            managed_fields_cleanups,
-            webhook,
-        }
     }
 }
 
