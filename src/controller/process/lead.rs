@@ -145,8 +145,10 @@ async fn acquire(
         sent = elector.acquire() => sent,
     };
     metrics.leader.set(1);
-    // The leader is ready once it has listed the policies (see `controller`).
-    health.ready.store(false, Ordering::Relaxed);
+    // Still ready, as the standby was: a new leader lists its policies in milliseconds, and
+    // dropping readiness meanwhile would take its conversion webhook out of the Service while
+    // the old leader drains (no replica left to convert). One that cannot list them within
+    // `LIST_GRACE` becomes not ready (see `controller`).
     Ok(Some(acquired))
 }
 

@@ -8,6 +8,7 @@ pub mod triggers;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -142,10 +143,26 @@ pub async fn controller(
     result
 }
 
+/// How long a leader elected from a standby (which was ready) stays ready before it has
+/// listed the policies: a takeover lists them in milliseconds, and a replica that flapped
+/// to not ready at every takeover would take its conversion webhook out of the Service
+/// while the old leader drains. A refused watch still shows within it.
+pub(crate) const LIST_GRACE: Duration = Duration::from_secs(10);
+
 /// Ready once the policies are listed: a controller whose watch is refused (no
-/// VersionPolicy CRD, no permission) is not.
+/// VersionPolicy CRD, no permission) is not. A replica that starts is not ready until then;
+/// a standby that became leader stays ready for `LIST_GRACE`, then is not ready until then.
 async fn ready_when_listed(health: Arc<Health>, policies_listed: crate::sync::Listed) {
-    if policies_listed.wait().await {
+    let listed = tokio::select! {
+        listed = policies_listed.wait() => listed,
+        () = tokio::time::sleep(LIST_GRACE) => {
+            if health.ready.swap(false, Ordering::Relaxed) {
+                warn!("VersionPolicies not listed within {LIST_GRACE:?} of taking the lead; not ready until they are");
+            }
+            policies_listed.wait().await
+        }
+    };
+    if listed {
         health.ready.store(true, Ordering::Relaxed);
         info!("VersionPolicies listed; ready");
     }
@@ -317,4 +334,46 @@ fn policies_for_crd(
         .filter(|guard| Some(guard.name_any().as_str()) != except)
         .map(|guard| ObjectRef::from_obj(guard.as_ref()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listed() -> Result<kube::runtime::watcher::Event<VersionPolicy>, watcher::Error> {
+        Ok(kube::runtime::watcher::Event::InitDone)
+    }
+
+    /// A standby that takes the lead stays ready (its webhook in the Service) while it lists;
+    /// one whose list does not come within the grace is not ready until it does.
+    #[tokio::test(start_paused = true)]
+    async fn a_new_leader_stays_ready_for_the_grace_then_not_until_it_has_listed() {
+        let health = Arc::new(Health::default());
+        health.ready.store(true, Ordering::Relaxed);
+        let (policies_listed, inspect) = crate::sync::Listed::new::<VersionPolicy>();
+        let task = tokio::spawn(ready_when_listed(health.clone(), policies_listed));
+        tokio::time::sleep(LIST_GRACE - Duration::from_millis(1)).await;
+        assert!(health.ready.load(Ordering::Relaxed), "ready within the grace");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert!(
+            !health.ready.load(Ordering::Relaxed),
+            "not ready past the grace, unlisted"
+        );
+        inspect(&listed());
+        task.await.expect("ends once listed");
+        assert!(health.ready.load(Ordering::Relaxed), "ready once listed");
+    }
+
+    /// A replica that starts is not ready until its policies are listed, grace or not.
+    #[tokio::test(start_paused = true)]
+    async fn a_starting_replica_is_ready_only_once_listed() {
+        let health = Arc::new(Health::default());
+        let (policies_listed, inspect) = crate::sync::Listed::new::<VersionPolicy>();
+        let task = tokio::spawn(ready_when_listed(health.clone(), policies_listed));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(!health.ready.load(Ordering::Relaxed));
+        inspect(&listed());
+        task.await.expect("ends once listed");
+        assert!(health.ready.load(Ordering::Relaxed));
+    }
 }
