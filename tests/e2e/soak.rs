@@ -27,7 +27,7 @@ use jiff::Timestamp;
 use kube::Client;
 use serde_json::{Value, json};
 
-use crate::balancer::{Backend, Balancer};
+use crate::balancer::{Backend, Balancer, OnRefused, Readyz};
 use crate::ensure;
 use crate::env::{Env, Outcome, TestCrd, lock, wait_for};
 use crate::replicas::Replica;
@@ -1060,9 +1060,11 @@ async fn run(env: &Env) -> Outcome {
             .zip(health_ports)
             .map(|(webhook, health)| Backend {
                 webhook: *webhook,
-                health,
+                readyz: Readyz::Http(health),
             })
             .collect(),
+        OnRefused::NextReady,
+        None,
     )
     .await?;
     let lease = format!("{}-soak", env.run_id);
