@@ -28,6 +28,7 @@ use kube::Client;
 use serde_json::{Value, json};
 
 use crate::balancer::{Backend, Balancer, OnRefused, Readyz};
+use crate::control_plane::free_port;
 use crate::ensure;
 use crate::env::{Env, Outcome, TestCrd, lock, wait_for};
 use crate::replicas::Replica;
@@ -910,13 +911,6 @@ async fn reviews_served(metrics_port: u16) -> u64 {
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
-}
-
-fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| e.to_string())
 }
 
 /// Stops the clients however the soak ends (an early error included).

@@ -21,6 +21,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::balancer::{Backend, Balancer, OnRefused, Readyz};
+use crate::control_plane::free_port;
 use crate::ensure;
 use crate::env::{Env, Outcome, TestCrd, wait_for};
 
@@ -51,10 +52,7 @@ impl Replica {
     /// Starts replica `name`, logging to `<log_prefix>-<name>.log`.
     fn start(name: &str, dir: &std::path::Path, log_prefix: &str) -> Result<Replica, String> {
         let log_path = std::path::PathBuf::from(format!("{log_prefix}-{name}.log"));
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .map_err(|e| e.to_string())?;
+        let port = free_port()?;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
