@@ -39,22 +39,6 @@ const VERSIONS: [&str; 3] = ["v1alpha1", "v1beta1", "v1"];
 /// margin for a busy reconcile).
 const LANDING: Duration = Duration::from_secs(5);
 
-/// The policy's conversion between the versions: a rename, an added default, a removed field,
-/// a nested move and a CEL type change (the `conversion_webhook` scenario's).
-fn conversion() -> Value {
-    json!({
-        "webhook": {"enabled": true},
-        "changes": [
-            {"from": "v1alpha1", "to": "v1beta1",
-             "renamed": [{"from": "spec.size", "to": "spec.replicas"}],
-             "added": [{"path": "spec.color", "default": "blue"}],
-             "removed": ["spec.legacyMode"]},
-            {"from": "v1beta1", "to": "v1", "renamed": [{"from": "spec.replicas", "to": "spec.scale.replicas"}],
-             "changed": [{"path": "spec.port", "upgrade": "int(self)", "downgrade": "string(self)"}]},
-        ]
-    })
-}
-
 /// What an object holds, whatever version shows it: v1alpha1 `{size, legacyMode, port:
 /// string}`, v1beta1 `{replicas, color (default blue), port: string}`, v1 `{scale: {replicas},
 /// color, port: integer}`.
@@ -1180,7 +1164,7 @@ async fn run(env: &Env) -> Outcome {
                     {"name": "v1", "introduce": {"at": text(schedule.introduce_v1)}, "store": {"at": text(schedule.store_v1)}},
                  ],
                  "migration": {"enabled": true, "concurrency": 8, "pageSize": 100}}});
-    policy["spec"]["conversion"] = conversion();
+    policy["spec"]["conversion"] = crate::scenarios::conversion();
     env.create_policy(policy).await?;
     wait_for(
         "the CRD converts through the webhook",
