@@ -52,7 +52,7 @@ fn crd(index: usize, versions: Vec<Value>) -> Value {
 }
 
 fn main() {
-    let Some(assets) = std::env::var_os("KUBEBUILDER_ASSETS").filter(|a| !a.is_empty()) else {
+    let Some(assets) = control_plane::assets() else {
         println!("check bench: SKIPPED: set KUBEBUILDER_ASSETS to a directory with etcd and kube-apiserver");
         return;
     };
@@ -60,7 +60,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("a runtime");
-    if let Err(error) = runtime.block_on(bench(std::path::PathBuf::from(assets))) {
+    if let Err(error) = runtime.block_on(bench(assets)) {
         eprintln!("check bench failed: {error}");
         std::process::exit(1);
     }

@@ -36,11 +36,7 @@ impl Cluster {
 
     /// A client of its own, with no connection open yet.
     pub async fn new_client(&self) -> Result<Client, String> {
-        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).map_err(|e| e.to_string())?;
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        Client::try_from(config).map_err(|e| e.to_string())
+        crate::control_plane::client_of(&self.kubeconfig).await
     }
 
     /// Installs the VersionPolicy CRD (once).
@@ -240,12 +236,4 @@ pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
         return Duration::ZERO;
     }
     sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
-}
-
-/// A free loopback port.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }

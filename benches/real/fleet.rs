@@ -24,7 +24,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
 use crate::Figure;
-use crate::cluster::{Cluster, crd, free_port, percentile};
+use crate::cluster::{Cluster, crd, percentile};
+use crate::control_plane::free_port;
 
 const GROUP: &str = "fleet.bench.example.com";
 /// How long without a reconcile counts as rest.
@@ -46,7 +47,7 @@ impl Drop for Controller {
 
 impl Controller {
     fn start(cluster: &Cluster) -> Result<Controller, String> {
-        let metrics_port = free_port();
+        let metrics_port = free_port()?;
         let log = std::env::temp_dir().join(format!("crd-lifecycle-bench-fleet-{}.log", std::process::id()));
         let file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
         let child = Command::new(env!("CARGO_BIN_EXE_crd-lifecycle"))

@@ -15,7 +15,8 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::Figure;
-use crate::cluster::{Cluster, crd, free_port, percentile};
+use crate::cluster::{Cluster, crd, percentile};
+use crate::control_plane::free_port;
 
 const GROUP: &str = "webhook.bench.example.com";
 const PLURAL: &str = "gadgets";
@@ -46,7 +47,7 @@ impl Webhook {
         path: &str,
         command: impl FnOnce(u16, &str) -> Command,
     ) -> Result<Webhook, String> {
-        let port = free_port();
+        let port = free_port()?;
         let ca = dir.join(format!("ca-{port}.pem")).display().to_string();
         let child = command(port, &ca)
             .stdout(Stdio::null())

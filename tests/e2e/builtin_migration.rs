@@ -9,17 +9,11 @@ use crd_lifecycle::migrate::builtin::{self, State};
 use serde_json::json;
 
 use crate::ensure;
-use crate::env::{Env, Outcome, in_seconds, wait_for};
+use crate::env::{Env, Outcome, builtin_migrations, in_seconds, wait_for};
 
 pub async fn builtin_migration(env: &Env) -> Outcome {
-    let Some(api) = builtin::Migrations::discover(&env.client)
-        .await
-        .map_err(|e| format!("cannot discover storagemigration.k8s.io: {e}"))?
-    else {
-        return crate::env::skip(
-            "builtin_migration",
-            "the server does not serve storagemigration.k8s.io",
-        );
+    let Some(api) = builtin_migrations(env, "builtin_migration").await? else {
+        return Ok(());
     };
     let crd = env
         .create_crd("builtin", &[("v1alpha1", true, true), ("v1", true, false)])
@@ -104,14 +98,8 @@ pub async fn builtin_migration(env: &Env) -> Outcome {
 /// the old version. The controller lists that version again and marks the migration; a
 /// removal due afterwards does not land, and etcd still holds every object, readable.
 pub async fn builtin_migration_fails(env: &Env) -> Outcome {
-    let Some(api) = builtin::Migrations::discover(&env.client)
-        .await
-        .map_err(|e| format!("cannot discover storagemigration.k8s.io: {e}"))?
-    else {
-        return crate::env::skip(
-            "builtin_migration_fails",
-            "the server does not serve storagemigration.k8s.io",
-        );
+    let Some(api) = builtin_migrations(env, "builtin_migration_fails").await? else {
+        return Ok(());
     };
     let crd = env
         .create_crd("svmfail", &[("v1alpha1", true, true), ("v1", true, false)])

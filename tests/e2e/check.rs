@@ -13,6 +13,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
+use crate::control_plane::client_of;
 use crate::ensure;
 use crate::env::{Env, Outcome, TestCrd};
 
@@ -93,16 +94,6 @@ fn release_crd(release: &std::path::Path) -> Result<Value, String> {
         .into_iter()
         .next()
         .ok_or_else(|| "no CRD in the release".to_owned())
-}
-
-/// A client of the kubeconfig at `path`.
-async fn client_of(path: &std::path::Path) -> Result<kube::Client, String> {
-    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
-    let config =
-        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-            .await
-            .map_err(|e| e.to_string())?;
-    kube::Client::try_from(config).map_err(|e| e.to_string())
 }
 
 /// What `check` asks where a stored version is missing: a dry run (`dryRun=All`) of

@@ -44,7 +44,8 @@ pub fn assets() -> Option<PathBuf> {
     (!dir.as_os_str().is_empty()).then_some(dir)
 }
 
-fn free_port() -> Result<u16, String> {
+/// A free port on loopback.
+pub fn free_port() -> Result<u16, String> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -399,13 +400,7 @@ impl ControlPlane {
 
     /// A client for the administrator.
     pub async fn client(&self) -> Result<kube::Client, String> {
-        let config = kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(&self.kubeconfig).map_err(|e| e.to_string())?,
-            &kube::config::KubeConfigOptions::default(),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        kube::Client::try_from(config).map_err(|e| e.to_string())
+        client_of(&self.kubeconfig).await
     }
 
     /// Stops the apiserver (SIGTERM, as a rolling restart does) and starts it again with
@@ -550,6 +545,16 @@ impl Etcd {
             .await
             .map_err(|_| format!("etcd {method} {path}: no answer within 10 s"))?
     }
+}
+
+/// A client of the kubeconfig at `path` (no connection open yet).
+pub async fn client_of(path: &Path) -> Result<kube::Client, String> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| e.to_string())?;
+    kube::Client::try_from(config).map_err(|e| e.to_string())
 }
 
 /// One plain HTTP/1.0 request to a port on this machine (the body ends with the connection):

@@ -6,6 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crd_lifecycle::migrate::builtin::Migrations;
 use futures::StreamExt;
 
 use crate::control_plane::DiesWithParent as _;
@@ -337,7 +338,7 @@ impl Env {
 
     /// Deletes the StorageVersionMigrations of this run's CRDs, where the API is served.
     async fn delete_storage_version_migrations(&self) {
-        let Ok(Some(api)) = crd_lifecycle::migrate::builtin::Migrations::discover(&self.client).await else {
+        let Ok(Some(api)) = Migrations::discover(&self.client).await else {
             return;
         };
         let path = format!(
@@ -835,6 +836,18 @@ pub fn skipped(scenario: &str) -> Option<String> {
         .iter()
         .find(|(name, _)| name == scenario)
         .map(|(_, reason)| reason.clone())
+}
+
+/// The built-in StorageVersionMigration API where the server serves storagemigration.k8s.io;
+/// elsewhere `None`, `scenario` recorded as skipped.
+pub async fn builtin_migrations(env: &Env, scenario: &str) -> Result<Option<Migrations>, String> {
+    let api = Migrations::discover(&env.client)
+        .await
+        .map_err(|e| format!("cannot discover storagemigration.k8s.io: {e}"))?;
+    if api.is_none() {
+        skip(scenario, "the server does not serve storagemigration.k8s.io")?;
+    }
+    Ok(api)
 }
 
 pub async fn wait_for<F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<Instant, String>

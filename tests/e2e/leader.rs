@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use serde_json::json;
 
+use crate::control_plane::free_port;
 use crate::ensure;
 use crate::env::{Env, Outcome, in_seconds, wait_for};
 use crate::proxy::Proxy;
@@ -53,10 +54,7 @@ async fn cut_off(env: &Env) -> Outcome {
         let proxy = Proxy::start(env.clone_client()).await?;
         let kubeconfig = dir.join(format!("{}-leader-{name}.kubeconfig", env.run_id));
         std::fs::write(&kubeconfig, proxy.kubeconfig()).map_err(|e| e.to_string())?;
-        let metrics = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
+        let metrics = free_port()?;
         replicas.push(Replica::new(
             &format!("{}-{name}", env.run_id),
             vec![

@@ -540,6 +540,22 @@ pub async fn gates(env: &Env) -> Outcome {
     Ok(())
 }
 
+/// The policy's conversion between v1alpha1, v1beta1 and v1 of `conversion_webhook` and the
+/// soak: a rename, an added default, a removed field, a nested move and a CEL type change.
+pub fn conversion() -> Value {
+    json!({
+        "webhook": {"enabled": true},
+        "changes": [
+            {"from": "v1alpha1", "to": "v1beta1",
+             "renamed": [{"from": "spec.size", "to": "spec.replicas"}],
+             "added": [{"path": "spec.color", "default": "blue"}],
+             "removed": ["spec.legacyMode"]},
+            {"from": "v1beta1", "to": "v1", "renamed": [{"from": "spec.replicas", "to": "spec.scale.replicas"}],
+             "changed": [{"path": "spec.port", "upgrade": "int(self)", "downgrade": "string(self)"}]},
+        ]
+    })
+}
+
 /// Conversion through the operator's declarative webhook: thousands of objects stored as
 /// v1alpha1 are migrated through the webhook into v1, and every object then reads, with
 /// identical data, through every served version.
@@ -599,17 +615,7 @@ pub async fn conversion_webhook(env: &Env) -> Outcome {
         json!([{"name": "v1", "store": {"at": store}}]),
         json!({"enabled": true, "concurrency": 16, "pageSize": 250}),
     );
-    object["spec"]["conversion"] = json!({
-        "webhook": {"enabled": true},
-        "changes": [
-            {"from": "v1alpha1", "to": "v1beta1",
-             "renamed": [{"from": "spec.size", "to": "spec.replicas"}],
-             "added": [{"path": "spec.color", "default": "blue"}],
-             "removed": ["spec.legacyMode"]},
-            {"from": "v1beta1", "to": "v1", "renamed": [{"from": "spec.replicas", "to": "spec.scale.replicas"}],
-             "changed": [{"path": "spec.port", "upgrade": "int(self)", "downgrade": "string(self)"}]},
-        ]
-    });
+    object["spec"]["conversion"] = conversion();
     env.create_policy(object).await?;
     wait_for(
         "the CRD converts through the webhook",

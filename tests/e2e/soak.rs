@@ -27,7 +27,8 @@ use jiff::Timestamp;
 use kube::Client;
 use serde_json::{Value, json};
 
-use crate::balancer::{Backend, Balancer};
+use crate::balancer::{Backend, Balancer, OnRefused, Readyz};
+use crate::control_plane::free_port;
 use crate::ensure;
 use crate::env::{Env, Outcome, TestCrd, lock, wait_for};
 use crate::replicas::Replica;
@@ -37,22 +38,6 @@ const VERSIONS: [&str; 3] = ["v1alpha1", "v1beta1", "v1"];
 /// How late after its instant a transition may still be landing (the controller's 2 s and a
 /// margin for a busy reconcile).
 const LANDING: Duration = Duration::from_secs(5);
-
-/// The policy's conversion between the versions: a rename, an added default, a removed field,
-/// a nested move and a CEL type change (the `conversion_webhook` scenario's).
-fn conversion() -> Value {
-    json!({
-        "webhook": {"enabled": true},
-        "changes": [
-            {"from": "v1alpha1", "to": "v1beta1",
-             "renamed": [{"from": "spec.size", "to": "spec.replicas"}],
-             "added": [{"path": "spec.color", "default": "blue"}],
-             "removed": ["spec.legacyMode"]},
-            {"from": "v1beta1", "to": "v1", "renamed": [{"from": "spec.replicas", "to": "spec.scale.replicas"}],
-             "changed": [{"path": "spec.port", "upgrade": "int(self)", "downgrade": "string(self)"}]},
-        ]
-    })
-}
 
 /// What an object holds, whatever version shows it: v1alpha1 `{size, legacyMode, port:
 /// string}`, v1beta1 `{replicas, color (default blue), port: string}`, v1 `{scale: {replicas},
@@ -912,13 +897,6 @@ async fn reviews_served(metrics_port: u16) -> u64 {
         .sum::<f64>() as u64
 }
 
-fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| e.to_string())
-}
-
 /// Stops the clients however the soak ends (an early error included).
 struct Clients {
     soak: Arc<Soak>,
@@ -1060,9 +1038,11 @@ async fn run(env: &Env) -> Outcome {
             .zip(health_ports)
             .map(|(webhook, health)| Backend {
                 webhook: *webhook,
-                health,
+                readyz: Readyz::Http(health),
             })
             .collect(),
+        OnRefused::NextReady,
+        None,
     )
     .await?;
     let lease = format!("{}-soak", env.run_id);
@@ -1184,7 +1164,7 @@ async fn run(env: &Env) -> Outcome {
                     {"name": "v1", "introduce": {"at": text(schedule.introduce_v1)}, "store": {"at": text(schedule.store_v1)}},
                  ],
                  "migration": {"enabled": true, "concurrency": 8, "pageSize": 100}}});
-    policy["spec"]["conversion"] = conversion();
+    policy["spec"]["conversion"] = crate::scenarios::conversion();
     env.create_policy(policy).await?;
     wait_for(
         "the CRD converts through the webhook",

@@ -316,14 +316,8 @@ const FLIP_ROUNDS: u32 = 3;
 /// migration must not be followed: a new StorageVersionMigration rewrites them before
 /// anything is trimmed, and etcd holds no object as v1 after each one concluded.
 pub async fn flip_after_a_builtin_migration(env: &Env) -> Outcome {
-    let Some(api) = crd_lifecycle::migrate::builtin::Migrations::discover(&env.client)
-        .await
-        .map_err(|e| format!("cannot discover storagemigration.k8s.io: {e}"))?
-    else {
-        return crate::env::skip(
-            "flip_after_a_builtin_migration",
-            "the server does not serve storagemigration.k8s.io",
-        );
+    let Some(api) = crate::env::builtin_migrations(env, "flip_after_a_builtin_migration").await? else {
+        return Ok(());
     };
     let crd = env
         .create_crd("flipsvm", &[("v1", true, true), ("v2", true, false)])

@@ -1,8 +1,9 @@
 //! Scenario 12: a rollout of the conversion webhook under a conversion-heavy client. Two
 //! webhook replicas (`crd-lifecycle webhook`, one CA, short drain and connection age) sit
-//! behind a TCP proxy that plays the Service: each new connection goes to a replica whose
-//! `/readyz` answered 200 at the last probe (every 200 ms, as endpoints follow readiness).
-//! The CRD converts through the proxy; readers LIST and GET every object through the
+//! behind the suite's balancer playing the Service (`balancer`): each new connection goes to
+//! a replica whose `/readyz` answered 200 at the last probe (every 200 ms, as endpoints
+//! follow readiness), and one that refuses it is not passed over (the client sees it).
+//! The CRD converts through the balancer; readers LIST and GET every object through the
 //! converted version in a loop (a GET is converted every time; v1.36 converts a LIST's
 //! objects from its watch cache once per resourceVersion) while each replica in turn gets
 //! SIGTERM and is replaced. No read may fail, every object must read converted, and each
@@ -19,13 +20,14 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
+use crate::balancer::{Backend, Balancer, OnRefused, Readyz};
+use crate::control_plane::free_port;
 use crate::ensure;
 use crate::env::{Env, Outcome, TestCrd, wait_for};
-use crate::webhook_client::{Client, Served};
 
 const OBJECTS: usize = 200;
 const READERS: usize = 4;
-/// Short, so that the scenario is quick; the proxy's probes are far more frequent.
+/// Short, so that the scenario is quick; the balancer's probes are far more frequent.
 const DRAIN: &str = "3s";
 /// Longer than the drain, so that a replica usually has the apiserver's connection open
 /// when it stops (GOAWAY at the drain's end), and short enough that connections are also
@@ -50,10 +52,7 @@ impl Replica {
     /// Starts replica `name`, logging to `<log_prefix>-<name>.log`.
     fn start(name: &str, dir: &std::path::Path, log_prefix: &str) -> Result<Replica, String> {
         let log_path = std::path::PathBuf::from(format!("{log_prefix}-{name}.log"));
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .map_err(|e| e.to_string())?;
+        let port = free_port()?;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -81,6 +80,16 @@ impl Replica {
             child,
             log: log_path,
         })
+    }
+
+    /// As the balancer sees it: `/readyz` on its webhook port, over TLS.
+    fn backend(&self, ca_pem: &str) -> Backend {
+        Backend {
+            webhook: self.port,
+            readyz: Readyz::Https {
+                ca_pem: ca_pem.to_owned(),
+            },
+        }
     }
 
     /// What the kubelet does to a pod being replaced.
@@ -125,7 +134,7 @@ impl Replica {
         .map(|_| ())
     }
 
-    /// Whether a client spoke HTTP/2 to it: the apiserver (the proxy's probes speak
+    /// Whether a client spoke HTTP/2 to it: the apiserver (the balancer's probes speak
     /// HTTP/1.1), from its log.
     fn spoke_http2(&self) -> bool {
         std::fs::read_to_string(&self.log).is_ok_and(|log| log.contains("protocol=\"h2\""))
@@ -151,114 +160,14 @@ impl Drop for Replica {
     }
 }
 
-/// Whether a replica answers `/readyz` with 200 (a new connection per probe, as the kubelet).
-async fn ready(port: u16, ca_pem: &str) -> bool {
-    let served = Served::external(port, ca_pem.to_owned());
-    match Client::try_connect(&served, &[b"http/1.1"]).await {
-        Ok(mut client) => matches!(client.try_get("/readyz").await, Ok((200, _))),
-        Err(_) => false,
-    }
-}
-
-/// The Service: ready replicas by port, as probed, and connections per replica.
-#[derive(Default)]
-struct Endpoints {
-    ports: Mutex<Vec<u16>>,
-    ready: Mutex<Vec<u16>>,
-    next: AtomicUsize,
-    /// Connections made to each replica.
-    connections: Mutex<std::collections::BTreeMap<u16, usize>>,
-    /// Connections open now: an id, the replica, when it was made.
-    open: Mutex<Vec<(usize, u16, Instant)>>,
-    /// While set and ready, the replica every new connection goes to: the scenario steers
-    /// the apiserver's next connection to the replica it is about to stop (round robin alone
-    /// may pass it over for minutes: the apiserver holds one connection per 10 s and dials
-    /// some twice, closing one at once).
-    steer: Mutex<Option<u16>>,
-}
-
-impl Endpoints {
-    /// A ready replica for a new connection, round robin, and the connection's id.
-    fn pick(&self) -> Option<(usize, u16)> {
-        let ready = self.ready.lock().expect("lock").clone();
-        if ready.is_empty() {
-            return None;
-        }
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let port = match *self.steer.lock().expect("lock") {
-            Some(port) if ready.contains(&port) => port,
-            _ => ready[id % ready.len()],
-        };
-        *self.connections.lock().expect("lock").entry(port).or_default() += 1;
-        self.open.lock().expect("lock").push((id, port, Instant::now()));
-        Some((id, port))
-    }
-
-    fn closed(&self, id: usize) {
-        self.open.lock().expect("lock").retain(|(open, _, _)| *open != id);
-    }
-
-    /// Whether the replica has a connection in use (open for a second: the apiserver
-    /// closes a connection it dialled twice at once right away) that was made less than
-    /// `YOUNG` ago, so that it will not reach its maximum age before the drain ends.
-    fn has_connection_in_use(&self, port: u16) -> bool {
-        self.open.lock().expect("lock").iter().any(|(_, open, at)| {
-            *open == port && at.elapsed() >= Duration::from_secs(1) && at.elapsed() < YOUNG
-        })
-    }
-}
-
-/// Probes every replica every 200 ms and forwards each new connection to a ready one.
-async fn proxy(
-    listener: tokio::net::TcpListener,
-    endpoints: Arc<Endpoints>,
-    ca_pem: String,
-    stop: Arc<AtomicBool>,
-) {
-    let prober = {
-        let (endpoints, stop) = (endpoints.clone(), stop.clone());
-        async move {
-            while !stop.load(Ordering::Relaxed) {
-                let ports = endpoints.ports.lock().expect("lock").clone();
-                let mut ready = Vec::new();
-                for port in ports {
-                    if self::ready(port, &ca_pem).await {
-                        ready.push(port);
-                    }
-                }
-                *endpoints.ready.lock().expect("lock") = ready;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    };
-    let forwarder = async move {
-        while let Ok((mut inbound, _)) = listener.accept().await {
-            let Some((id, port)) = endpoints.pick() else {
-                println!("e2e: webhook_rollout: proxy: no ready replica for a new connection; closed it");
-                continue;
-            };
-            let endpoints = endpoints.clone();
-            tokio::spawn(async move {
-                match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-                    Ok(mut outbound) => {
-                        if let Err(error) = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await {
-                            println!(
-                                "e2e: webhook_rollout: proxy: connection to replica port {port}: {error}"
-                            );
-                        }
-                    }
-                    Err(error) => println!(
-                        "e2e: webhook_rollout: proxy: cannot connect to replica port {port}: {error}"
-                    ),
-                }
-                endpoints.closed(id);
-            });
-        }
-    };
-    tokio::select! {
-        () = prober => {}
-        () = forwarder => {}
-    }
+/// Whether the replica has a connection in use (open for a second: the apiserver closes a
+/// connection it dialled twice at once right away) that was made less than `YOUNG` ago, so
+/// that it will not reach its maximum age before the drain ends.
+fn has_connection_in_use(balancer: &Balancer, port: u16) -> bool {
+    balancer
+        .open_since(port)
+        .iter()
+        .any(|at| at.elapsed() >= Duration::from_secs(1) && at.elapsed() < YOUNG)
 }
 
 pub async fn webhook_rollout(env: &Env) -> Outcome {
@@ -300,60 +209,51 @@ async fn rollout(env: &Env, crd: &TestCrd, dir: &std::path::Path) -> Outcome {
     println!("e2e: webhook_rollout: webhook logs {log}-<replica>.log");
     let mut a = Replica::start("a", dir, &log)?;
     let mut b = Replica::start("b", dir, &log)?;
-    let endpoints = Arc::new(Endpoints::default());
-    *endpoints.ports.lock().expect("lock") = vec![a.port, b.port];
-    let listener = tokio::net::TcpListener::bind(if host == "127.0.0.1" {
-        "127.0.0.1:0"
-    } else {
-        "0.0.0.0:0"
-    })
-    .await
-    .map_err(|e| e.to_string())?;
-    let proxy_port = listener.local_addr().map_err(|e| e.to_string())?.port();
-    let stop = Arc::new(AtomicBool::new(false));
-    let proxied = tokio::spawn(proxy(
-        listener,
-        endpoints.clone(),
-        bundle.ca_pem.clone(),
-        stop.clone(),
-    ));
+    let balancer = Balancer::start(
+        if host == "127.0.0.1" {
+            "127.0.0.1"
+        } else {
+            "0.0.0.0"
+        },
+        vec![a.backend(&bundle.ca_pem), b.backend(&bundle.ca_pem)],
+        OnRefused::Close,
+        Some("e2e: webhook_rollout: balancer"),
+    )
+    .await?;
     let setup = Setup {
         env,
         crd,
-        url: format!("https://{host}:{proxy_port}/convert/{policy_name}"),
+        url: format!("https://{host}:{}/convert/{policy_name}", balancer.port),
         ca_pem: bundle.ca_pem.clone(),
-        endpoints,
+        balancer: &balancer,
         dir,
         log: &log,
     };
-    let outcome = setup.drive(&mut a, &mut b).await;
-    stop.store(true, Ordering::Relaxed);
-    proxied.abort();
-    outcome
+    setup.drive(&mut a, &mut b).await
 }
 
 /// What the rollout runs against.
 struct Setup<'a> {
     env: &'a Env,
     crd: &'a TestCrd,
-    /// The CRD's conversion webhook: the proxy.
+    /// The CRD's conversion webhook: the balancer.
     url: String,
     ca_pem: String,
-    endpoints: Arc<Endpoints>,
+    balancer: &'a Balancer,
     dir: &'a std::path::Path,
     log: &'a str,
 }
 
 impl Setup<'_> {
     async fn drive(&self, a: &mut Replica, b: &mut Replica) -> Outcome {
-        let (env, crd, endpoints) = (self.env, self.crd, &self.endpoints);
+        let (env, crd, balancer) = (self.env, self.crd, self.balancer);
         wait_for(
             "both webhook replicas are ready",
             Duration::from_secs(30),
-            || async { Ok(endpoints.ready.lock().expect("lock").len() == 2) },
+            || async { Ok(balancer.ready().len() == 2) },
         )
         .await?;
-        // The CRD converts through the proxy, trusting the replicas' CA.
+        // The CRD converts through the balancer, trusting the replicas' CA.
         let api: Api<CustomResourceDefinition> = Api::all(env.client.clone());
         let conversion = json!({"spec": {"conversion": {"strategy": "Webhook", "webhook": {
         "conversionReviewVersions": ["v1"],
@@ -422,7 +322,7 @@ impl Setup<'_> {
         a.exited(EXIT_WITHIN).await?;
         b.exited(EXIT_WITHIN).await?;
         for old in [&*a, &*b] {
-            endpoints.ports.lock().expect("lock").retain(|p| *p != old.port);
+            balancer.remove(old.port);
         }
         settle("the readers read after a's and b's exits").await?;
         reading.store(false, Ordering::Relaxed);
@@ -430,7 +330,7 @@ impl Setup<'_> {
             let _ = reader.await;
         }
         let failures = failures.lock().expect("lock").clone();
-        let connections = endpoints.connections.lock().expect("lock").clone();
+        let connections = balancer.connections();
         println!(
             "e2e: webhook_rollout: {} passes (a LIST and {OBJECTS} GETs through v2), {} failed; connections per replica port: {connections:?}",
             lists.load(Ordering::Relaxed),
@@ -459,23 +359,26 @@ impl Setup<'_> {
     /// that connection still open, asked to close (HTTP/2 GOAWAY, HTTP/1.1 `Connection:
     /// close` on its next answer).
     async fn replace(&self, old: &mut Replica, name: &str) -> Result<Replica, String> {
-        let endpoints = &self.endpoints;
+        let balancer = self.balancer;
         let new = Replica::start(name, self.dir, self.log)?;
-        endpoints.ports.lock().expect("lock").push(new.port);
+        balancer.add(new.backend(&self.ca_pem));
         wait_for(
             &format!("replica {name} is ready"),
             Duration::from_secs(30),
-            || async { Ok(endpoints.ready.lock().expect("lock").contains(&new.port)) },
+            || async { Ok(balancer.ready().contains(&new.port)) },
         )
         .await?;
-        *endpoints.steer.lock().expect("lock") = Some(old.port);
+        // The apiserver's next connection goes to the replica about to stop (round robin alone
+        // may pass it over for minutes: the apiserver holds one connection per 10 s and dials
+        // some twice, closing one at once).
+        balancer.steer(Some(old.port));
         let connected = wait_for(
             &format!("the apiserver connects to replica {}", old.name),
             Duration::from_secs(90),
-            || async { Ok(endpoints.has_connection_in_use(old.port)) },
+            || async { Ok(has_connection_in_use(balancer, old.port)) },
         )
         .await;
-        *endpoints.steer.lock().expect("lock") = None;
+        balancer.steer(None);
         connected?;
         old.terminate()?;
         old.drained(Duration::from_secs(30)).await?;
