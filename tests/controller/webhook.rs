@@ -286,6 +286,15 @@ pub(crate) mod crd_conversion {
         h
     }
 
+    /// The webhook behind the `crd-lifecycle/crd-lifecycle-webhook` Service, its CA loaded.
+    fn service_endpoint() -> Arc<WebhookEndpoint> {
+        let endpoint = Arc::new(WebhookEndpoint::new(
+            WebhookTarget::parse_service("crd-lifecycle/crd-lifecycle-webhook").expect("service"),
+        ));
+        endpoint.set_ca_bundle(a_ca());
+        endpoint
+    }
+
     /// A dry run computes the conversion's patch but sends nothing: no Event says the CRD
     /// now converts through the webhook (it does not).
     #[tokio::test]
@@ -293,11 +302,7 @@ pub(crate) mod crd_conversion {
         let mut h = harness();
         h.fake
             .edit_policy("gadgets", |policy| policy["spec"]["dryRun"] = json!(true));
-        let endpoint = Arc::new(WebhookEndpoint::new(
-            WebhookTarget::parse_service("crd-lifecycle/crd-lifecycle-webhook").expect("service"),
-        ));
-        endpoint.set_ca_bundle(a_ca());
-        h.serve_webhook(endpoint);
+        h.serve_webhook(service_endpoint());
         h.at("2026-01-20T00:00:00Z");
         h.reconcile("gadgets").await;
         assert!(h.fake.crd_writes().is_empty(), "a dry run patches nothing");
@@ -312,11 +317,7 @@ pub(crate) mod crd_conversion {
     #[tokio::test]
     async fn the_crd_is_pointed_at_the_webhook_in_the_same_guarded_patch() {
         let mut h = harness();
-        let endpoint = Arc::new(WebhookEndpoint::new(
-            WebhookTarget::parse_service("crd-lifecycle/crd-lifecycle-webhook").expect("service"),
-        ));
-        endpoint.set_ca_bundle(a_ca());
-        h.serve_webhook(endpoint);
+        h.serve_webhook(service_endpoint());
         h.at("2026-01-20T00:00:00Z");
         h.reconcile("gadgets").await;
         let writes = h.fake.crd_writes();
@@ -363,11 +364,7 @@ pub(crate) mod crd_conversion {
 
     fn configured() -> Harness {
         let mut h = harness();
-        let endpoint = Arc::new(WebhookEndpoint::new(
-            WebhookTarget::parse_service("crd-lifecycle/crd-lifecycle-webhook").expect("service"),
-        ));
-        endpoint.set_ca_bundle(a_ca());
-        h.serve_webhook(endpoint);
+        h.serve_webhook(service_endpoint());
         h
     }
 
