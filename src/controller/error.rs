@@ -5,6 +5,8 @@ use super::reconcile::apply::ApplyError;
 use super::reconcile::read::ReadError;
 use super::reconcile::release::ReleaseError;
 use super::reconcile::report::ReportError;
+use super::request::OTHER_FAILURE_LABELS;
+use super::request::{Request, status_code};
 
 /// Why a reconcile failed (and will be retried with backoff): the error of the step that
 /// failed. Conditions the controller reports on the policy (invalid policy, missing CRD,
@@ -30,7 +32,7 @@ pub enum Error {
 
 impl Error {
     /// The labels of the failures that are not a request's (`Request::label`).
-    pub const OTHER_LABELS: [&'static str; 3] = ["concurrent_modification", "serialize", "missing_name"];
+    pub const OTHER_LABELS: [&'static str; 3] = OTHER_FAILURE_LABELS;
 
     /// Short stable label, for metrics (`error` label): the request that failed, or what
     /// else did.
@@ -84,49 +86,6 @@ impl Error {
     pub fn policy_gone(&self) -> bool {
         matches!(self.request(), Some(Request::WriteStatus | Request::PatchPolicy))
             && self.api_status_code() == Some(404)
-    }
-}
-
-/// The reconcile's requests to the apiserver, each its own `error` label of
-/// `crd_lifecycle_reconcile_failures_total`: a failed CRD patch and a failed status write
-/// are told apart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Request {
-    /// A quorum read of the governed CRD.
-    ReadCrd,
-    /// A guarded patch of the governed CRD (a transition, a release).
-    PatchCrd,
-    /// A patch of the VersionPolicy itself (its finalizer).
-    PatchPolicy,
-    /// The server-side apply of the policy's status.
-    WriteStatus,
-}
-
-impl Request {
-    /// Every request, for the metric's documentation and tests.
-    pub const ALL: [Request; 4] = [
-        Request::ReadCrd,
-        Request::PatchCrd,
-        Request::PatchPolicy,
-        Request::WriteStatus,
-    ];
-
-    /// Its `error` label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            Request::ReadCrd => "read_crd",
-            Request::PatchCrd => "patch_crd",
-            Request::PatchPolicy => "patch_policy",
-            Request::WriteStatus => "write_status",
-        }
-    }
-}
-
-/// The HTTP status code of an apiserver error response, if that is what `error` is.
-pub fn status_code(error: &kube::Error) -> Option<u16> {
-    match error {
-        kube::Error::Api(status) => Some(status.code),
-        _ => None,
     }
 }
 

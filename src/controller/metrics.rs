@@ -140,8 +140,8 @@ impl Metrics {
             "reconcile_failures",
             format!(
                 "Reconciles that failed and will be retried, by error: the apiserver request that failed ({}), or {}",
-                super::error::Request::ALL.map(super::error::Request::label).join(", "),
-                super::error::Error::OTHER_LABELS.join(", ")
+                super::request::Request::ALL.map(super::request::Request::label).join(", "),
+                super::request::OTHER_FAILURE_LABELS.join(", ")
             ),
             self.reconcile_failures.clone(),
         );

@@ -12,7 +12,7 @@ use tracing::{error, warn};
 
 use super::http::Health;
 use super::leader::LeaderElector;
-use super::run::{RunError, RunSettings, SHUTDOWN_GRACE};
+use super::settings::{RunError, RunSettings, SHUTDOWN_GRACE};
 use crate::clock::Clock;
 use crate::controller::metrics::Metrics;
 use crate::controller::watch::controller;

@@ -19,7 +19,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
-use crate::controller::status_code;
+use crate::controller::request::status_code;
 
 /// Timing of the election, as client-go's defaults.
 #[derive(Clone, Debug)]

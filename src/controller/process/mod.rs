@@ -7,5 +7,7 @@ pub mod http;
 mod lead;
 pub mod leader;
 mod run;
+mod settings;
 
-pub use run::{Probes, RunError, RunSettings, SHUTDOWN_GRACE, replica, run};
+pub use run::{Probes, replica, run};
+pub use settings::{RunError, RunSettings, SHUTDOWN_GRACE};

@@ -1,10 +1,8 @@
 //! `run` and `replica`: what one replica of the controller starts, and in what order.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use futures::FutureExt;
 use kube::Client;
@@ -12,31 +10,11 @@ use tracing::info;
 
 use super::http::{self, Health};
 use super::lead::lead;
-use super::leader::LeaseSettings;
+use super::settings::{RunError, RunSettings};
 use crate::clock::Clock;
 use crate::controller::metrics::Metrics;
-use crate::supervise::{self, SupervisedTask, Supervisor};
-use crate::webhook::WebhookSettings;
+use crate::supervise::{SupervisedTask, Supervisor};
 use crate::webhook::run::RunningWebhook;
-
-/// Settings of `crd-lifecycle run`.
-#[derive(Clone, Debug)]
-pub struct RunSettings {
-    pub metrics_address: SocketAddr,
-    /// `None` disables leader election (a single replica, or a local run).
-    pub lease: Option<LeaseSettings>,
-    pub resync: Duration,
-    /// Name reported as the events' reporting instance.
-    pub identity: String,
-    /// Storage-version migrations that may run at once.
-    pub parallel_migrations: usize,
-    /// How often the apiserver's `/metrics` is sampled for traffic gates.
-    pub traffic_sample_interval: Duration,
-    /// How long a StorageVersionMigration may stay Pending before its run fails.
-    pub svm_pending_deadline: Duration,
-    /// The conversion webhook to serve, if any.
-    pub webhook: Option<WebhookSettings>,
-}
 
 /// What the outside sees of one replica: the probes `run` serves on `/healthz` and
 /// `/readyz` (`health`, with the conversion webhook's readiness when the replica serves the
@@ -67,23 +45,6 @@ impl Probes {
         }
     }
 }
-
-/// Why `run` stopped other than by a shutdown signal.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error("cannot reach the apiserver: {0}")]
-    Unreachable(#[source] kube::Error),
-    #[error("cannot serve metrics and probes on the --metrics-addr address: {0}")]
-    Http(#[source] std::io::Error),
-    #[error("cannot start the conversion webhook: {0}")]
-    Webhook(String),
-    #[error(transparent)]
-    TaskFailed(#[from] supervise::TaskFailed),
-}
-
-/// How long after SIGTERM the controller may take to stop (the kubelet's default grace
-/// period is 30 s; a rollout should not wait for it).
-pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// Runs the controller until SIGTERM / SIGINT or a failed essential task.
 ///

@@ -13,9 +13,9 @@ use super::{read, report::api_message};
 use crate::api::VersionPolicy;
 use crate::controller::Context;
 use crate::controller::conditions::ConditionReason;
-use crate::controller::error::status_code;
 use crate::controller::jobs::preflight;
 use crate::controller::patch::as_json_patch;
+use crate::controller::request::status_code;
 use crate::lifecycle::{CrdState, Evaluation, Transition};
 
 /// The apply step failed.
