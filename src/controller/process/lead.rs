@@ -145,10 +145,14 @@ async fn acquire(
         sent = elector.acquire() => sent,
     };
     metrics.leader.set(1);
-    // Still ready, as the standby was: a new leader lists its policies in milliseconds, and
-    // dropping readiness meanwhile would take its conversion webhook out of the Service while
-    // the old leader drains (no replica left to convert). One that cannot list them within
-    // `LIST_GRACE` becomes not ready (see `controller`).
+    // The leader is ready once it has listed the policies (see `controller`). One that serves
+    // the conversion webhook stays ready meanwhile, as the standby was: it lists them in
+    // milliseconds, and dropping readiness would take its webhook out of the Service while
+    // the old leader drains (no replica left to convert); it becomes not ready only if the
+    // list takes over `LIST_GRACE`.
+    if health.webhook.is_none() {
+        health.ready.store(false, Ordering::Relaxed);
+    }
     Ok(Some(acquired))
 }
 

@@ -143,15 +143,16 @@ pub async fn controller(
     result
 }
 
-/// How long a leader elected from a standby (which was ready) stays ready before it has
-/// listed the policies: a takeover lists them in milliseconds, and a replica that flapped
-/// to not ready at every takeover would take its conversion webhook out of the Service
+/// How long a leader that serves the conversion webhook stays ready (as the standby it was)
+/// before it has listed the policies: a takeover lists them in milliseconds, and a replica
+/// that flapped to not ready at every takeover would take its webhook out of the Service
 /// while the old leader drains. A refused watch still shows within it.
 pub(crate) const LIST_GRACE: Duration = Duration::from_secs(10);
 
 /// Ready once the policies are listed: a controller whose watch is refused (no
-/// VersionPolicy CRD, no permission) is not. A replica that starts is not ready until then;
-/// a standby that became leader stays ready for `LIST_GRACE`, then is not ready until then.
+/// VersionPolicy CRD, no permission) is not. A leader still ready when its term starts (one
+/// serving the webhook, see `process::lead`) stays so for `LIST_GRACE`, then is not ready
+/// until they are.
 async fn ready_when_listed(health: Arc<Health>, policies_listed: crate::sync::Listed) {
     let listed = tokio::select! {
         listed = policies_listed.wait() => listed,
