@@ -68,14 +68,10 @@ impl Error {
     /// The apiserver's answer, when a request failed with one.
     pub fn api_status_code(&self) -> Option<u16> {
         let source = match self {
-            Error::Release(
-                ReleaseError::PatchPolicy { source, .. } | ReleaseError::PatchCrd { source, .. },
-            )
-            | Error::Apply(ApplyError::Patch { source, .. })
+            Error::Release(release) => return release.api_status_code(),
+            Error::Apply(ApplyError::Patch { source, .. })
             | Error::Report(ReportError::WriteStatus { source, .. }) => source,
-            Error::Release(ReleaseError::Read(read))
-            | Error::Read(read)
-            | Error::Apply(ApplyError::Read(read)) => &read.source,
+            Error::Read(read) | Error::Apply(ApplyError::Read(read)) => &read.source,
             _ => return None,
         };
         status_code(source)

@@ -6,7 +6,7 @@ use kube::runtime::events::{Event, EventType, Recorder};
 
 use super::status::Observation;
 use crate::api::{MilestoneKind, VersionPolicy};
-use crate::kube_events::{send, truncate};
+use crate::kube_events::send;
 use crate::lifecycle::Transition;
 
 /// Why the operator published an Event: its `reason`. Besides these, a Warning carries a
@@ -310,12 +310,8 @@ fn newly_blocked(policy: &VersionPolicy, observation: &Observation<'_>) -> Vec<E
         .blocked
         .iter()
         .filter(|(_, message)| !previous.contains(message.as_str()))
-        .map(|(reason, message)| Event {
-            type_: EventType::Warning,
-            reason: reason.as_str().to_owned(),
-            note: Some(truncate(message.clone())),
-            action: "Reconcile".to_owned(),
-            secondary: None,
+        .map(|(reason, message)| {
+            crate::kube_events::event(EventType::Warning, reason.as_str(), "Reconcile", message.clone())
         })
         .collect()
 }

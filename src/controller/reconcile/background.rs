@@ -190,11 +190,12 @@ async fn start_cleanup(
         return;
     }
     let crd_name = &policy.spec.crd_name;
-    let fresh = if patched {
-        crd_after.clone()
+    // The CRD after this reconcile's own patch is etcd's already; else read it.
+    let read = if patched {
+        None
     } else {
         match read::from_etcd(ctx, crd_name).await {
-            Ok(Some(crd)) => CrdState::from_crd(&crd),
+            Ok(Some(crd)) => Some(CrdState::from_crd(&crd)),
             Ok(None) => return,
             Err(error) => {
                 warn!(crd = crd_name, error = %error, "cannot read the CRD before starting a managedFields cleanup");
@@ -202,7 +203,8 @@ async fn start_cleanup(
             }
         }
     };
-    let awaiting = cleanup_awaiting(policy, &fresh);
+    let fresh = read.as_ref().unwrap_or(crd_after);
+    let awaiting = cleanup_awaiting(policy, fresh);
     let Some(storage) = fresh.storage_version() else {
         return;
     };
@@ -211,7 +213,7 @@ async fn start_cleanup(
     }
     match ctx.jobs.check_permissions(policy, Mode::CleanManagedFields).await {
         Ok(()) => {
-            let gone = gone_to_record(policy, &fresh, &awaiting);
+            let gone = gone_to_record(policy, fresh, &awaiting);
             started.cleaning = ctx
                 .jobs
                 .ensure_cleanup(policy, storage, awaiting, gone, fresh.generation);
