@@ -103,20 +103,21 @@ pub async fn migrate(
             checked_objects: pass.checked.clone(),
         };
         match how_the_run_ends(&requester, &target, guard.as_ref(), counts, crd_name, settings).await? {
-            RunEnd::Outcome(outcome) => return Ok(report(outcome)),
-            RunEnd::StorageChanged(why) => {
+            AfterThePass::Ends(outcome) => return Ok(report(outcome)),
+            AfterThePass::StartsOver(why) => {
                 start_over_after_a_storage_change(&mut restarts, &why, crd_name, settings, observer)?;
             }
         }
     }
 }
 
-/// How a run whose pass went over every object ends.
-enum RunEnd {
-    Outcome(Outcome),
+/// What follows a pass that went over every object: the run ends with its outcome, or
+/// starts over.
+enum AfterThePass {
+    Ends(Outcome),
     /// The storage version changed during the run (the trim's guard says how): it starts
     /// over.
-    StorageChanged(String),
+    StartsOver(String),
 }
 
 /// The outcome of a run whose pass went over every object: failed, done (a preflight, a
@@ -128,13 +129,13 @@ async fn how_the_run_ends(
     counts: Counts,
     crd_name: &str,
     settings: &Settings,
-) -> Result<RunEnd, Error> {
+) -> Result<AfterThePass, Error> {
     if counts.failed > 0 {
-        return Ok(RunEnd::Outcome(Outcome::Failed));
+        return Ok(AfterThePass::Ends(Outcome::Failed));
     }
     match settings.mode {
-        Mode::Preflight => return Ok(RunEnd::Outcome(Outcome::PreflightPassed)),
-        Mode::CleanManagedFields => return Ok(RunEnd::Outcome(Outcome::ManagedFieldsCleaned)),
+        Mode::Preflight => return Ok(AfterThePass::Ends(Outcome::PreflightPassed)),
+        Mode::CleanManagedFields => return Ok(AfterThePass::Ends(Outcome::ManagedFieldsCleaned)),
         Mode::Rewrite => {}
     }
     // Always there in this mode: a trim without the CRD's history is not made.
@@ -155,9 +156,9 @@ async fn how_the_run_ends(
         )
         .await?
         {
-            TrimResult::Trimmed(previous) => RunEnd::Outcome(Outcome::Trimmed { previous }),
-            TrimResult::NotTrimmed(reason) => RunEnd::Outcome(Outcome::NotTrimmed { reason }),
-            TrimResult::StorageChanged(why) => RunEnd::StorageChanged(why),
+            TrimResult::Trimmed(previous) => AfterThePass::Ends(Outcome::Trimmed { previous }),
+            TrimResult::NotTrimmed(reason) => AfterThePass::Ends(Outcome::NotTrimmed { reason }),
+            TrimResult::StorageChanged(why) => AfterThePass::StartsOver(why),
         },
     )
 }

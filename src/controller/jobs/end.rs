@@ -1,7 +1,7 @@
 //! How a run of the migrator (either engine) ends: its status (phase, end time, message),
 //! its Event and its result counter, and the status writes it makes on the way.
 
-use super::job::Stage;
+use super::migrator_job::Stage;
 use crate::controller::events::EventReason;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -10,7 +10,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::BackgroundJobs;
-use super::job::Job;
+use super::migrator_job::MigratorJob;
 use super::progress::apply_counts;
 use crate::api::{MigrationPhase, MigrationStatus};
 use crate::controller::metrics::{CrdLabels, MigrationResultLabels};
@@ -55,7 +55,7 @@ impl BackgroundJobs {
         &self,
         name: &str,
         reference: &ObjectReference,
-        job: &Job,
+        job: &MigratorJob,
         mut status: MigrationStatus,
         report: &Report,
     ) {
@@ -89,7 +89,7 @@ impl BackgroundJobs {
         &self,
         name: &str,
         reference: &ObjectReference,
-        job: &Job,
+        job: &MigratorJob,
         crd: &str,
         mut status: MigrationStatus,
         end: RunEnd,
@@ -118,7 +118,7 @@ impl BackgroundJobs {
         self.record_result(job, crd, end.label());
     }
 
-    pub(super) async fn write(&self, name: &str, job: &Job, status: &MigrationStatus) {
+    pub(super) async fn write(&self, name: &str, job: &MigratorJob, status: &MigrationStatus) {
         let (field, manager) = job.status_field();
         let status = json!({ field: status });
         if let Err(error) = apply_status(&self.client, name, manager, status).await {
@@ -126,14 +126,14 @@ impl BackgroundJobs {
         }
     }
 
-    fn record_result(&self, job: &Job, crd: &str, result: &str) {
+    fn record_result(&self, job: &MigratorJob, crd: &str, result: &str) {
         self.result_counter(job, crd, result).inc();
     }
 
-    fn result_counter(&self, job: &Job, crd: &str, result: &str) -> Counter {
+    fn result_counter(&self, job: &MigratorJob, crd: &str, result: &str) -> Counter {
         let family = match job {
-            Job::Migrate => &self.metrics.migrations,
-            Job::CleanManagedFields { .. } => &self.metrics.managed_fields_cleanups,
+            MigratorJob::Migrate => &self.metrics.migrations,
+            MigratorJob::CleanManagedFields { .. } => &self.metrics.managed_fields_cleanups,
         };
         family
             .get_or_create(&MigrationResultLabels {
@@ -146,7 +146,7 @@ impl BackgroundJobs {
     /// Creates the CRD's failure and result counters at 0 before the first run ends, so
     /// that the first failure is an increase Prometheus sees (`increase()` cannot count the
     /// first sample of a series born at 1).
-    pub(super) fn initialize_counters(&self, job: &Job, crd: &str) {
+    pub(super) fn initialize_counters(&self, job: &MigratorJob, crd: &str) {
         for end in RunEnd::ALL {
             self.result_counter(job, crd, end.label());
         }

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::job::Stage;
+use super::migrator_job::Stage;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Resource;
@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use super::BackgroundJobs;
 use super::end::RunEnd;
-use super::job::Job;
+use super::migrator_job::MigratorJob;
 use super::progress::{AbortOnDrop, TaskProgress, apply_counts, checkpoint_status};
 use crate::api::{MigrationStatus, VersionPolicy};
 use crate::controller::metrics::{CrdLabels, JobLabels};
@@ -40,7 +40,7 @@ impl BackgroundJobs {
     /// Starts migrating the policy's CRD into `storage_version` unless that already runs
     /// or the last run failed recently. Returns whether a migration is running now.
     pub(crate) fn ensure(self: &Arc<Self>, policy: &VersionPolicy, storage_version: &str) -> bool {
-        self.start(policy, storage_version, Job::Migrate, None)
+        self.start(policy, storage_version, MigratorJob::Migrate, None)
     }
 
     /// Starts rewriting the managedFields entries that name `versions` (versions whose
@@ -61,7 +61,7 @@ impl BackgroundJobs {
         self.start(
             policy,
             storage_version,
-            Job::CleanManagedFields { versions, gone },
+            MigratorJob::CleanManagedFields { versions, gone },
             crd_generation,
         )
     }
@@ -74,7 +74,7 @@ impl BackgroundJobs {
         self: &Arc<Self>,
         policy: &VersionPolicy,
         storage_version: &str,
-        job: Job,
+        job: MigratorJob,
         crd_generation: Option<i64>,
     ) -> bool {
         let goal = job.goal(storage_version);
@@ -89,9 +89,14 @@ impl BackgroundJobs {
     }
 
     /// Whether the last run of `job` towards `storage_version` failed less than
-    /// `retry_after_failure` ago, by the policy's status (`Job::failed_recently`, on this
+    /// `retry_after_failure` ago, by the policy's status (`MigratorJob::failed_recently`, on this
     /// controller's clock).
-    pub(super) fn failed_recently(&self, job: &Job, policy: &VersionPolicy, storage_version: &str) -> bool {
+    pub(super) fn failed_recently(
+        &self,
+        job: &MigratorJob,
+        policy: &VersionPolicy,
+        storage_version: &str,
+    ) -> bool {
         job.failed_recently(policy, storage_version, self.now(), self.retry_after_failure)
     }
 
@@ -99,7 +104,7 @@ impl BackgroundJobs {
         self: Arc<Self>,
         policy: VersionPolicy,
         storage_version: String,
-        job: Job,
+        job: MigratorJob,
         crd_generation: Option<i64>,
     ) {
         // Decided again on the status as it is (a run that failed or a cleanup that
@@ -169,7 +174,7 @@ impl BackgroundJobs {
         &self,
         policy: &VersionPolicy,
         storage_version: &str,
-        job: &Job,
+        job: &MigratorJob,
         crd: &str,
         name: &str,
         reference: &ObjectReference,
@@ -186,14 +191,14 @@ impl BackgroundJobs {
         // Read before the run lists its first object (a resumed run keeps what its start
         // read): the failed migrations this run covers if it rewrites every object.
         let (covers_failed_migrations, covers_failed_migration_on_crd) = match (job, &resume) {
-            (Job::Migrate, Some(_)) => previous.as_ref().map_or_else(Default::default, |run| {
+            (MigratorJob::Migrate, Some(_)) => previous.as_ref().map_or_else(Default::default, |run| {
                 (
                     run.covers_failed_migrations.clone(),
                     run.covers_failed_migration_on_crd.clone(),
                 )
             }),
-            (Job::Migrate, None) => self.processed_failures(crd).await,
-            (Job::CleanManagedFields { .. }, _) => Default::default(),
+            (MigratorJob::Migrate, None) => self.processed_failures(crd).await,
+            (MigratorJob::CleanManagedFields { .. }, _) => Default::default(),
         };
         let mut status = MigrationStatus {
             versions: job.versions(),
@@ -204,8 +209,8 @@ impl BackgroundJobs {
             ..MigrationStatus::running(storage_version, started_at)
         };
         let what = match job {
-            Job::Migrate => format!("the migration of {crd} to {storage_version}"),
-            Job::CleanManagedFields { versions, .. } => format!(
+            MigratorJob::Migrate => format!("the migration of {crd} to {storage_version}"),
+            MigratorJob::CleanManagedFields { versions, .. } => format!(
                 "the rewrite of {crd}'s managedFields entries naming {} into {storage_version}",
                 versions.join(", ")
             ),
@@ -234,7 +239,7 @@ impl BackgroundJobs {
     fn rewrite_settings(
         &self,
         policy: &VersionPolicy,
-        job: &Job,
+        job: &MigratorJob,
         resume: Option<Resume>,
     ) -> migrate::Settings {
         let settings = &policy.spec.migration;
@@ -243,8 +248,8 @@ impl BackgroundJobs {
             page_size: settings.page_size,
             qps: settings.qps,
             mode: match job {
-                Job::Migrate => Mode::Rewrite,
-                Job::CleanManagedFields { .. } => Mode::CleanManagedFields,
+                MigratorJob::Migrate => Mode::Rewrite,
+                MigratorJob::CleanManagedFields { .. } => Mode::CleanManagedFields,
             },
             managed_fields: migrate::ManagedFieldsCleanup {
                 versions: Some(job.versions()),
@@ -262,7 +267,7 @@ impl BackgroundJobs {
     /// What follows the run (its counters created at 0), and its `job` labels.
     fn task_progress(
         &self,
-        job: &Job,
+        job: &MigratorJob,
         crd: &str,
         migrate_settings: &migrate::Settings,
     ) -> (Arc<TaskProgress>, JobLabels) {
@@ -275,8 +280,8 @@ impl BackgroundJobs {
         let progress = Arc::new(TaskProgress {
             metrics: self.metrics.clone(),
             done_counter: match job {
-                Job::Migrate => self.metrics.objects_migrated.clone(),
-                Job::CleanManagedFields { .. } => self.metrics.objects_repaired.clone(),
+                MigratorJob::Migrate => self.metrics.objects_migrated.clone(),
+                MigratorJob::CleanManagedFields { .. } => self.metrics.objects_repaired.clone(),
             },
             labels: labels.clone(),
             job_labels: job_labels.clone(),

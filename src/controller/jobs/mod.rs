@@ -20,8 +20,8 @@
 mod builtin;
 mod end;
 mod goal;
-mod job;
 mod migration;
+mod migrator_job;
 mod object_count;
 pub(crate) mod permissions;
 pub mod preflight;

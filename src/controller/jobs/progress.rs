@@ -7,7 +7,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::BackgroundJobs;
-use super::job::Job;
+use super::migrator_job::MigratorJob;
 use crate::api::{MigrationCheckpoint, MigrationStatus};
 use crate::controller::metrics::{CrdLabels, JobLabels, Metrics};
 use crate::migrate::{self, Checkpoint, Counts, Rate, Resume, Target};
@@ -18,7 +18,7 @@ impl BackgroundJobs {
     pub(super) fn report_progress(
         self: Arc<Self>,
         name: String,
-        job: Job,
+        job: MigratorJob,
         mut status: MigrationStatus,
         progress: Arc<TaskProgress>,
     ) -> JoinHandle<()> {

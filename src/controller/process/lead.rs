@@ -11,7 +11,7 @@ use kube::Client;
 use tracing::{error, warn};
 
 use super::http::Health;
-use super::leader::LeaderElector;
+use super::leader::{LeaderElector, LeaseError};
 use super::settings::{RunError, RunSettings, SHUTDOWN_GRACE};
 use crate::clock::Clock;
 use crate::controller::metrics::Metrics;
@@ -47,14 +47,8 @@ pub(super) async fn lead(
     let mut standby: Option<backon::ExponentialBackoff> = None;
     let mut pause = Duration::ZERO;
     loop {
-        if !pause.is_zero() {
-            tokio::select! {
-                biased;
-                // The lease was lost, so there is nothing to release.
-                () = shutdown.clone() => return Ok(()),
-                failed = supervisor.first_failure() => return Err(failed.into()),
-                () = tokio::time::sleep(pause) => {}
-            }
+        if let Some(ended) = pause_before_next_term(pause, shutdown.clone(), supervisor).await {
+            return ended;
         }
         let acquired = match &elector {
             Some(elector) => match acquire(elector, &health, &metrics, shutdown.clone(), supervisor).await? {
@@ -75,12 +69,7 @@ pub(super) async fn lead(
         );
         // Leadership lost or a task failed: dropping the controller future stops every writer
         // at once (reconciles with it, migrations and the sampler through `StopWriters`).
-        let hold = async {
-            match &elector {
-                Some(elector) => elector.hold(acquired).await,
-                None => std::future::pending().await,
-            }
-        };
+        let hold = hold(elector.as_deref(), acquired);
         let deadline = grace_after(shutdown.clone());
         // A lost lease first: a controller that ended at the same instant still reports it.
         let result = tokio::select! {
@@ -112,6 +101,34 @@ pub(super) async fn lead(
             elector.release().await;
         }
         return result;
+    }
+}
+
+/// The pause of a standby after a lost lease (none at the first term); `Some` when the
+/// process ends meanwhile: at `shutdown` (the lease was lost, so there is nothing to release)
+/// or when an essential task fails.
+async fn pause_before_next_term(
+    pause: Duration,
+    shutdown: impl Future<Output = ()>,
+    supervisor: &mut Supervisor,
+) -> Option<Result<(), RunError>> {
+    if pause.is_zero() {
+        return None;
+    }
+    tokio::select! {
+        biased;
+        () = shutdown => Some(Ok(())),
+        failed = supervisor.first_failure() => Some(Err(failed.into())),
+        () = tokio::time::sleep(pause) => None,
+    }
+}
+
+/// Holds the lease `acquired` at that instant until it is lost; without election
+/// (`elector` is `None`) leadership is never lost.
+async fn hold(elector: Option<&LeaderElector>, acquired: tokio::time::Instant) -> LeaseError {
+    match elector {
+        Some(elector) => elector.hold(acquired).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -63,17 +63,8 @@ pub async fn controller(
     let policies: Api<DeserializeGuard<VersionPolicy>> = Api::all(client.clone());
     // Metadata is enough to know which CRD changed (and costs far less than the schemas).
     let crds: Api<PartialObjectMeta<CustomResourceDefinition>> = Api::all(client.clone());
-    // The cache sees every change of a policy; only a change of what a reconcile acts on
-    // starts one (`triggers::policy_inputs`), not its own status and finalizer writes.
     let (store, writer) = reflector::store();
-    // Not `store.wait_until_ready()`: kube-runtime's `Controller` waits on it, and it wakes
-    // one waiter only (`sync::Listed`).
-    let (policies_listed, policy_lists) = crate::sync::Listed::new();
-    let policy_changes = watcher(policies.clone(), watcher::Config::default().any_semantic())
-        .reflect(writer)
-        .inspect(policy_lists)
-        .applied_objects()
-        .predicate_filter(triggers::policy_inputs, Default::default());
+    let (policies_listed, policy_changes) = policy_changes(policies.clone(), writer);
     let mut controller = Controller::for_stream(policy_changes, store.clone());
     // A new CA bundle (a CA rotation) reaches every CRD at once, not at the next resync.
     if let Some(endpoint) = &webhook {
@@ -93,9 +84,7 @@ pub async fn controller(
     // A policy created, deleted or moved to another CRD reconciles the other policies for
     // the same CRD (the loser of a conflict takes over when the winner is deleted).
     let by_competitor = store.clone();
-    let competitors = watcher(policies, watcher::Config::default().any_semantic())
-        .touched_objects()
-        .predicate_filter(triggers::competition, Default::default());
+    let competitors = competitor_changes(policies);
 
     let recorder = Recorder::new(client.clone(), reporter(&settings));
     let (jobs, traffic, mut stop_writers) =
@@ -128,19 +117,60 @@ pub async fn controller(
             log_result(result, &watch_errors);
             std::future::ready(())
         });
-    // The leader's own essential tasks: one that stops ends this term.
+    let result = until_stopped(running, &mut stop_writers, ready_when_listed).await;
+    drop(stop_writers);
+    info!("controller stopped");
+    result
+}
+
+/// The policies' watch, which fills the cache (`writer`) with every change of a policy, and
+/// the changes that start a reconcile: those of what a reconcile acts on
+/// (`triggers::policy_inputs`), not its own status and finalizer writes. The `Listed` resolves
+/// once the policies are listed (not `store.wait_until_ready()`: kube-runtime's `Controller`
+/// waits on it, and it wakes one waiter only).
+fn policy_changes(
+    policies: Api<DeserializeGuard<VersionPolicy>>,
+    writer: reflector::store::Writer<DeserializeGuard<VersionPolicy>>,
+) -> (
+    crate::sync::Listed,
+    impl futures::Stream<Item = Result<DeserializeGuard<VersionPolicy>, watcher::Error>> + use<>,
+) {
+    let (policies_listed, policy_lists) = crate::sync::Listed::new();
+    let changes = watcher(policies, watcher::Config::default().any_semantic())
+        .reflect(writer)
+        .inspect(policy_lists)
+        .applied_objects()
+        .predicate_filter(triggers::policy_inputs, Default::default());
+    (policies_listed, changes)
+}
+
+/// A policy created, deleted or moved to another CRD (`triggers::competition`): the other
+/// policies for the same CRD are reconciled (`competitors_of`).
+fn competitor_changes(
+    policies: Api<DeserializeGuard<VersionPolicy>>,
+) -> impl futures::Stream<Item = Result<DeserializeGuard<VersionPolicy>, watcher::Error>> + use<> {
+    watcher(policies, watcher::Config::default().any_semantic())
+        .touched_objects()
+        .predicate_filter(triggers::competition, Default::default())
+}
+
+/// Runs the controller (`running`) until it stops or one of the leader's own essential tasks
+/// (the traffic sampler, the CA bundle keeper) fails, which ends this term; meanwhile
+/// readiness follows the policies' listing (`ready_when_listed`).
+async fn until_stopped(
+    running: impl Future<Output = ()>,
+    stop_writers: &mut StopWriters,
+    ready_when_listed: impl Future<Output = ()>,
+) -> Result<(), RunError> {
     let mut leader_tasks = Supervisor::default();
     leader_tasks.extend(stop_writers.sampler.take());
     leader_tasks.extend(stop_writers.ca_bundle_keeper.take());
-    let result = tokio::select! {
+    tokio::select! {
         biased;
         failed = leader_tasks.first_failure() => Err(failed.into()),
         () = running => Ok(()),
         () = async { ready_when_listed.await; std::future::pending::<()>().await } => Ok(()),
-    };
-    drop(stop_writers);
-    info!("controller stopped");
-    result
+    }
 }
 
 /// How long a leader that serves the conversion webhook stays ready (as the standby it was)

@@ -13,8 +13,8 @@ use super::between;
 use crate::api::{MigrationStatus, VersionPolicy};
 use crate::controller::jobs::BackgroundJobs;
 use crate::controller::jobs::end::RunEnd;
-use crate::controller::jobs::job::Job;
 use crate::controller::jobs::migration::MAX_RERUNS;
+use crate::controller::jobs::migrator_job::MigratorJob;
 use crate::migrate::builtin::{self, Migration, State};
 use crate::migrate::{self, Outcome};
 
@@ -126,7 +126,7 @@ impl BackgroundJobs {
                     migration.name,
                     describe(&state)
                 ));
-                self.write(policy_name, &Job::Migrate, status).await;
+                self.write(policy_name, &MigratorJob::Migrate, status).await;
                 reported = Some(state.clone());
             }
             match &state {

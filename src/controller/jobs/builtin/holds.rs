@@ -10,7 +10,7 @@ use tracing::warn;
 use super::group_resource;
 use crate::api::{MigrationPhase, MigrationStatus, VersionPolicy};
 use crate::controller::jobs::BackgroundJobs;
-use crate::controller::jobs::job::Job;
+use crate::controller::jobs::migrator_job::MigratorJob;
 use crate::migrate::builtin::{self, Migration, State};
 
 impl BackgroundJobs {
@@ -298,7 +298,7 @@ fn covered_failures(policy: &VersionPolicy, storage_version: Option<&str>) -> Ve
 /// The policy's last run if it covers failures: it succeeded into `storage_version` (the
 /// storage version now) and rewrote every object.
 fn covered_run(policy: &VersionPolicy, storage_version: Option<&str>) -> Option<MigrationStatus> {
-    Job::Migrate.previous(policy).filter(|run| {
+    MigratorJob::Migrate.previous(policy).filter(|run| {
         run.phase == MigrationPhase::Succeeded
             && run.rewrote_all
             && Some(run.storage_version.as_str()) == storage_version

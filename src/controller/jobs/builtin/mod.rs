@@ -31,7 +31,7 @@ use tracing::warn;
 use super::BackgroundJobs;
 use super::end::RunEnd;
 use super::goal::Goal;
-use super::job::Job;
+use super::migrator_job::MigratorJob;
 use crate::api::{MigrationStatus, VersionPolicy};
 use crate::migrate::builtin;
 
@@ -100,7 +100,7 @@ impl BackgroundJobs {
         let goal = Goal::FollowBuiltin {
             storage: storage_version.to_owned(),
         };
-        let held = self.failed_recently(&Job::Migrate, policy, storage_version);
+        let held = self.failed_recently(&MigratorJob::Migrate, policy, storage_version);
         let this = self.clone();
         let crd = policy.spec.crd_name.clone();
         let policy = policy.clone();
@@ -121,7 +121,7 @@ impl BackgroundJobs {
         let crd = policy.spec.crd_name.clone();
         let name = policy.metadata.name.clone().unwrap_or_default();
         let reference = policy.object_ref(&());
-        let job = Job::Migrate;
+        let job = MigratorJob::Migrate;
         self.initialize_counters(&job, &crd);
         let started = Instant::now();
         let mut status = MigrationStatus::running(&storage_version, Time(self.now()));

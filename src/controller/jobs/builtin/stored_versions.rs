@@ -9,7 +9,7 @@ use tracing::warn;
 
 use crate::api::{MigrationPhase, VersionPolicy};
 use crate::controller::jobs::BackgroundJobs;
-use crate::controller::jobs::job::Job;
+use crate::controller::jobs::migrator_job::MigratorJob;
 use crate::migrate::builtin::{self, CreatedFor, Migration, State};
 
 impl BackgroundJobs {
@@ -19,7 +19,7 @@ impl BackgroundJobs {
     /// meanwhile would take the knowledge with it. One GET, only while the status says the
     /// last migration failed.
     pub(crate) async fn restore_after_failure(&self, policy: &VersionPolicy) {
-        let Some(name) = Job::Migrate
+        let Some(name) = MigratorJob::Migrate
             .previous(policy)
             .filter(|run| run.phase == MigrationPhase::Failed)
             .and_then(|run| run.storage_version_migration)

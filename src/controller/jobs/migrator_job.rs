@@ -14,7 +14,7 @@ use crate::migrate::{Counts, Resume};
 
 /// What a background run does.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum Job {
+pub(super) enum MigratorJob {
     /// Rewrite every object into the storage version, then trim `storedVersions`.
     Migrate,
     /// Rewrite the managedFields entries naming these versions into the storage version;
@@ -35,14 +35,14 @@ pub(super) enum Stage {
     Failed,
 }
 
-impl Job {
+impl MigratorJob {
     /// What a run of it works towards: the storage version (and, for a cleanup, its
     /// versions).
     pub(super) fn goal(&self, storage_version: &str) -> Goal {
         let storage = storage_version.to_owned();
         match self {
-            Job::Migrate => Goal::Migrate { storage },
-            Job::CleanManagedFields { versions, .. } => Goal::CleanManagedFields {
+            MigratorJob::Migrate => Goal::Migrate { storage },
+            MigratorJob::CleanManagedFields { versions, .. } => Goal::CleanManagedFields {
                 storage,
                 versions: versions.clone(),
             },
@@ -79,7 +79,7 @@ impl Job {
         storage_version: &str,
         crd_generation: Option<i64>,
     ) -> bool {
-        matches!(self, Job::CleanManagedFields { .. })
+        matches!(self, MigratorJob::CleanManagedFields { .. })
             && self.previous(policy).is_some_and(|previous| {
                 previous.succeeded_at(crd_generation)
                     && previous.storage_version == storage_version
@@ -90,8 +90,8 @@ impl Job {
     /// Its status field and field manager.
     pub(super) fn status_field(&self) -> (&'static str, &'static str) {
         match self {
-            Job::Migrate => ("migration", MIGRATION_FIELD_MANAGER),
-            Job::CleanManagedFields { .. } => ("managedFieldsCleanup", CLEANUP_FIELD_MANAGER),
+            MigratorJob::Migrate => ("migration", MIGRATION_FIELD_MANAGER),
+            MigratorJob::CleanManagedFields { .. } => ("managedFieldsCleanup", CLEANUP_FIELD_MANAGER),
         }
     }
 
@@ -99,45 +99,53 @@ impl Job {
     pub(super) fn previous(&self, policy: &VersionPolicy) -> Option<MigrationStatus> {
         let status = policy.status.as_ref()?;
         match self {
-            Job::Migrate => status.migration.clone(),
-            Job::CleanManagedFields { .. } => status.managed_fields_cleanup.clone(),
+            MigratorJob::Migrate => status.migration.clone(),
+            MigratorJob::CleanManagedFields { .. } => status.managed_fields_cleanup.clone(),
         }
     }
 
     /// The event reason of a stage of its run.
     pub(super) fn reason(&self, stage: Stage) -> EventReason {
         match (self, stage) {
-            (Job::Migrate, Stage::Started) => EventReason::MigrationStarted,
-            (Job::Migrate, Stage::Resumed) => EventReason::MigrationResumed,
-            (Job::Migrate, Stage::Succeeded) => EventReason::MigrationSucceeded,
-            (Job::Migrate, Stage::Failed) => EventReason::MigrationFailed,
-            (Job::CleanManagedFields { .. }, Stage::Started) => EventReason::ManagedFieldsCleanupStarted,
-            (Job::CleanManagedFields { .. }, Stage::Resumed) => EventReason::ManagedFieldsCleanupResumed,
-            (Job::CleanManagedFields { .. }, Stage::Succeeded) => EventReason::ManagedFieldsCleanupSucceeded,
-            (Job::CleanManagedFields { .. }, Stage::Failed) => EventReason::ManagedFieldsCleanupFailed,
+            (MigratorJob::Migrate, Stage::Started) => EventReason::MigrationStarted,
+            (MigratorJob::Migrate, Stage::Resumed) => EventReason::MigrationResumed,
+            (MigratorJob::Migrate, Stage::Succeeded) => EventReason::MigrationSucceeded,
+            (MigratorJob::Migrate, Stage::Failed) => EventReason::MigrationFailed,
+            (MigratorJob::CleanManagedFields { .. }, Stage::Started) => {
+                EventReason::ManagedFieldsCleanupStarted
+            }
+            (MigratorJob::CleanManagedFields { .. }, Stage::Resumed) => {
+                EventReason::ManagedFieldsCleanupResumed
+            }
+            (MigratorJob::CleanManagedFields { .. }, Stage::Succeeded) => {
+                EventReason::ManagedFieldsCleanupSucceeded
+            }
+            (MigratorJob::CleanManagedFields { .. }, Stage::Failed) => {
+                EventReason::ManagedFieldsCleanupFailed
+            }
         }
     }
 
     /// Its `job` label in metrics.
     pub(super) fn label(&self) -> &'static str {
         match self {
-            Job::Migrate => "migration",
-            Job::CleanManagedFields { .. } => "managed_fields_cleanup",
+            MigratorJob::Migrate => "migration",
+            MigratorJob::CleanManagedFields { .. } => "managed_fields_cleanup",
         }
     }
 
     pub(super) fn versions(&self) -> Vec<String> {
         match self {
-            Job::Migrate => Vec::new(),
-            Job::CleanManagedFields { versions, .. } => versions.clone(),
+            MigratorJob::Migrate => Vec::new(),
+            MigratorJob::CleanManagedFields { versions, .. } => versions.clone(),
         }
     }
 
     /// For a cleanup: the gone versions its status records (`MigrationStatus::gone_versions`).
     pub(super) fn gone(&self) -> Vec<String> {
         match self {
-            Job::Migrate => Vec::new(),
-            Job::CleanManagedFields { gone, .. } => gone.clone(),
+            MigratorJob::Migrate => Vec::new(),
+            MigratorJob::CleanManagedFields { gone, .. } => gone.clone(),
         }
     }
 
