@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use governor::{Quota, RateLimiter};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use kube::Client;
 use tracing::{info, warn};
 
@@ -31,36 +31,21 @@ pub async fn migrate(
     observer: &dyn Observer,
 ) -> Result<Report, Error> {
     let started = Instant::now();
-    // Evenly spaced requests, no bursts: `qps` is a ceiling for every second.
-    let limiter = NonZeroU32::new(settings.qps)
-        .map(|qps| RateLimiter::direct(Quota::per_second(qps).allow_burst(NonZeroU32::MIN)));
-    let requester = Requester {
-        client,
-        limiter: limiter.as_ref(),
-        timeout: settings.request_timeout,
-    };
+    let limiter = rate_limiter(settings.qps);
+    let requester = Requester::throttled(client, limiter.as_ref(), settings.request_timeout);
 
     let mut restarts = 0;
     let mut expired_tokens = 0;
     let mut resume = settings.resume.clone();
     let mut permitted = false;
     loop {
-        let through = settings
-            .through_version
-            .as_deref()
-            .filter(|_| settings.mode == Mode::Preflight);
-        let mut target = read_target(client, crd_name, through, settings).await?;
+        let mut target = read_target(client, crd_name, preflight_through(settings), settings).await?;
         if settings.mode == Mode::Rewrite
             && target.stale_versions().is_empty()
             && !target.stored_versions.is_empty()
         {
-            return Ok(already_migrated(
-                target,
-                settings,
-                restarts,
-                expired_tokens,
-                started,
-            ));
+            let report = already_migrated(target, settings, restarts, expired_tokens, started);
+            return Ok(report);
         }
         // Before touching any object: may this caller do what the run needs?
         if !permitted {
@@ -109,6 +94,20 @@ pub async fn migrate(
             }
         }
     }
+}
+
+/// Evenly spaced requests, no bursts: `qps` is a ceiling for every second (none at 0).
+fn rate_limiter(qps: u32) -> Option<DefaultDirectRateLimiter> {
+    NonZeroU32::new(qps).map(|qps| RateLimiter::direct(Quota::per_second(qps).allow_burst(NonZeroU32::MIN)))
+}
+
+/// The version a preflight reads the objects through (`Settings::through_version`); other
+/// runs read through the storage version.
+fn preflight_through(settings: &Settings) -> Option<&str> {
+    settings
+        .through_version
+        .as_deref()
+        .filter(|_| settings.mode == Mode::Preflight)
 }
 
 /// What follows a pass that went over every object: the run ends with its outcome, or

@@ -33,6 +33,19 @@ pub struct Requester<'a> {
 }
 
 impl<'a> Requester<'a> {
+    /// A run's requester: at most `limiter`'s rate, each request cut off at `timeout`.
+    pub fn throttled(
+        client: &'a Client,
+        limiter: Option<&'a DefaultDirectRateLimiter>,
+        timeout: Duration,
+    ) -> Self {
+        Requester {
+            client,
+            limiter,
+            timeout,
+        }
+    }
+
     /// A requester without a rate limit, for the few requests outside a run.
     pub fn unthrottled(client: &'a Client, timeout: Duration) -> Self {
         Requester {
