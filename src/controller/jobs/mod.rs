@@ -7,7 +7,7 @@
 //! - this file: the runner (`BackgroundJobs`): starting a run unless it is under way,
 //!   aborting one towards another goal, stopping them all;
 //! - `goal`: which run is which, and what it works towards (pure);
-//! - `job`: what a run of the migrator does and what its last run says about the next (pure);
+//! - `migrator_job`: what a run of the migrator does and what its last run says about the next (pure);
 //! - `migration`: the internal migrator's runs (a migration or a managedFields cleanup);
 //! - `progress`: a running job's counts and checkpoint, written while it runs;
 //! - `end`: how a run ends: its status, Event and metrics;

@@ -68,7 +68,8 @@ pub(super) async fn lead(
             shutdown.clone(),
         );
         // Leadership lost or a task failed: dropping the controller future stops every writer
-        // at once (reconciles with it, migrations and the sampler through `StopWriters`).
+        // at once (reconciles with it, background jobs through `StopJobs`, the sampler and the
+        // CA bundle keeper with the term's `Supervisor`).
         let hold = hold(elector.as_deref(), acquired);
         let deadline = grace_after(shutdown.clone());
         // A lost lease first: a controller that ended at the same instant still reports it.

@@ -31,20 +31,14 @@ use crate::controller::{Context, CrdsSeen, error_policy, reconcile};
 use crate::supervise::{SupervisedTask, Supervisor};
 use crate::webhook::ca::{CaBundleKeeper, WebhookEndpoint};
 
-/// Stops the controller's background writers when the controller stops, however it stops:
-/// also when its future is dropped because leadership was lost.
-struct StopWriters {
-    jobs: Arc<BackgroundJobs>,
-    sampler: Option<SupervisedTask>,
-    ca_bundle_keeper: Option<SupervisedTask>,
-}
+/// Stops the background jobs (migrations, cleanups, preflights) when the controller stops,
+/// however it stops: also when its future is dropped because leadership was lost.
+struct StopJobs(Arc<BackgroundJobs>);
 
-impl Drop for StopWriters {
+impl Drop for StopJobs {
     fn drop(&mut self) {
         // Interrupted migrations resume from their checkpoints under the next leader.
-        self.jobs.shutdown();
-        drop(self.sampler.take());
-        drop(self.ca_bundle_keeper.take());
+        self.0.shutdown();
     }
 }
 
@@ -87,7 +81,7 @@ pub async fn controller(
     let competitors = competitor_changes(policies);
 
     let recorder = Recorder::new(client.clone(), reporter(&settings));
-    let (jobs, traffic, mut stop_writers) =
+    let (jobs, traffic, stop_jobs, leader_tasks) =
         background_writers(&client, &settings, &metrics, &recorder, &clock, &webhook);
     let context = Arc::new(
         Context::builder(client, store)
@@ -117,8 +111,8 @@ pub async fn controller(
             log_result(result, &watch_errors);
             std::future::ready(())
         });
-    let result = until_stopped(running, &mut stop_writers, ready_when_listed).await;
-    drop(stop_writers);
+    let result = until_stopped(running, leader_tasks, ready_when_listed).await;
+    drop(stop_jobs);
     info!("controller stopped");
     result
 }
@@ -155,16 +149,14 @@ fn competitor_changes(
 }
 
 /// Runs the controller (`running`) until it stops or one of the leader's own essential tasks
-/// (the traffic sampler, the CA bundle keeper) fails, which ends this term; meanwhile
-/// readiness follows the policies' listing (`ready_when_listed`).
+/// (`leader_tasks`: the traffic sampler, the CA bundle keeper) fails, which ends this term;
+/// meanwhile readiness follows the policies' listing (`ready_when_listed`). The tasks are
+/// aborted when this returns or is dropped.
 async fn until_stopped(
     running: impl Future<Output = ()>,
-    stop_writers: &mut StopWriters,
+    mut leader_tasks: Supervisor,
     ready_when_listed: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
-    let mut leader_tasks = Supervisor::default();
-    leader_tasks.extend(stop_writers.sampler.take());
-    leader_tasks.extend(stop_writers.ca_bundle_keeper.take());
     tokio::select! {
         biased;
         failed = leader_tasks.first_failure() => Err(failed.into()),
@@ -200,8 +192,9 @@ async fn ready_when_listed(health: Arc<Health>, policies_listed: crate::sync::Li
 }
 
 /// The leader's writers besides the reconciles: the background jobs (migrations, cleanups,
-/// preflights), the traffic sampler and the CA bundle keeper, stopped together with the controller
-/// (`StopWriters`).
+/// preflights), stopped with the controller however it stops (`StopJobs`), and its own
+/// essential tasks, the traffic sampler and the CA bundle keeper, aborted with their
+/// `Supervisor` (`until_stopped`).
 fn background_writers(
     client: &Client,
     settings: &RunSettings,
@@ -209,7 +202,7 @@ fn background_writers(
     recorder: &Recorder,
     clock: &Clock,
     webhook: &Option<Arc<WebhookEndpoint>>,
-) -> (Arc<BackgroundJobs>, Arc<TrafficMonitor>, StopWriters) {
+) -> (Arc<BackgroundJobs>, Arc<TrafficMonitor>, StopJobs, Supervisor) {
     let jobs = Arc::new(
         BackgroundJobs::new(
             client.clone(),
@@ -222,22 +215,20 @@ fn background_writers(
     );
     let traffic = TrafficMonitor::new(client.clone(), settings.traffic_sample_interval);
     let sampler = traffic.clone();
-    let stop_writers = StopWriters {
-        jobs: jobs.clone(),
-        sampler: Some(SupervisedTask::spawn("the traffic sampler", async move {
-            sampler.run().await;
+    let mut leader_tasks = Supervisor::default();
+    leader_tasks.add(SupervisedTask::spawn("the traffic sampler", async move {
+        sampler.run().await;
+        Err("it returned".to_owned())
+    }));
+    // Every CRD pointed at the webhook trusts its CAs, governed or not.
+    leader_tasks.extend(webhook.clone().map(|endpoint| {
+        let keeper = CaBundleKeeper::new(client.clone(), endpoint, recorder.clone());
+        SupervisedTask::spawn("the CA bundle keeper", async move {
+            keeper.run().await;
             Err("it returned".to_owned())
-        })),
-        // Every CRD pointed at the webhook trusts its CAs, governed or not.
-        ca_bundle_keeper: webhook.clone().map(|endpoint| {
-            let keeper = CaBundleKeeper::new(client.clone(), endpoint, recorder.clone());
-            SupervisedTask::spawn("the CA bundle keeper", async move {
-                keeper.run().await;
-                Err("it returned".to_owned())
-            })
-        }),
-    };
-    (jobs, traffic, stop_writers)
+        })
+    }));
+    (jobs.clone(), traffic, StopJobs(jobs), leader_tasks)
 }
 
 /// When each kind of watch failure was last reported.
