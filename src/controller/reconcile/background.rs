@@ -136,28 +136,37 @@ async fn start_migration(
                 "status.storedVersions is trimmed already; no migration started"
             );
         }
-        Ok(None) => match engine {
-            MigrationEngine::Internal => match ctx.jobs.check_permissions(policy, Mode::Rewrite).await {
-                Ok(()) => started.migrating = ctx.jobs.ensure(policy, storage),
-                Err(message) => started.missing_permissions.push(message),
-            },
-            MigrationEngine::StorageVersionMigration => match ctx.jobs.builtin_api().await {
-                Ok(Some(api)) => started.migrating = ctx.jobs.ensure_builtin(policy, storage, api),
-                Ok(None) => {
-                    started.unavailable = Some((
-                        ConditionReason::StorageVersionMigrationUnavailable,
-                        jobs::BUILTIN_MIGRATION_ENABLE_HINT.to_owned(),
-                    ));
-                    started.recheck_soon = true;
-                }
-                Err(why) => {
-                    started.awaiting.push((
-                        ConditionReason::AwaitingMigration,
-                        format!("not migrating {crd_name}: {why}; checking again shortly"),
-                    ));
-                    started.recheck_soon = true;
-                }
-            },
+        Ok(None) => start_with_engine(policy, ctx, storage, started).await,
+    }
+}
+
+/// Starts the migration with the policy's engine: the internal migrator once its access
+/// check passes, or a StorageVersionMigration where the API is served.
+async fn start_with_engine(policy: &VersionPolicy, ctx: &Context, storage: &str, started: &mut Started) {
+    match policy.spec.migration.engine {
+        MigrationEngine::Internal => match ctx.jobs.check_permissions(policy, Mode::Rewrite).await {
+            Ok(()) => started.migrating = ctx.jobs.ensure(policy, storage),
+            Err(message) => started.missing_permissions.push(message),
+        },
+        MigrationEngine::StorageVersionMigration => match ctx.jobs.builtin_api().await {
+            Ok(Some(api)) => started.migrating = ctx.jobs.ensure_builtin(policy, storage, api),
+            Ok(None) => {
+                started.unavailable = Some((
+                    ConditionReason::StorageVersionMigrationUnavailable,
+                    jobs::BUILTIN_MIGRATION_ENABLE_HINT.to_owned(),
+                ));
+                started.recheck_soon = true;
+            }
+            Err(why) => {
+                started.awaiting.push((
+                    ConditionReason::AwaitingMigration,
+                    format!(
+                        "not migrating {}: {why}; checking again shortly",
+                        policy.spec.crd_name
+                    ),
+                ));
+                started.recheck_soon = true;
+            }
         },
     }
 }

@@ -82,16 +82,7 @@ pub fn decide(
         }
     };
     let evaluation = schedule.evaluate_with_gates(&decision.state, &completed_migrations(policy), gates, now);
-    decision.approved = schedule
-        .versions
-        .iter()
-        .flat_map(|v| {
-            MilestoneKind::ALL
-                .into_iter()
-                .filter(|k| v.needs_approval(*k))
-                .map(|k| (v.name.clone(), k))
-        })
-        .collect();
+    decision.approved = approvals_needed(&schedule);
     decision.blocked.extend(
         evaluation
             .blocked
@@ -131,6 +122,20 @@ pub fn decide(
     decision.ops = ops;
     decision.evaluation = Some(evaluation);
     decision
+}
+
+/// The milestones of `schedule` that need an approval (`Decision::approved`).
+fn approvals_needed(schedule: &Schedule) -> Vec<(String, MilestoneKind)> {
+    schedule
+        .versions
+        .iter()
+        .flat_map(|v| {
+            MilestoneKind::ALL
+                .into_iter()
+                .filter(|k| v.needs_approval(*k))
+                .map(|k| (v.name.clone(), k))
+        })
+        .collect()
 }
 
 /// The versions (other than the storage version) whose managedFields entries no cleanup has
