@@ -29,6 +29,8 @@ run() {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "machine: nproc $(nproc), $(awk '/^MemTotal:/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo) memory, $(uname -sr)"
   echo "server: $("$assets/kube-apiserver" --version)"
+  # Sizes other than the defaults, so that a saved run says what it measured.
+  env | grep '^BENCH_' | sort | sed 's/^/setting: /' || true
   KUBEBUILDER_ASSETS="$assets" cargo bench --locked --bench real -- "$@"
 }
 if ! $save; then
