@@ -33,7 +33,8 @@ pub struct Requester<'a> {
 }
 
 impl<'a> Requester<'a> {
-    /// A run's requester: at most `limiter`'s rate, each request cut off at `timeout`.
+    /// A run's requester: at most `limiter`'s rate (none without one), each request cut off
+    /// at `timeout`.
     pub fn throttled(
         client: &'a Client,
         limiter: Option<&'a DefaultDirectRateLimiter>,
@@ -48,11 +49,7 @@ impl<'a> Requester<'a> {
 
     /// A requester without a rate limit, for the few requests outside a run.
     pub fn unthrottled(client: &'a Client, timeout: Duration) -> Self {
-        Requester {
-            client,
-            limiter: None,
-            timeout,
-        }
+        Self::throttled(client, None, timeout)
     }
 }
 
